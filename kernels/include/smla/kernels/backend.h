@@ -1,0 +1,105 @@
+// The one interface every backend (cpu, cuda, hip) implements. Shaped for GPUs: the backend
+// owns its memory, work is enqueued on a stream and completes at Synchronize. The CPU backend
+// runs work as it is enqueued.
+//
+// Ownership: Buffers free their memory when destroyed. Host arrays inside params (CSR, slots,
+// positions, sink) are consumed before a call returns; backend-memory tensors must stay alive
+// until the stream is synchronised.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "smla/kernels/device_info.h"
+#include "smla/kernels/params.h"
+
+namespace smla::kernels {
+
+// Owned backend memory; move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, size_t size, std::function<void(void*)> release)
+      : data_(data), size_(size), release_(std::move(release)) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      release_ = std::move(o.release_);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr && release_) release_(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::function<void(void*)> release_;
+};
+
+// An ordered queue of work on a backend.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const DeviceInfo& device() const = 0;
+
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+  virtual absl::Status Fill(void* dst, uint8_t byte, size_t bytes, Stream& stream) = 0;
+
+  // Quantises bf16 rows into a pool at the given slots.
+  virtual absl::Status WriteRows(const WriteRowsParams& params, Stream& stream) = 0;
+  // Sparse MLA over both segments with the epilogue (operator.md). Validates first: a bad
+  // call returns InvalidArgument / Unimplemented before any work is enqueued.
+  virtual absl::Status Attend(const AttendParams& params, Stream& stream) = 0;
+
+  // Waits for everything enqueued on the stream; reports asynchronous device errors.
+  virtual absl::Status Synchronize(Stream& stream) = 0;
+};
+
+enum class BackendChoice : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2, kHip = 3 };
+
+struct BackendOptions {
+  int32_t cpu_threads = 0;  // 0 = hardware concurrency
+  int32_t device_ordinal = 0;
+};
+
+// Creates a backend: kAuto takes the GPU backend compiled in when a device is present, else
+// the CPU backend. Naming a backend that is not compiled in or has no device is an error.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendChoice choice,
+                                                       const BackendOptions& options = {});
+std::optional<BackendChoice> ParseBackendChoice(std::string_view name);
+
+}  // namespace smla::kernels

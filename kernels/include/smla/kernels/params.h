@@ -1,0 +1,90 @@
+// The operator's arguments (operator.md section 1): cache views, CSR segments, epilogue and
+// outputs. Tensor pointers live in the backend's memory (device memory on GPUs, host memory
+// on the CPU backend); CSR arrays, positions and the sink are small host arrays that the
+// backend validates and stages itself, so bad ids are rejected before any work.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "smla/kernels/formats.h"
+
+namespace smla::kernels {
+
+// A paged KV cache: slot s is row s % rows_per_page of page s / rows_per_page.
+struct CacheView {
+  const void* base = nullptr;  // num_pages * pitch_bytes bytes, backend memory
+  KvFormat format = KvFormat::kBf16;
+  Geometry geometry = Geometry::kRopeInside;
+  int64_t num_pages = 0;
+  int32_t rows_per_page = 1;  // B: a power of two
+  int64_t pitch_bytes = 0;    // >= MinPitch, multiple of 16
+  float scale = 1.0f;         // fp8_per_tensor only: dequantised value = code * scale
+
+  int64_t num_slots() const { return num_pages * rows_per_page; }
+};
+
+// A mutable view of the same pool, for the row writers.
+struct MutableCacheView {
+  void* base = nullptr;
+  KvFormat format = KvFormat::kBf16;
+  Geometry geometry = Geometry::kRopeInside;
+  int64_t num_pages = 0;
+  int32_t rows_per_page = 1;
+  int64_t pitch_bytes = 0;
+  float scale = 1.0f;
+
+  CacheView view() const {
+    return {base, format, geometry, num_pages, rows_per_page, pitch_bytes, scale};
+  }
+  int64_t num_slots() const { return num_pages * rows_per_page; }
+};
+
+// Row t's keys are indices[indptr[t] .. indptr[t+1]); negative ids are sentinels.
+struct Segment {
+  CacheView cache;
+  std::span<const int32_t> indptr;   // [T+1] host
+  std::span<const int32_t> indices;  // [nnz] host, slot ids
+};
+
+struct Epilogue {
+  std::span<const int32_t> positions;  // [T] host; empty = no inverse RoPE
+  const float* cos_sin = nullptr;      // [num_positions, 64] f32 backend memory: cos 0..31, sin 32..63
+  int32_t num_positions = 0;           // P
+};
+
+struct OutputView {
+  OutputFormat format = OutputFormat::kBf16;
+  void* bf16 = nullptr;           // [T, H, 512] bf16, when format == kBf16
+  uint8_t* mx_data = nullptr;     // [T, H*512] e4m3, when format == kMxfp8
+  uint8_t* mx_scales = nullptr;   // [T, H*16] E8M0, when format == kMxfp8
+  float* lse = nullptr;           // [T, H] f32 natural log; may be null
+};
+
+struct AttendParams {
+  int32_t num_rows = 0;   // T
+  int32_t num_heads = 0;  // H: 8, 16, 32, 64 or 128
+  Geometry geometry = Geometry::kRopeInside;
+  const void* q = nullptr;  // [T, H, QkWidth] bf16, or e4m3 codes when q_type == kFp8
+  QType q_type = QType::kBf16;
+  float q_scale = 1.0f;  // must be 1 for bf16 q
+  float softmax_scale = 1.0f;
+  Segment main;
+  bool has_extra = false;
+  Segment extra;
+  std::span<const float> sink;  // [H] host, finite; empty = no sink
+  Epilogue epilogue;
+  OutputView out;
+  // Tuning overrides for tests and benchmarks; 0 = take the plan's choice.
+  int32_t force_splits = 0;
+  int32_t force_head_block = 0;
+};
+
+// Quantise bf16 rows into a pool (operator.md section 3, "Writing rows").
+struct WriteRowsParams {
+  MutableCacheView cache;
+  std::span<const int64_t> slots;  // [n] host, each in [0, num_slots)
+  const void* rows = nullptr;      // [n, QkWidth] bf16, backend memory
+};
+
+}  // namespace smla::kernels

@@ -1,0 +1,65 @@
+// Launch configuration: a pure function from the shape of a call and the device's facts to
+// (head block, split count, work order). GPU backends launch what it says; the CPU backend
+// uses the head block for its work items. Rules follow gpu.md ("Launch configuration"), to be
+// re-measured per device.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "smla/kernels/device_info.h"
+#include "smla/kernels/formats.h"
+
+namespace smla::kernels {
+
+inline constexpr int32_t kKeyTile = 64;  // keys gathered per tile
+inline constexpr int32_t kMaxSplits = 64;
+inline constexpr int32_t kPrefillRows = 2048;  // T at or above this counts as prefill
+
+struct PlanInput {
+  int32_t num_rows = 0;   // T
+  int32_t num_heads = 0;  // H
+  KvFormat format = KvFormat::kBf16;
+  int64_t max_main_keys = 0;   // longest main segment of any row
+  int64_t max_extra_keys = 0;  // longest extra segment of any row (0 without one)
+  int32_t compute_units = 1;   // SMs / CUs
+};
+
+enum class WorkOrder : uint8_t {
+  // Program id runs head block fastest, then split, then row: a row's head blocks and splits,
+  // then the next row of the same request, run together and share the L2.
+  kRowMajor = 0,
+};
+
+struct LaunchPlan {
+  int32_t head_block = 16;     // heads per program: 16, 32 or 64 (H = 8 runs masked in 16)
+  int32_t head_blocks = 1;     // ceil(H / head_block)
+  int32_t splits = 1;          // key splits per (row, head block); > 1 needs the combine
+  int32_t tiles = 0;           // 64-key tiles of the longest row (both segments)
+  int64_t programs = 0;        // T * head_blocks * splits
+  WorkOrder order = WorkOrder::kRowMajor;
+
+  std::string ToString() const;
+};
+
+// Split count sized as if every program held 16 heads (gpu.md): one split for <= 2 tiles;
+// when the grid already fills the device, min(2N/programs, tiles/4); otherwise
+// min(2N/programs, tiles, 64). Always at least 1.
+int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units);
+
+// Head block for H = 32 or 64 (16 otherwise).
+int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits,
+                      int32_t compute_units);
+
+LaunchPlan MakePlan(const PlanInput& input);
+
+// Applies overrides (0 = keep): a forced head block must divide into the legal set and a
+// forced split count is clamped to [1, max(tiles, 1)].
+LaunchPlan OverridePlan(LaunchPlan plan, int32_t num_rows, int32_t num_heads,
+                        int32_t force_head_block, int32_t force_splits);
+
+// Longest segment in a CSR indptr ([T+1]).
+int64_t MaxSegmentLength(std::span<const int32_t> indptr);
+
+}  // namespace smla::kernels

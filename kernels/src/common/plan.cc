@@ -1,0 +1,95 @@
+#include "smla/kernels/plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace smla::kernels {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether a grid of `programs` fills its last round of `units` more than half, or, past four
+// rounds (where a ragged tail matters little), whether each program has at least four tiles.
+bool LastRoundWorthIt(int64_t programs, int32_t units, int64_t tiles_per_program) {
+  if (programs > 4 * int64_t{units}) return tiles_per_program >= 4;
+  const int64_t rem = programs % units;
+  return rem == 0 || rem * 2 > units;
+}
+
+}  // namespace
+
+int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units) {
+  // Few tiles: the combine would cost more than the parallelism gains.
+  if (tiles <= 2) return 1;
+  const int64_t programs = rows * CeilDiv(heads, 16);
+  const int64_t twice_units = 2 * int64_t{compute_units};
+  // Aim for two programs per compute unit so a slow one does not leave the device idle.
+  const int64_t fill = std::max<int64_t>(1, twice_units / std::max<int64_t>(1, programs));
+  int64_t splits;
+  if (programs >= compute_units) {
+    // The grid is already full: split only rows long enough to keep >= 4 tiles per split.
+    splits = std::min<int64_t>(fill, tiles / 4);
+  } else {
+    splits = std::min<int64_t>({fill, tiles, kMaxSplits});
+  }
+  return static_cast<int32_t>(std::clamp<int64_t>(splits, 1, kMaxSplits));
+}
+
+int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits,
+                      int32_t compute_units) {
+  // A bigger block gathers and dequantises each key tile once for more heads; it pays only if
+  // the smaller grid still keeps the device busy.
+  for (int32_t block : {64, 32}) {
+    if (heads < block || heads % block != 0) continue;
+    const int64_t programs = rows * (heads / block) * splits;
+    const int64_t tiles_per_program = CeilDiv(tiles, splits);
+    if (tiles_per_program <= 1) continue;
+    if (!LastRoundWorthIt(programs, compute_units, tiles_per_program)) continue;
+    // 64-head programs hold Q in shared memory and have no combine path.
+    if (block == 64 && (splits > 1 || programs < compute_units)) continue;
+    return block;
+  }
+  return 16;
+}
+
+LaunchPlan MakePlan(const PlanInput& in) {
+  LaunchPlan plan;
+  plan.tiles = static_cast<int32_t>(CeilDiv(in.max_main_keys, kKeyTile) +
+                                    CeilDiv(in.max_extra_keys, kKeyTile));
+  plan.splits = PlanSplits(in.num_rows, in.num_heads, plan.tiles, in.compute_units);
+  plan.head_block =
+      PlanHeadBlock(in.num_rows, in.num_heads, plan.tiles, plan.splits, in.compute_units);
+  plan.head_blocks = static_cast<int32_t>(CeilDiv(in.num_heads, plan.head_block));
+  plan.programs = int64_t{in.num_rows} * plan.head_blocks * plan.splits;
+  plan.order = WorkOrder::kRowMajor;
+  return plan;
+}
+
+LaunchPlan OverridePlan(LaunchPlan plan, int32_t num_rows, int32_t num_heads,
+                        int32_t force_head_block, int32_t force_splits) {
+  if (force_head_block > 0) {
+    plan.head_block = force_head_block;
+    plan.head_blocks = static_cast<int32_t>(CeilDiv(num_heads, force_head_block));
+  }
+  if (force_splits > 0) {
+    plan.splits = std::clamp(force_splits, 1, std::max(plan.tiles, 1));
+  }
+  plan.programs = int64_t{num_rows} * plan.head_blocks * plan.splits;
+  return plan;
+}
+
+int64_t MaxSegmentLength(std::span<const int32_t> indptr) {
+  int64_t best = 0;
+  for (size_t t = 1; t < indptr.size(); ++t) {
+    best = std::max<int64_t>(best, int64_t{indptr[t]} - indptr[t - 1]);
+  }
+  return best;
+}
+
+std::string LaunchPlan::ToString() const {
+  return absl::StrFormat("head_block=%d head_blocks=%d splits=%d tiles=%d programs=%d",
+                         head_block, head_blocks, splits, tiles, programs);
+}
+
+}  // namespace smla::kernels

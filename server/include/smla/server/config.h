@@ -1,0 +1,47 @@
+// Server configuration: which model profiles are served, at what TP degree and with which
+// pool formats and sizes, and the limits of the scheduler and the edge.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "smla/kernels/backend.h"
+#include "smla/kernels/formats.h"
+
+namespace smla::server {
+
+// One served model (a profile of model_profile.h at a TP degree), resolved.
+struct ModelConfig {
+  std::string profile;  // "dsv4-flash", "dsv4.1-flash", "glm-5.2", "glm-5.3-flash"
+  int32_t tp = 1;
+  int32_t heads_per_rank = 64;  // 64 / tp
+  kernels::KvFormat kv_format = kernels::KvFormat::kFp8Dsv4;
+  int32_t page_rows = 64;         // rows per page, a power of two
+  int64_t pool_bytes = 0;         // capacity of all of this model's pools together
+  float kv_scale = 1.0f;          // fp8_per_tensor cache scale
+};
+
+struct Limits {
+  int32_t max_rows_per_step = 16384;     // rows in one call
+  int32_t max_spans_per_step = 256;
+  int32_t max_batch_rows = 8192;          // rows in one launch
+  int64_t max_batch_bytes = 512 << 20;    // input+output bytes in one launch
+  int32_t max_queued_requests = 1024;     // per (model, layer) queue
+  int64_t max_queued_rows = 65536;        // per (model, layer) queue
+  absl::Duration batch_wait = absl::ZeroDuration();  // optional wait for more work
+  int32_t max_sequences = 4096;
+  int64_t max_context = 262144 + 16384;
+};
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen = "127.0.0.1:9464";  // empty = no metrics endpoint
+  kernels::BackendChoice backend = kernels::BackendChoice::kAuto;
+  std::vector<ModelConfig> models;
+  Limits limits;
+};
+
+}  // namespace smla::server

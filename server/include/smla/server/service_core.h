@@ -1,0 +1,81 @@
+// The service without its transport: model profiles, KV store, scheduler and backend behind
+// one thread-safe object. The gRPC edge (and tests) call it; it never speaks gRPC.
+//
+// Ownership: the core owns the backend, the pools and the scheduler thread(s). Step inputs are
+// borrowed until the callback runs; the callback runs exactly once, on a scheduler thread or
+// inline for requests rejected at admission.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "smla/kernels/backend.h"
+#include "smla/server/config.h"
+#include "smla/server/step.h"
+
+namespace smla::server {
+
+struct PoolUsage {
+  std::string model;
+  int64_t pages_total = 0;
+  int64_t pages_used = 0;
+  int64_t page_bytes = 0;
+};
+
+struct ServerInfo {
+  kernels::DeviceInfo device;
+  std::vector<ModelConfig> models;  // what is loaded, resolved (heads per rank, formats, ...)
+  std::vector<PoolUsage> pools;
+  int64_t sequences = 0;
+};
+
+// Counters the metrics endpoint reads; cumulative since start.
+struct CoreStats {
+  int64_t batches = 0;
+  int64_t batched_requests = 0;  // sum over batches of the requests in each
+  int64_t rows = 0;
+  int64_t queue_depth = 0;  // requests waiting now
+};
+
+class ServiceCore {
+ public:
+  virtual ~ServiceCore() = default;
+
+  // Allocates the pools and warms the backend; the core is ready when this returns OK.
+  static absl::StatusOr<std::unique_ptr<ServiceCore>> Create(const ServerConfig& config,
+                                                             std::unique_ptr<kernels::Backend> backend);
+
+  virtual ServerInfo Info() const = 0;
+  virtual CoreStats Stats() const = 0;
+
+  virtual absl::Status CreateSequence(const std::string& tenant, const std::string& model,
+                                      const std::string& sequence_id) = 0;
+  virtual absl::Status ReleaseSequence(const std::string& tenant, const std::string& model,
+                                       const std::string& sequence_id) = 0;
+  // Drops positions >= length on every layer (and compressed entries that depended on them).
+  virtual absl::Status TruncateSequence(const std::string& tenant, const std::string& model,
+                                        const std::string& sequence_id, int64_t length) = 0;
+  // Current stored length (positions) of a sequence on a layer.
+  virtual absl::StatusOr<int64_t> SequenceLength(const std::string& tenant,
+                                                 const std::string& model,
+                                                 const std::string& sequence_id,
+                                                 int32_t layer) const = 0;
+
+  // The frontend's cos/sin table for inverse RoPE: [P, 64] f32 (cos 0..31, sin 32..63).
+  virtual absl::Status SetRopeTable(const std::string& model, std::span<const float> cos_sin,
+                                    int32_t num_positions) = 0;
+
+  // Validates, admits (RESOURCE_EXHAUSTED when the queue is full), and later runs the step in
+  // a batch; `done` gets the result or the error. A failed step changes nothing.
+  virtual void Submit(StepRequest request, StepCallback done) = 0;
+
+  // Stops admitting (UNAVAILABLE), finishes what is queued, then returns.
+  virtual void Drain() = 0;
+  // False after a backend failure: health turns NOT_SERVING.
+  virtual bool Healthy() const = 0;
+};
+
+}  // namespace smla::server

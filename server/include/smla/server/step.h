@@ -1,0 +1,75 @@
+// In-process types of one step call (service.md "A step"), as the gRPC edge hands them to the
+// service core. Tensor bytes are views into memory the caller keeps alive until `done` runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "smla/kernels/formats.h"
+
+namespace smla::server {
+
+enum class RowRole : uint8_t { kVerify = 0, kDraft = 1 };
+
+// Rows of one sequence at consecutive positions [first_position, first_position + num_rows).
+struct SpanInput {
+  std::string sequence_id;
+  int64_t first_position = 0;
+  int32_t num_rows = 0;
+  std::vector<RowRole> roles;  // [num_rows], empty = all verify
+  // [num_rows, QkWidth] bf16: the new KV rows, written at their positions (positions at or
+  // past first_position are replaced: this is how a rejected draft is rolled back).
+  std::span<const uint8_t> kv_rows;
+  // [n, QkWidth] bf16: new entries of the layer's compressed cache, when it has one; entries
+  // [floor(first/r), floor((first+num_rows)/r)) in order.
+  std::span<const uint8_t> compressed_rows;
+  // [num_rows, H, QkWidth] bf16 query rows.
+  std::span<const uint8_t> q;
+  // [num_rows, K] int32 logical entry numbers chosen by the indexer, -1 = none (top-k layers).
+  std::span<const int32_t> topk;
+  int32_t topk_width = 0;  // K
+};
+
+// A cancellation flag the edge raises when the client cancels; queued work checks it.
+using CancelFlag = std::shared_ptr<std::atomic<bool>>;
+
+struct StepRequest {
+  std::string request_id;  // for logs
+  std::string tenant;
+  std::string model;
+  int32_t layer = 0;
+  std::vector<SpanInput> spans;
+  kernels::OutputFormat output_format = kernels::OutputFormat::kBf16;
+  bool want_lse = false;
+  bool inverse_rope = false;  // rope_inside only; needs the model's cos/sin table
+  absl::Time deadline = absl::InfiniteFuture();
+  CancelFlag cancelled;  // may be null
+};
+
+struct StepTimings {
+  absl::Duration queued;  // admission to launch
+  absl::Duration kernel;  // write + attend on the backend, for the whole batch
+  int32_t batch_requests = 0;
+  int32_t batch_rows = 0;
+};
+
+struct StepResult {
+  int32_t num_rows = 0;  // total over spans, in span order
+  int32_t num_heads = 0;
+  kernels::OutputFormat output_format = kernels::OutputFormat::kBf16;
+  std::vector<uint8_t> out;        // bf16 [rows, H, 512] or e4m3 [rows, H*512]
+  std::vector<uint8_t> mx_scales;  // [rows, H*16] for MXFP8
+  std::vector<float> lse;          // [rows, H] when asked
+  StepTimings timings;
+};
+
+using StepCallback = std::function<void(absl::StatusOr<StepResult>)>;
+
+}  // namespace smla::server
