@@ -68,6 +68,11 @@ class ServiceCore {
   virtual absl::Status SetRopeTable(const std::string& model, std::span<const float> cos_sin,
                                     int32_t num_positions) = 0;
 
+  // Per-head attention sinks of every layer, [layers, heads_per_rank] f32 natural-log units
+  // (the rank's slice of the model's learned sink weights). Profiles with sinks refuse steps
+  // (FAILED_PRECONDITION) until these are uploaded.
+  virtual absl::Status SetSinks(const std::string& model, std::span<const float> sinks) = 0;
+
   // Validates, admits (RESOURCE_EXHAUSTED when the queue is full), and later runs the step in
   // a batch; `done` gets the result or the error. A failed step changes nothing.
   virtual void Submit(StepRequest request, StepCallback done) = 0;
