@@ -1,0 +1,113 @@
+#include "smla/kernels/plan.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace smla::kernels {
+namespace {
+
+constexpr int32_t kH200Sms = 132;
+
+PlanInput Decode(int32_t rows, int32_t heads, int64_t main_keys, int64_t extra_keys) {
+  return {.num_rows = rows,
+          .num_heads = heads,
+          .format = KvFormat::kFp8Dsv4,
+          .max_main_keys = main_keys,
+          .max_extra_keys = extra_keys,
+          .compute_units = kH200Sms};
+}
+
+TEST(PlanSplits, ShortRowsNeverSplit) {
+  EXPECT_EQ(PlanSplits(1, 16, 1, kH200Sms), 1);
+  EXPECT_EQ(PlanSplits(1, 16, 2, kH200Sms), 1);
+  EXPECT_EQ(PlanSplits(6, 64, 0, kH200Sms), 1);
+}
+
+TEST(PlanSplits, SmallGridsSplitToFillTheDevice) {
+  // 6 rows x 1 block of 16 heads = 6 programs: 264 / 6 = 44, capped by the 10 tiles.
+  EXPECT_EQ(PlanSplits(6, 16, 10, kH200Sms), 10);
+  // 100 tiles: capped by 2N / programs = 44.
+  EXPECT_EQ(PlanSplits(6, 16, 100, kH200Sms), 44);
+  // One program and very long rows: capped at 64 splits.
+  EXPECT_EQ(PlanSplits(1, 16, 1000, kH200Sms), kMaxSplits);
+}
+
+TEST(PlanSplits, FullGridsKeepFourTilesPerSplit) {
+  // 192 programs >= 132: 2N / programs = 1.
+  EXPECT_EQ(PlanSplits(192, 16, 40, kH200Sms), 1);
+  // 132 programs: 2N / programs = 2, tiles / 4 = 10 -> 2.
+  EXPECT_EQ(PlanSplits(132, 16, 40, kH200Sms), 2);
+  // 5 tiles / 4 = 1.
+  EXPECT_EQ(PlanSplits(132, 16, 5, kH200Sms), 1);
+}
+
+TEST(PlanHeadBlock, SmallHeadCountsUseSixteen) {
+  EXPECT_EQ(PlanHeadBlock(384, 8, 10, 1, kH200Sms), 16);
+  EXPECT_EQ(PlanHeadBlock(384, 16, 10, 1, kH200Sms), 16);
+}
+
+TEST(PlanHeadBlock, BigBlocksWhenTheGridStaysBusy) {
+  // 384 rows x 1 block of 64 = 384 programs, last round 120/132 full, no split.
+  EXPECT_EQ(PlanHeadBlock(384, 64, 10, 1, kH200Sms), 64);
+  // With split-K a 64-head program is not allowed; 32 heads: 384 * 2 * 2 = 1536 programs,
+  // past four rounds, 5 tiles each.
+  EXPECT_EQ(PlanHeadBlock(384, 64, 10, 2, kH200Sms), 32);
+  // 6 rows, 64 heads: 6 programs of 64 is less than a round; 32 heads with 10 splits = 120
+  // programs, one round 120/132 full.
+  EXPECT_EQ(PlanHeadBlock(6, 64, 20, 10, kH200Sms), 32);
+  // One tile per program: the bigger block cannot amortise anything.
+  EXPECT_EQ(PlanHeadBlock(384, 64, 1, 1, kH200Sms), 16);
+}
+
+TEST(PlanHeadBlock, RaggedLastRoundFallsBack) {
+  // 140 rows x 1 block of 32 = 140 programs: last round 8/132 -> not worth it.
+  EXPECT_EQ(PlanHeadBlock(140, 32, 3, 1, kH200Sms), 16);
+}
+
+TEST(MakePlan, DecodeAndPrefillCells) {
+  // dsv4.1-flash TP4 decode C=1: 6 rows, 16 heads, 128 SWA + 512 top-k.
+  LaunchPlan p = MakePlan(Decode(6, 16, 128, 512));
+  EXPECT_EQ(p.tiles, 10);
+  EXPECT_EQ(p.head_block, 16);
+  EXPECT_EQ(p.splits, 10);
+  EXPECT_EQ(p.programs, 60);
+  // TP8: 8 heads run as one masked 16-head block.
+  p = MakePlan(Decode(6, 8, 128, 512));
+  EXPECT_EQ(p.head_block, 16);
+  EXPECT_EQ(p.head_blocks, 1);
+  // Prefill 8K at TP1: no split, 64-head programs.
+  p = MakePlan(Decode(8192, 64, 128, 512));
+  EXPECT_EQ(p.splits, 1);
+  EXPECT_EQ(p.head_block, 64);
+  EXPECT_EQ(p.programs, 8192);
+  EXPECT_FALSE(p.ToString().empty());
+}
+
+TEST(MakePlan, IsAPureFunction) {
+  const PlanInput in = Decode(192, 32, 128, 512);
+  const LaunchPlan a = MakePlan(in), b = MakePlan(in);
+  EXPECT_EQ(a.ToString(), b.ToString());
+}
+
+TEST(OverridePlan, ForcesAndClamps) {
+  LaunchPlan p = MakePlan(Decode(6, 64, 128, 512));
+  LaunchPlan q = OverridePlan(p, 6, 64, 64, 3);
+  EXPECT_EQ(q.head_block, 64);
+  EXPECT_EQ(q.head_blocks, 1);
+  EXPECT_EQ(q.splits, 3);
+  EXPECT_EQ(q.programs, 18);
+  q = OverridePlan(p, 6, 64, 0, 1000);
+  EXPECT_EQ(q.splits, p.tiles);
+  q = OverridePlan(p, 6, 64, 0, 0);
+  EXPECT_EQ(q.ToString(), p.ToString());
+}
+
+TEST(MaxSegmentLength, LongestRow) {
+  const std::vector<int32_t> indptr = {0, 3, 3, 10, 12};
+  EXPECT_EQ(MaxSegmentLength(indptr), 7);
+  EXPECT_EQ(MaxSegmentLength(std::vector<int32_t>{0}), 0);
+}
+
+}  // namespace
+}  // namespace smla::kernels
