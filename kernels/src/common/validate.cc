@@ -1,0 +1,213 @@
+#include "smla/kernels/validate.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/plan.h"
+
+namespace smla::kernels {
+namespace {
+
+bool IsPowerOfTwo(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
+
+bool LegalHeads(int32_t h) { return h == 8 || h == 16 || h == 32 || h == 64 || h == 128; }
+
+// CSR shape and ids of one segment. `name` is "main" or "extra".
+absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int32_t num_rows) {
+  const std::string name(name_view);
+  const std::string what = absl::StrCat(name, " segment cache");
+  if (absl::Status s = ValidateCacheView(seg.cache, what); !s.ok()) return s;
+  const size_t expected = static_cast<size_t>(num_rows) + 1;
+  if (seg.indptr.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s segment: indptr has %d entries, expected T+1 = %d", name, seg.indptr.size(), expected));
+  }
+  if (seg.indptr[0] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s segment: indptr[0] is %d, must be 0", name, seg.indptr[0]));
+  }
+  for (int32_t t = 0; t < num_rows; ++t) {
+    if (seg.indptr[t + 1] < seg.indptr[t]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s segment, row %d: indptr decreases (%d then %d)", name, t,
+                          seg.indptr[t], seg.indptr[t + 1]));
+    }
+  }
+  if (static_cast<size_t>(seg.indptr[num_rows]) != seg.indices.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s segment: indptr[T] = %d but indices has %d entries", name,
+                        seg.indptr[num_rows], seg.indices.size()));
+  }
+  const int64_t slots = seg.cache.num_slots();
+  for (int32_t t = 0; t < num_rows; ++t) {
+    for (int32_t j = seg.indptr[t]; j < seg.indptr[t + 1]; ++j) {
+      if (seg.indices[j] >= slots) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s segment, row %d: index %d out of range (pool has %d slots)", name,
+                            t, seg.indices[j], slots));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateCacheView(const CacheView& cache, std::string_view what_view) {
+  const std::string what(what_view);
+  if (!FormatSupports(cache.format, cache.geometry)) {
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": format ", std::string(KvFormatName(cache.format)),
+                     " does not support geometry ", std::string(GeometryName(cache.geometry))));
+  }
+  if (!IsPowerOfTwo(cache.rows_per_page)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: rows per page %d is not a power of two", what, cache.rows_per_page));
+  }
+  if (cache.num_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: negative page count %d", what, cache.num_pages));
+  }
+  const int64_t need = MinPitch(cache.format, cache.geometry, cache.rows_per_page);
+  if (cache.pitch_bytes < need) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: pitch %d too small for %d rows of %s (needs %d)", what, cache.pitch_bytes,
+        cache.rows_per_page, std::string(KvFormatName(cache.format)), need));
+  }
+  if (cache.pitch_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: pitch %d is not a multiple of 16", what, cache.pitch_bytes));
+  }
+  if (cache.num_pages > 0 && cache.base == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null base pointer"));
+  }
+  if (cache.format == KvFormat::kFp8PerTensor &&
+      !(std::isfinite(cache.scale) && cache.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: fp8_per_tensor scale must be finite and positive (got %g)", what, cache.scale));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttend(const AttendParams& p) {
+  if (p.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("negative row count %d", p.num_rows));
+  }
+  if (!LegalHeads(p.num_heads)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("heads must be one of 8, 16, 32, 64, 128 (got %d)", p.num_heads));
+  }
+  if (p.q_type == QType::kBf16) {
+    if (p.q_scale != 1.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("q_scale %g given with bf16 q (only fp8 q takes a scale)", p.q_scale));
+    }
+  } else if (p.q_type == QType::kFp8) {
+    if (!(std::isfinite(p.q_scale) && p.q_scale > 0.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("fp8 q needs a finite positive q_scale (got %g)", p.q_scale));
+    }
+  } else {
+    return absl::InvalidArgumentError("unknown q type");
+  }
+  if (!std::isfinite(p.softmax_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("softmax_scale must be finite (got %g)", p.softmax_scale));
+  }
+  if (p.main.cache.geometry != p.geometry) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "main segment cache has geometry ", std::string(GeometryName(p.main.cache.geometry)),
+        " but the call is ", std::string(GeometryName(p.geometry))));
+  }
+  if (absl::Status s = ValidateSegment(p.main, "main", p.num_rows); !s.ok()) return s;
+  if (p.has_extra) {
+    if (p.extra.cache.geometry != p.geometry) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extra segment cache has geometry ", std::string(GeometryName(p.extra.cache.geometry)),
+          " but the main segment has ", std::string(GeometryName(p.geometry)),
+          " (both segments share the geometry)"));
+    }
+    if (absl::Status s = ValidateSegment(p.extra, "extra", p.num_rows); !s.ok()) return s;
+  }
+  if (p.num_rows > 0 && p.q == nullptr) return absl::InvalidArgumentError("q is null");
+  if (!p.sink.empty()) {
+    if (p.sink.size() != static_cast<size_t>(p.num_heads)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sink has %d entries, expected H = %d", p.sink.size(), p.num_heads));
+    }
+    for (int32_t h = 0; h < p.num_heads; ++h) {
+      if (!std::isfinite(p.sink[h])) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sink[%d] is not finite (%g)", h, p.sink[h]));
+      }
+    }
+  }
+  const Epilogue& e = p.epilogue;
+  if (!e.positions.empty()) {
+    if (p.geometry != Geometry::kRopeInside) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "epilogue, row 0: positions given with geometry ", std::string(GeometryName(p.geometry)),
+          " (inverse RoPE applies only to rope_inside)"));
+    }
+    if (e.positions.size() != static_cast<size_t>(p.num_rows)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "epilogue: positions has %d entries, expected T = %d", e.positions.size(), p.num_rows));
+    }
+    if (e.cos_sin == nullptr) {
+      return absl::InvalidArgumentError("epilogue: positions given but cos_sin is null");
+    }
+    for (int32_t t = 0; t < p.num_rows; ++t) {
+      if (e.positions[t] < 0 || e.positions[t] >= e.num_positions) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("epilogue, row %d: position %d out of range [0, %d)", t, e.positions[t],
+                            e.num_positions));
+      }
+    }
+  }
+  if (p.num_rows > 0) {
+    if (p.out.format == OutputFormat::kBf16) {
+      if (p.out.bf16 == nullptr) {
+        return absl::InvalidArgumentError("output: bf16 format but the bf16 pointer is null");
+      }
+    } else if (p.out.format == OutputFormat::kMxfp8) {
+      if (p.out.mx_data == nullptr || p.out.mx_scales == nullptr) {
+        return absl::InvalidArgumentError(
+            "output: mxfp8 format needs both the data and the scales pointers");
+      }
+    } else {
+      return absl::InvalidArgumentError("output: unknown format");
+    }
+  }
+  if (p.force_head_block != 0 && p.force_head_block != 16 && p.force_head_block != 32 &&
+      p.force_head_block != 64) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("force_head_block must be 0, 16, 32 or 64 (got %d)", p.force_head_block));
+  }
+  if (p.force_splits < 0 || p.force_splits > kMaxSplits) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("force_splits must be in [0, %d] (got %d)", kMaxSplits, p.force_splits));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWriteRows(const WriteRowsParams& p) {
+  if (absl::Status s = ValidateCacheView(p.cache.view(), "cache"); !s.ok()) return s;
+  if (!p.slots.empty() && p.rows == nullptr) {
+    return absl::InvalidArgumentError("rows is null");
+  }
+  const int64_t n = p.cache.num_slots();
+  for (size_t i = 0; i < p.slots.size(); ++i) {
+    if (p.slots[i] < 0 || p.slots[i] >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("slots[%d] = %d out of range (pool has %d slots)", i, p.slots[i], n));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace smla::kernels

@@ -1,0 +1,145 @@
+#include "smla/kernels/cpu_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "cpu/attend.h"
+#include "cpu/thread_pool.h"
+#include "smla/kernels/codec/row_codec.h"
+#include "smla/kernels/validate.h"
+
+namespace smla::kernels {
+namespace {
+
+constexpr size_t kAlignment = 64;
+// Below this many rows a WriteRows call is not worth waking the pool for.
+constexpr size_t kParallelWriteRows = 256;
+
+// Work runs as it is enqueued, so a stream carries no state.
+class CpuStream final : public Stream {};
+
+absl::Status CheckCopy(const void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("copy of %d bytes with a null pointer", bytes));
+  }
+  return absl::OkStatus();
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {
+    info_.kind = BackendKind::kCpu;
+    info_.name = absl::StrFormat("cpu (%d threads)", threads);
+#if defined(__x86_64__)
+    info_.arch = "x86_64";
+#elif defined(__aarch64__)
+    info_.arch = "aarch64";
+#else
+    info_.arch = "unknown";
+#endif
+    info_.compute_units = threads;
+    info_.warp_size = 1;
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    info_.total_memory = pages > 0 && page_size > 0 ? int64_t{pages} * page_size : 0;
+  }
+
+  const DeviceInfo& device() const override { return info_; }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override {
+    const size_t rounded =
+        std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cpu backend: cannot allocate %d bytes", bytes));
+    }
+    return Buffer(p, bytes, [](void* q) { std::free(q); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    return std::make_unique<CpuStream>();
+  }
+
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream&) override {
+    if (absl::Status s = CheckCopy(dst, src, bytes); !s.ok()) return s;
+    if (bytes > 0) memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream&) override {
+    if (absl::Status s = CheckCopy(dst, src, bytes); !s.ok()) return s;
+    if (bytes > 0) memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(void* dst, uint8_t byte, size_t bytes, Stream&) override {
+    if (bytes > 0 && dst == nullptr) return absl::InvalidArgumentError("fill of a null pointer");
+    if (bytes > 0) memset(dst, byte, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteRows(const WriteRowsParams& p, Stream&) override {
+    if (absl::Status s = ValidateWriteRows(p); !s.ok()) return s;
+    const MutableCacheView& c = p.cache;
+    const int width = QkWidth(c.geometry);
+    uint8_t* base = static_cast<uint8_t*>(c.base);
+    const uint16_t* rows = static_cast<const uint16_t*>(p.rows);
+    auto write = [&](int64_t i, int) {
+      const int64_t slot = p.slots[i];
+      uint8_t* scales = c.format == KvFormat::kFp8Dsv4
+                            ? base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes)
+                            : nullptr;
+      EncodeRow(c.format, c.geometry, rows + i * width,
+                base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
+                scales, c.scale);
+    };
+    const int64_t n = static_cast<int64_t>(p.slots.size());
+    // A slot named twice keeps its last row, which only a sequential write guarantees.
+    if (p.slots.size() >= kParallelWriteRows && SlotsDistinct(p.slots)) {
+      pool_.ParallelFor(n, write);
+    } else {
+      for (int64_t i = 0; i < n; ++i) write(i, 0);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Attend(const AttendParams& p, Stream&) override {
+    if (absl::Status s = ValidateAttend(p); !s.ok()) return s;
+    cpu::RunAttend(p, pool_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize(Stream&) override { return absl::OkStatus(); }
+
+ private:
+  static bool SlotsDistinct(std::span<const int64_t> slots) {
+    std::vector<int64_t> sorted(slots.begin(), slots.end());
+    std::sort(sorted.begin(), sorted.end());
+    return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  }
+
+  DeviceInfo info_;
+  cpu::ThreadPool pool_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options) {
+  if (options.cpu_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cpu_threads must be >= 0 (got %d)", options.cpu_threads));
+  }
+  int threads = options.cpu_threads;
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace smla::kernels
