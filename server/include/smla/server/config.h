@@ -22,6 +22,11 @@ struct ModelConfig {
   int32_t page_rows = 64;         // rows per page, a power of two
   int64_t pool_bytes = 0;         // capacity of all of this model's pools together
   float kv_scale = 1.0f;          // fp8_per_tensor cache scale
+  int64_t pool_pages = 0;         // when > 0, the pool size in pages (pool_bytes is then ignored)
+  float softmax_scale = 0.0f;     // 0 = the profile's default
+  // SWA layers keep this many positions before the stored length beyond the window, so a step
+  // may restart that far back (rolling back rejected drafts) without the window's rows lost.
+  int32_t swa_rollback = 16;
 };
 
 struct Limits {

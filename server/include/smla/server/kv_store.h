@@ -1,0 +1,155 @@
+// The KV store of one served model: one pool (arena) in backend memory, the page allocator,
+// and every sequence's per-layer page tables.
+//
+// Layout: the arena holds pages_total pages of the model's format, page rows and serving
+// pitch. Every cache of the model (each layer's main cache and compressed cache) is a view of
+// the whole arena, and its pages come from the one allocator, so pool capacity is one number.
+// Per sequence and layer there is a page table for the main cache and one for the compressed
+// cache:
+// - window layers (SWA) keep a ring: only pages that hold positions from
+//   length - swa_rollback - (W - 1) on, at most ceil((W - 1 + swa_rollback) / B) + 1 pages at
+//   rest; a step of n rows may hold ceil((W - 1 + n) / B) + 1 more while it runs;
+// - full caches (GLM) and compressed caches grow with the context.
+// A compressed cache of ratio r holds floor(length / r) entries.
+//
+// Steps are two-phase so that a failed step changes nothing: Prepare validates positions and
+// reserves every page a request needs (all or nothing), the caller writes and attends using the
+// prepared slot tables, then Commit (or Abort) updates the tables. Prepare/Commit/Abort happen
+// between BeginBatch and EndBatch; Truncate and Release wait until no batch is in flight, so the
+// pages a running batch reads are never handed to anyone else.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "smla/kernels/backend.h"
+#include "smla/server/config.h"
+#include "smla/server/model_profile.h"
+#include "smla/server/page_allocator.h"
+
+namespace smla::server {
+
+// One span of a step as the store sees it (validated for shape already).
+struct SpanWrite {
+  std::string_view sequence_id;
+  int64_t first_position = 0;
+  int32_t num_rows = 0;
+};
+
+// Page tables of one (sequence, layer).
+struct LayerPages {
+  int64_t length = 0;           // positions stored
+  int64_t main_first_page = 0;  // logical page index of main[0] (> 0 once a window has slid)
+  std::deque<int32_t> main;     // physical pages of logical pages main_first_page, ...
+  std::vector<int32_t> compressed;  // physical pages of compressed entries 0, B, 2B, ...
+};
+
+class KvStore;
+
+// One request's spans on one layer, validated and with its pages reserved. Slot lookups read
+// the tables as they will be after the step; the store is not touched until Commit.
+class PreparedStep {
+ public:
+  size_t num_spans() const { return spans_.size(); }
+  // Slot of a main-cache position of span i; the position must be stored after the step.
+  int64_t MainSlot(size_t span, int64_t position) const;
+  // Slot of compressed entry e of span i.
+  int64_t CompressedSlot(size_t span, int64_t entry) const;
+  int32_t new_pages() const { return static_cast<int32_t>(new_pages_.size()); }
+
+ private:
+  friend class KvStore;
+  struct Span {
+    void* sequence = nullptr;  // KvStore::Sequence*, stable while the batch runs
+    LayerPages next;
+    std::vector<int32_t> release;  // pages the step no longer needs (freed at Commit)
+  };
+  int32_t layer_ = 0;
+  int32_t rows_per_page_ = 1;
+  std::vector<Span> spans_;
+  std::vector<int32_t> new_pages_;
+  bool done_ = false;
+};
+
+class KvStore {
+ public:
+  // `config` must be resolved (ResolveModelConfig). Allocates the arena.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const ModelConfig& config,
+                                                         kernels::Backend& backend,
+                                                         int32_t max_sequences);
+  ~KvStore();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelProfile& profile() const { return *profile_; }
+  // The whole arena, for writers and as the cache of both segments.
+  kernels::MutableCacheView cache() const { return cache_; }
+
+  int64_t pages_total() const;
+  int64_t pages_used() const;
+  int64_t page_bytes() const { return cache_.pitch_bytes; }
+  int64_t num_sequences() const;
+
+  // Sequences belong to a tenant: (tenant, id) is the key, and naming a sequence of another
+  // tenant is the same as naming one that does not exist (NOT_FOUND), so existence never leaks.
+  absl::Status CreateSequence(std::string_view tenant, std::string_view id);
+  absl::Status ReleaseSequence(std::string_view tenant, std::string_view id);
+  // Drops positions >= length on every layer. All or nothing: FAILED_PRECONDITION when a
+  // window layer no longer holds the W - 1 positions before `length` (0 is always allowed).
+  absl::Status Truncate(std::string_view tenant, std::string_view id, int64_t length);
+  absl::StatusOr<int64_t> Length(std::string_view tenant, std::string_view id,
+                                 int32_t layer) const;
+  // A copy of one layer's page tables (for tests and diagnostics).
+  absl::StatusOr<LayerPages> Pages(std::string_view tenant, std::string_view id,
+                                   int32_t layer) const;
+
+  void BeginBatch();
+  void EndBatch();
+
+  // Validates every span against what is stored (NOT_FOUND for unknown sequences,
+  // INVALID_ARGUMENT for a gap or a restart before the kept window, naming spans[i]) and
+  // reserves all pages the request needs, or RESOURCE_EXHAUSTED with nothing reserved.
+  // Call between BeginBatch and EndBatch; spans name distinct sequences, and no two prepared
+  // steps of one batch may name the same (sequence, layer).
+  absl::StatusOr<std::unique_ptr<PreparedStep>> Prepare(std::string_view tenant, int32_t layer,
+                                                        std::span<const SpanWrite> spans);
+  void Commit(PreparedStep& step);
+  void Abort(PreparedStep& step);
+
+ private:
+  struct Sequence {
+    std::vector<LayerPages> layers;
+    std::vector<bool> busy;  // layer prepared in the running batch
+  };
+  using Key = std::pair<std::string, std::string>;
+
+  KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena);
+
+  Sequence* Find(std::string_view tenant, std::string_view id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void FreeLayer(LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const;
+
+  const ModelConfig config_;
+  const ModelProfile* profile_;
+  kernels::Buffer arena_;
+  kernels::MutableCacheView cache_;
+  int32_t max_sequences_ = 0;
+
+  mutable absl::Mutex mu_;
+  PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  bool batch_active_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace smla::server

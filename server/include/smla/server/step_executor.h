@@ -1,0 +1,101 @@
+// Runs batches of steps on the backend (the BatchRunner behind the scheduler): per step,
+// validation against stored state and page reservation (KvStore::Prepare), in queue order; then
+// one WriteRows for every new KV row and compressed entry of the batch, one Attend over all
+// rows, the copy back, Synchronize, and Commit. Outputs are sliced back to each step.
+//
+// Each row's segments are built here: the main segment is the SWA window ending at the row's
+// own position (min(p+1, W) keys, so the draft rows of a span see each other causally) or the
+// client's chosen positions translated to slots (-1 stays a sentinel); the extra segment is the
+// chosen compressed entries translated to slots, or every entry the row may see
+// (entries 0..floor((p+1)/r)-1) on dense layers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "smla/kernels/backend.h"
+#include "smla/server/config.h"
+#include "smla/server/kv_store.h"
+#include "smla/server/model_profile.h"
+#include "smla/server/scheduler.h"
+
+namespace smla::server {
+
+// One served model: its resolved configuration, KV store and uploaded tables.
+class ModelRuntime {
+ public:
+  ModelRuntime(const ModelConfig& config, std::unique_ptr<KvStore> store)
+      : config_(config), store_(std::move(store)) {}
+
+  const ModelConfig& config() const { return config_; }
+  const ModelProfile& profile() const { return store_->profile(); }
+  KvStore& store() const { return *store_; }
+
+  // [layers, heads_per_rank] f32, finite.
+  absl::Status SetSinks(std::span<const float> sinks);
+  // [P, 64] f32, finite; uploaded to backend memory. Batches already launched keep the table
+  // they started with.
+  absl::Status SetRopeTable(kernels::Backend& backend, kernels::Stream& stream,
+                            std::span<const float> cos_sin, int32_t num_positions);
+
+  bool sinks_uploaded() const;
+  // The sink of one layer ([heads_per_rank]), empty when none was uploaded.
+  std::vector<float> LayerSink(int32_t layer) const;
+  struct Rope {
+    std::shared_ptr<const kernels::Buffer> table;
+    int32_t positions = 0;
+  };
+  Rope rope() const;
+
+ private:
+  const ModelConfig config_;
+  std::unique_ptr<KvStore> store_;
+  mutable absl::Mutex mu_;
+  std::vector<float> sinks_ ABSL_GUARDED_BY(mu_);
+  Rope rope_ ABSL_GUARDED_BY(mu_);
+};
+
+class StepExecutor : public BatchRunner {
+ public:
+  // `models` outlive the executor; the executor owns its stream and staging buffers.
+  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
+      kernels::Backend& backend, std::vector<ModelRuntime*> models);
+
+  // One empty-row Attend per model, so that the first real step pays no start-up cost.
+  absl::Status WarmUp();
+
+  std::vector<absl::StatusOr<StepResult>> RunBatch(
+      std::span<const StepRequest* const> steps) override;
+
+  // False once an Attend, a write, a copy or a Synchronize failed.
+  bool healthy() const { return healthy_.load(); }
+
+  kernels::Stream& stream() { return *stream_; }
+
+ private:
+  StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
+               std::vector<ModelRuntime*> models);
+  absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
+  // Runs the launch for the prepared steps (indices into `steps`), filling their results.
+  absl::Status Launch(ModelRuntime& model, int32_t layer, std::span<const StepRequest* const> steps,
+                      std::span<const size_t> included,
+                      std::span<const std::unique_ptr<PreparedStep>> prepared,
+                      std::vector<absl::StatusOr<StepResult>>& results);
+
+  kernels::Backend& backend_;
+  std::unique_ptr<kernels::Stream> stream_;
+  absl::flat_hash_map<std::string, ModelRuntime*> models_;
+  std::atomic<bool> healthy_{true};
+  // Staging buffers in backend memory, grown as needed; only the executor thread uses them.
+  kernels::Buffer q_, rows_, out_, scales_, lse_;
+};
+
+}  // namespace smla::server

@@ -1,0 +1,40 @@
+// Checks of a step that need no stored state, run at admission: layer known, shapes and byte
+// sizes, positions and roles, finite KV rows, chosen entries visible at their rows, sink and
+// RoPE table present. Checks against stored state (sequence exists, no position gap, window
+// kept, pool capacity) run when the step is launched, in queue order (KvStore::Prepare).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "smla/server/config.h"
+#include "smla/server/model_profile.h"
+#include "smla/server/step.h"
+
+namespace smla::server {
+
+struct StepContext {
+  const ModelConfig* config = nullptr;  // resolved
+  const ModelProfile* profile = nullptr;
+  const Limits* limits = nullptr;
+  bool sinks_uploaded = false;
+  int32_t rope_positions = 0;  // P of the uploaded cos/sin table, 0 = none
+};
+
+// INVALID_ARGUMENT naming field, span, row and value; NOT_FOUND for an unknown layer;
+// FAILED_PRECONDITION when the model's sinks or the RoPE table a step needs are missing.
+absl::Status ValidateStep(const StepRequest& request, const StepContext& context);
+
+// Compressed entries a span of `num_rows` rows from `first_position` adds to a 1/r cache:
+// [floor(first/r), floor((first+n)/r)).
+inline int64_t CompressedEntriesAdded(int64_t first_position, int32_t num_rows, int32_t ratio) {
+  return (first_position + num_rows) / ratio - first_position / ratio;
+}
+
+// Input plus output bytes of a step: what it costs in a launch (Limits::max_batch_bytes).
+int64_t StepBytes(const StepRequest& request, const ModelProfile& profile, int32_t heads);
+
+// Rows over all spans.
+int64_t StepRows(const StepRequest& request);
+
+}  // namespace smla::server

@@ -1,0 +1,336 @@
+#include "smla/server/kv_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "internal.h"
+
+namespace smla::server {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int64_t PreparedStep::MainSlot(size_t span, int64_t position) const {
+  const LayerPages& p = spans_[span].next;
+  const int64_t logical = position / rows_per_page_ - p.main_first_page;
+  SMLA_CHECK(position >= 0 && logical >= 0 && logical < static_cast<int64_t>(p.main.size()),
+             "main position outside the prepared page table");
+  return int64_t{p.main[logical]} * rows_per_page_ + position % rows_per_page_;
+}
+
+int64_t PreparedStep::CompressedSlot(size_t span, int64_t entry) const {
+  const LayerPages& p = spans_[span].next;
+  const int64_t logical = entry / rows_per_page_;
+  SMLA_CHECK(entry >= 0 && logical < static_cast<int64_t>(p.compressed.size()),
+             "compressed entry outside the prepared page table");
+  return int64_t{p.compressed[logical]} * rows_per_page_ + entry % rows_per_page_;
+}
+
+KvStore::KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena)
+    : config_(config),
+      profile_(&profile),
+      arena_(std::move(arena)),
+      allocator_(static_cast<int32_t>(config.pool_pages)) {
+  cache_.base = arena_.data();
+  cache_.format = config.kv_format;
+  cache_.geometry = profile.geometry;
+  cache_.num_pages = config.pool_pages;
+  cache_.rows_per_page = config.page_rows;
+  cache_.pitch_bytes = PageBytes(config, profile);
+  cache_.scale = config.kv_format == kernels::KvFormat::kFp8PerTensor ? config.kv_scale : 1.0f;
+}
+
+KvStore::~KvStore() = default;
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& config,
+                                                         kernels::Backend& backend,
+                                                         int32_t max_sequences) {
+  const ModelProfile* profile = FindProfile(config.profile);
+  if (profile == nullptr) {
+    return absl::InvalidArgumentError(Cat("unknown model profile '", config.profile, "'"));
+  }
+  const int64_t bytes = config.pool_pages * PageBytes(config, *profile);
+  absl::StatusOr<kernels::Buffer> arena = backend.Allocate(static_cast<size_t>(bytes));
+  if (!arena.ok()) {
+    return absl::ResourceExhaustedError(Cat(config.profile, ": cannot allocate a pool of ",
+                                                     bytes, " bytes: ", arena.status().message()));
+  }
+  std::unique_ptr<KvStore> store(new KvStore(config, *profile, *std::move(arena)));
+  store->max_sequences_ = max_sequences;
+  return store;
+}
+
+int64_t KvStore::pages_total() const {
+  absl::MutexLock lock(&mu_);
+  return allocator_.pages_total();
+}
+
+int64_t KvStore::pages_used() const {
+  absl::MutexLock lock(&mu_);
+  return allocator_.pages_used();
+}
+
+int64_t KvStore::num_sequences() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sequences_.size());
+}
+
+KvStore::Sequence* KvStore::Find(std::string_view tenant, std::string_view id) const {
+  auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("sequence_id: must not be empty");
+  absl::MutexLock lock(&mu_);
+  if (Find(tenant, id) != nullptr) {
+    return absl::AlreadyExistsError(
+        Cat("sequence '", id, "' of model ", config_.profile, " already exists"));
+  }
+  if (static_cast<int64_t>(sequences_.size()) >= max_sequences_) {
+    return absl::ResourceExhaustedError(Cat(
+        "model ", config_.profile, " holds the most sequences allowed (", max_sequences_, ")"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->layers.resize(profile_->num_layers());
+  seq->busy.assign(profile_->num_layers(), false);
+  sequences_.emplace(Key(std::string(tenant), std::string(id)), std::move(seq));
+  return absl::OkStatus();
+}
+
+void KvStore::FreeLayer(LayerPages& pages) {
+  for (int32_t p : pages.main) allocator_.Free(p);
+  allocator_.Free(pages.compressed);
+  pages = LayerPages();
+}
+
+absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view id) {
+  mu_.LockWhen(absl::Condition(
+      +[](bool* active) { return !*active; }, &batch_active_));
+  absl::Status status;
+  auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
+  if (it == sequences_.end()) {
+    status = absl::NotFoundError(
+        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+  } else {
+    for (LayerPages& layer : it->second->layers) FreeLayer(layer);
+    sequences_.erase(it);
+  }
+  mu_.Unlock();
+  return status;
+}
+
+absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int64_t length) {
+  if (length < 0) {
+    return absl::InvalidArgumentError(Cat("length: ", length, " is negative"));
+  }
+  mu_.LockWhen(absl::Condition(
+      +[](bool* active) { return !*active; }, &batch_active_));
+  absl::Status status;
+  Sequence* seq = Find(tenant, id);
+  const int32_t B = config_.page_rows;
+  if (seq == nullptr) {
+    status = absl::NotFoundError(
+        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+  }
+  // Check every layer first, so that a refusal changes nothing.
+  for (int32_t l = 0; status.ok() && l < profile_->num_layers(); ++l) {
+    const LayerPages& p = seq->layers[l];
+    if (length == 0 || length >= p.length || !profile_->layers[l].has_window()) continue;
+    const int64_t need_from = std::max<int64_t>(0, length - (profile_->swa_window - 1));
+    if (need_from < p.main_first_page * B) {
+      status = absl::FailedPreconditionError(Cat(
+          "truncate to ", length, ": layer ", l, " keeps positions from ", p.main_first_page * B,
+          " on, so a step at ", length, " could not see its window (roll back at most ",
+          config_.swa_rollback, " positions, or truncate to 0)"));
+    }
+  }
+  for (int32_t l = 0; status.ok() && l < profile_->num_layers(); ++l) {
+    LayerPages& p = seq->layers[l];
+    if (length >= p.length) continue;
+    if (length == 0) {
+      FreeLayer(p);
+      continue;
+    }
+    p.length = length;
+    const int64_t keep_main = (length - 1) / B + 1 - p.main_first_page;
+    while (static_cast<int64_t>(p.main.size()) > keep_main) {
+      allocator_.Free(p.main.back());
+      p.main.pop_back();
+    }
+    const LayerSpec& spec = profile_->layers[l];
+    if (spec.has_compressed()) {
+      const int64_t keep = CeilDiv(length / spec.ratio, B);
+      while (static_cast<int64_t>(p.compressed.size()) > keep) {
+        allocator_.Free(p.compressed.back());
+        p.compressed.pop_back();
+      }
+    }
+  }
+  mu_.Unlock();
+  return status;
+}
+
+absl::StatusOr<int64_t> KvStore::Length(std::string_view tenant, std::string_view id,
+                                        int32_t layer) const {
+  absl::StatusOr<LayerPages> pages = Pages(tenant, id, layer);
+  if (!pages.ok()) return pages.status();
+  return pages->length;
+}
+
+absl::StatusOr<LayerPages> KvStore::Pages(std::string_view tenant, std::string_view id,
+                                          int32_t layer) const {
+  if (layer < 0 || layer >= profile_->num_layers()) {
+    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile,
+                                            " has ", profile_->num_layers(), " layers)"));
+  }
+  absl::MutexLock lock(&mu_);
+  const Sequence* seq = Find(tenant, id);
+  if (seq == nullptr) {
+    return absl::NotFoundError(
+        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+  }
+  return seq->layers[layer];
+}
+
+void KvStore::BeginBatch() {
+  absl::MutexLock lock(&mu_);
+  SMLA_CHECK(!batch_active_, "batches of one store must not overlap");
+  batch_active_ = true;
+}
+
+void KvStore::EndBatch() {
+  absl::MutexLock lock(&mu_);
+  batch_active_ = false;
+}
+
+void KvStore::TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const {
+  const int64_t keep_from = std::max<int64_t>(
+      0, pages.length - config_.swa_rollback - (profile_->swa_window - 1));
+  const int64_t first_page = keep_from / config_.page_rows;
+  while (pages.main_first_page < first_page && !pages.main.empty()) {
+    release.push_back(pages.main.front());
+    pages.main.pop_front();
+    ++pages.main_first_page;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view tenant,
+                                                               int32_t layer,
+                                                               std::span<const SpanWrite> spans) {
+  if (layer < 0 || layer >= profile_->num_layers()) {
+    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile,
+                                            " has ", profile_->num_layers(), " layers)"));
+  }
+  const LayerSpec& spec = profile_->layers[layer];
+  const int32_t B = config_.page_rows;
+  auto step = std::make_unique<PreparedStep>();
+  step->layer_ = layer;
+  step->rows_per_page_ = B;
+  step->spans_.resize(spans.size());
+
+  absl::MutexLock lock(&mu_);
+  SMLA_CHECK(batch_active_, "Prepare outside a batch");
+  // Pass 1: validate against what is stored and count the pages to add.
+  int64_t pages_needed = 0;
+  std::vector<int64_t> main_add(spans.size()), comp_add(spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const SpanWrite& s = spans[i];
+    Sequence* seq = Find(tenant, s.sequence_id);
+    if (seq == nullptr) {
+      return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '",
+                                              s.sequence_id, "' of model ", config_.profile,
+                                              " not found"));
+    }
+    SMLA_CHECK(!seq->busy[layer], "two steps of one (sequence, layer) in one batch");
+    const LayerPages& cur = seq->layers[layer];
+    if (s.first_position > cur.length) {
+      return absl::InvalidArgumentError(Cat(
+          "spans[", i, "].first_position ", s.first_position, " leaves a gap after stored length ",
+          cur.length, " (layer ", layer, ")"));
+    }
+    if (spec.has_window()) {
+      const int64_t need_from = std::max<int64_t>(0, s.first_position - (profile_->swa_window - 1));
+      if (need_from < cur.main_first_page * B) {
+        return absl::InvalidArgumentError(Cat(
+            "spans[", i, "].first_position ", s.first_position, " needs window rows from position ",
+            need_from, " but layer ", layer, " keeps positions from ", cur.main_first_page * B,
+            " on (stored length ", cur.length, "; steps may restart at most ",
+            config_.swa_rollback, " positions back)"));
+      }
+    }
+    const int64_t end = s.first_position + s.num_rows;
+    const int64_t main_end_page = cur.main_first_page + static_cast<int64_t>(cur.main.size());
+    main_add[i] = std::max<int64_t>(0, (end - 1) / B + 1 - main_end_page);
+    if (spec.has_compressed()) {
+      const int64_t have = static_cast<int64_t>(cur.compressed.size());
+      comp_add[i] = std::max<int64_t>(0, CeilDiv(end / spec.ratio, B) - have);
+    }
+    pages_needed += main_add[i] + comp_add[i];
+    step->spans_[i].sequence = seq;
+  }
+  if (pages_needed > allocator_.pages_free()) {
+    return absl::ResourceExhaustedError(Cat(
+        "KV pool of model ", config_.profile, " is full: the step needs ", pages_needed,
+        " new pages, ", allocator_.pages_free(), " of ", allocator_.pages_total(), " are free"));
+  }
+  SMLA_CHECK(allocator_.Allocate(static_cast<int32_t>(pages_needed), step->new_pages_),
+             "allocator refused pages it reported free");
+  // Pass 2: build each span's tables as they will be after the step.
+  size_t next_page = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const SpanWrite& s = spans[i];
+    PreparedStep::Span& out = step->spans_[i];
+    Sequence* seq = static_cast<Sequence*>(out.sequence);
+    seq->busy[layer] = true;
+    out.next = seq->layers[layer];
+    LayerPages& p = out.next;
+    const int64_t end = s.first_position + s.num_rows;
+    p.length = end;
+    for (int64_t k = 0; k < main_add[i]; ++k) p.main.push_back(step->new_pages_[next_page++]);
+    const int64_t keep_main = (end - 1) / B + 1 - p.main_first_page;
+    while (static_cast<int64_t>(p.main.size()) > keep_main) {
+      out.release.push_back(p.main.back());
+      p.main.pop_back();
+    }
+    if (spec.has_compressed()) {
+      for (int64_t k = 0; k < comp_add[i]; ++k) {
+        p.compressed.push_back(step->new_pages_[next_page++]);
+      }
+      const int64_t keep = CeilDiv(end / spec.ratio, B);
+      while (static_cast<int64_t>(p.compressed.size()) > keep) {
+        out.release.push_back(p.compressed.back());
+        p.compressed.pop_back();
+      }
+    }
+  }
+  return step;
+}
+
+void KvStore::Commit(PreparedStep& step) {
+  absl::MutexLock lock(&mu_);
+  SMLA_CHECK(!step.done_, "prepared step finished twice");
+  step.done_ = true;
+  const bool window = profile_->layers[step.layer_].has_window();
+  for (PreparedStep::Span& s : step.spans_) {
+    Sequence* seq = static_cast<Sequence*>(s.sequence);
+    if (window) TrimWindow(s.next, s.release);
+    seq->layers[step.layer_] = std::move(s.next);
+    seq->busy[step.layer_] = false;
+    allocator_.Free(s.release);
+  }
+}
+
+void KvStore::Abort(PreparedStep& step) {
+  absl::MutexLock lock(&mu_);
+  SMLA_CHECK(!step.done_, "prepared step finished twice");
+  step.done_ = true;
+  for (PreparedStep::Span& s : step.spans_) {
+    static_cast<Sequence*>(s.sequence)->busy[step.layer_] = false;
+  }
+  allocator_.Free(step.new_pages_);
+}
+
+}  // namespace smla::server
