@@ -1,0 +1,115 @@
+#include "edge_server.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "smla/server/model_profile.h"
+#include "spdlog/spdlog.h"
+
+namespace smla::server::edge {
+namespace {
+
+constexpr char kServiceName[] = "smla.v1.Smla";
+
+void SetServing(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);  // every service, "" included
+  health->SetServingStatus(kServiceName, serving);
+}
+
+}  // namespace
+
+int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits) {
+  int64_t most = 4 << 20;  // never below gRPC's default
+  const int64_t rows = limits.max_rows_per_step;
+  for (const ModelConfig& m : core.Info().models) {
+    const ModelProfile* profile = FindProfile(m.profile);
+    if (profile == nullptr) continue;
+    const int64_t w = kernels::QkWidth(profile->geometry);
+    const int64_t h = m.heads_per_rank;
+    int64_t topk = 0;
+    for (const LayerSpec& l : profile->layers) topk = std::max<int64_t>(topk, l.topk);
+    // Per row in: KV row, at most one compressed entry, query heads, top-k ids (all bf16 /
+    // int32); per row out: bf16 output (larger than MXFP8 data + scales) and LSE.
+    const int64_t per_row_in = 2 * w + 2 * w + 2 * h * w + 4 * topk;
+    const int64_t per_row_out = 2 * h * kernels::kValueWidth + 4 * h;
+    const int64_t framing = int64_t{limits.max_spans_per_step} * 512 + (64 << 10);
+    most = std::max({most, rows * per_row_in + framing, rows * per_row_out + framing,
+                     int64_t{profile->num_layers()} * h * 4 + framing});
+  }
+  most = std::max(most, limits.max_context * 64 * 4 + (64 << 10));  // rope table upload
+  return std::min<int64_t>(most, INT_MAX);
+}
+
+absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
+                                                              const Limits& limits,
+                                                              const EdgeServerOptions& options) {
+  std::unique_ptr<EdgeServer> s(new EdgeServer());
+  s->core_ = core;
+  s->options_ = options;
+  s->edge_metrics_ = std::make_unique<EdgeMetrics>(core);
+  EdgeOptions eo;
+  eo.stream_max_inflight = std::max(1, options.stream_max_inflight);
+  eo.limits = limits;
+  eo.max_message_bytes = MaxMessageBytes(*core, limits);
+  s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(eo.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(eo.max_message_bytes));
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (!options.metrics_listen.empty()) {
+    auto m = MetricsHttpServer::Start(options.metrics_listen, &s->edge_metrics_->registry());
+    if (!m.ok()) {
+      s->server_->Shutdown();
+      return m.status();
+    }
+    s->metrics_ = std::move(*m);
+  }
+  SetServing(s->server_.get(), core->Healthy());
+  s->health_thread_ = std::thread([p = s.get()] { p->WatchHealth(); });
+  spdlog::info("gRPC on port {}, max message {} bytes", s->port_, eo.max_message_bytes);
+  return s;
+}
+
+void EdgeServer::WatchHealth() {
+  // A backend failure flips the core's health from any thread; the probe follows it here.
+  bool serving = core_->Healthy();
+  while (!stop_watch_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    const bool now = core_->Healthy() && !shutting_down_.load();
+    if (now != serving) {
+      serving = now;
+      SetServing(server_.get(), serving);
+      spdlog::warn("health: {}", serving ? "SERVING" : "NOT_SERVING");
+    }
+  }
+}
+
+void EdgeServer::Shutdown() {
+  if (server_ == nullptr || shutting_down_.exchange(true)) return;
+  SetServing(server_.get(), false);
+  spdlog::info("shutdown: draining queued work");
+  core_->Drain();
+  spdlog::info("shutdown: closing calls (grace {})", absl::FormatDuration(options_.shutdown_grace));
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    absl::ToChronoSeconds(options_.shutdown_grace));
+  stop_watch_.Notify();
+  if (health_thread_.joinable()) health_thread_.join();
+  if (metrics_) metrics_->Stop();
+  spdlog::info("shutdown: done");
+}
+
+EdgeServer::~EdgeServer() { Shutdown(); }
+
+}  // namespace smla::server::edge

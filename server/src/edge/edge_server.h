@@ -1,0 +1,63 @@
+// The running edge: the gRPC server (smla.v1.Smla, grpc.health.v1, reflection) with message
+// limits sized from the largest legal step, and the metrics endpoint. Start after the core is
+// ready: health reports SERVING from the moment Start returns.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "edge_metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "smla/server/service_core.h"
+#include "smla_service.h"
+
+namespace smla::server::edge {
+
+struct EdgeServerOptions {
+  std::string listen = "127.0.0.1:0";
+  std::string metrics_listen;  // empty = no metrics endpoint
+  int32_t stream_max_inflight = 16;
+  // How long Shutdown waits for open calls (streams) after the drain before cancelling them.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+};
+
+// The largest request or response a legal step (or rope/sink upload) can need, in bytes,
+// capped at what gRPC can express.
+int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits);
+
+class EdgeServer {
+ public:
+  // `core` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<EdgeServer>> Start(ServiceCore* core, const Limits& limits,
+                                                           const EdgeServerOptions& options);
+  ~EdgeServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+  // Health NOT_SERVING, drain the core (new steps UNAVAILABLE, queued ones finish), stop
+  // accepting calls and wait up to the grace period for open ones, stop metrics. Idempotent.
+  void Shutdown();
+
+ private:
+  EdgeServer() = default;
+  void WatchHealth();
+
+  ServiceCore* core_ = nullptr;
+  EdgeServerOptions options_;
+  std::unique_ptr<EdgeMetrics> edge_metrics_;
+  std::unique_ptr<SmlaService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_;
+  int port_ = 0;
+  std::atomic<bool> shutting_down_{false};
+  absl::Notification stop_watch_;
+  std::thread health_thread_;
+};
+
+}  // namespace smla::server::edge

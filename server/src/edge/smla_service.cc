@@ -1,0 +1,280 @@
+#include "smla_service.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/stubs/common.h"
+#include "grpcpp/grpcpp.h"
+#include "smla/server/model_profile.h"
+#include "spdlog/spdlog.h"
+#include "status_map.h"
+#include "step_stream_reactor.h"
+
+#ifndef SMLA_VERSION
+#define SMLA_VERSION "unknown"
+#endif
+
+namespace smla::server::edge {
+namespace {
+
+v1::LayerKind ToWire(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kSwaOnly:
+      return v1::LAYER_KIND_SWA;
+    case LayerKind::kSwaTopK:
+      return v1::LAYER_KIND_SWA_TOPK;
+    case LayerKind::kSwaDense:
+      return v1::LAYER_KIND_SWA_ALL_COMPRESSED;
+    case LayerKind::kChosen:
+      return v1::LAYER_KIND_TOPK;
+  }
+  return v1::LAYER_KIND_UNSPECIFIED;
+}
+
+// A unary step: submits in the constructor and finishes from the core's callback.
+class StepUnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  StepUnaryReactor(SmlaService* service, grpc::CallbackServerContext* ctx,
+                   const v1::StepRequest* request, v1::StepResponse* response)
+      : service_(service),
+        response_(response),
+        cancel_(std::make_shared<std::atomic<bool>>(false)),
+        start_(absl::Now()) {
+    StepRequest step;
+    absl::Status st = service_->Prepare(*request, CallDeadline(*ctx), cancel_, &step, &storage_);
+    request_id_ = step.request_id;
+    if (!st.ok()) {
+      Finish(service_->Finished("Step", request_id_, st));
+      return;
+    }
+    service_->core()->Submit(std::move(step), [this](absl::StatusOr<StepResult> result) {
+      if (!result.ok()) {
+        Finish(service_->Finished("Step", request_id_, result.status()));
+        return;
+      }
+      const absl::Duration server_time = absl::Now() - start_;
+      FillStepResponse(*result, response_);
+      response_->set_request_id(request_id_);
+      response_->mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
+      service_->metrics()->ObserveStep(*result, server_time);
+      Finish(service_->Finished("Step", request_id_, absl::OkStatus()));
+    });
+  }
+
+  void OnCancel() override { cancel_->store(true); }
+  void OnDone() override { delete this; }
+
+ private:
+  SmlaService* const service_;
+  v1::StepResponse* const response_;
+  const CancelFlag cancel_;
+  const absl::Time start_;
+  std::string request_id_;
+  ParseStorage storage_;
+};
+
+}  // namespace
+
+absl::Time CallDeadline(const grpc::CallbackServerContext& ctx) {
+  const auto d = ctx.deadline();
+  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(d);
+}
+
+SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options)
+    : core_(core), metrics_(metrics), options_(std::move(options)) {
+  for (const ModelConfig& m : core_->Info().models) {
+    const ModelProfile* profile = FindProfile(m.profile);
+    if (profile == nullptr) continue;
+    models_[m.profile] = WireModel{m.heads_per_rank, kernels::QkWidth(profile->geometry)};
+  }
+}
+
+absl::Status SmlaService::Prepare(const v1::StepRequest& pb, absl::Time call_deadline,
+                                  CancelFlag cancel, StepRequest* out, ParseStorage* storage) {
+  const auto it = models_.find(pb.model());
+  const WireModel* model = it == models_.end() ? nullptr : &it->second;
+  absl::Status st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
+                                     options_.limits.max_spans_per_step, out, storage);
+  if (out->request_id.empty()) {
+    out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
+  }
+  if (!st.ok()) return st;
+  if (pb.timeout_us() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_us: ", pb.timeout_us(), " is negative"));
+  }
+  out->tenant = options_.tenant;
+  out->deadline = call_deadline;
+  if (pb.timeout_us() > 0) {
+    out->deadline = std::min(out->deadline, absl::Now() + absl::Microseconds(pb.timeout_us()));
+  }
+  out->cancelled = std::move(cancel);
+  return absl::OkStatus();
+}
+
+grpc::Status SmlaService::Finished(std::string_view method, const std::string& request_id,
+                                   const absl::Status& status) {
+  metrics_->CountRequest(method, status.code());
+  if (status.ok()) {
+    spdlog::debug("rpc={} req={} code=OK", method, request_id);
+  } else {
+    spdlog::info("rpc={} req={} code={} msg=\"{}\"", method, request_id,
+                 absl::StatusCodeToString(status.code()), std::string(status.message()));
+  }
+  return ToGrpcStatus(status);
+}
+
+grpc::ServerUnaryReactor* SmlaService::Reply(grpc::CallbackServerContext* ctx,
+                                             std::string_view method, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Finished(method, "", status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SmlaService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                     const v1::ServerInfoRequest*,
+                                                     v1::ServerInfo* response) {
+  FillServerInfo(*core_, options_, response);
+  return Reply(ctx, "GetServerInfo", absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SmlaService::CreateSequence(grpc::CallbackServerContext* ctx,
+                                                      const v1::CreateSequenceRequest* request,
+                                                      v1::CreateSequenceResponse*) {
+  absl::Status st =
+      request->sequence_id().empty()
+          ? absl::InvalidArgumentError("sequence_id: empty")
+          : core_->CreateSequence(options_.tenant, request->model(), request->sequence_id());
+  return Reply(ctx, "CreateSequence", st);
+}
+
+grpc::ServerUnaryReactor* SmlaService::ReleaseSequence(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReleaseSequenceRequest* request,
+                                                       v1::ReleaseSequenceResponse*) {
+  return Reply(ctx, "ReleaseSequence",
+               core_->ReleaseSequence(options_.tenant, request->model(), request->sequence_id()));
+}
+
+grpc::ServerUnaryReactor* SmlaService::TruncateSequence(grpc::CallbackServerContext* ctx,
+                                                        const v1::TruncateSequenceRequest* request,
+                                                        v1::TruncateSequenceResponse*) {
+  absl::Status st =
+      request->length() < 0
+          ? absl::InvalidArgumentError(absl::StrCat("length: ", request->length(), " is negative"))
+          : core_->TruncateSequence(options_.tenant, request->model(), request->sequence_id(),
+                                    request->length());
+  return Reply(ctx, "TruncateSequence", st);
+}
+
+grpc::ServerUnaryReactor* SmlaService::GetSequence(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetSequenceRequest* request,
+                                                   v1::GetSequenceResponse* response) {
+  auto len = core_->SequenceLength(options_.tenant, request->model(), request->sequence_id(),
+                                   request->layer());
+  if (len.ok()) response->set_length(*len);
+  return Reply(ctx, "GetSequence", len.status());
+}
+
+grpc::ServerUnaryReactor* SmlaService::SetRopeTable(grpc::CallbackServerContext* ctx,
+                                                    const v1::SetRopeTableRequest* request,
+                                                    v1::SetRopeTableResponse*) {
+  auto table = ParseF32Tensor(request->cos_sin(), "cos_sin", {-1, 64});
+  absl::Status st = table.status();
+  if (st.ok()) {
+    st = core_->SetRopeTable(request->model(), *table,
+                             static_cast<int32_t>(request->cos_sin().shape(0)));
+  }
+  return Reply(ctx, "SetRopeTable", st);
+}
+
+grpc::ServerUnaryReactor* SmlaService::SetSinks(grpc::CallbackServerContext* ctx,
+                                                const v1::SetSinksRequest* request,
+                                                v1::SetSinksResponse*) {
+  std::vector<int64_t> shape = {-1, -1};
+  const auto it = models_.find(request->model());
+  if (it != models_.end()) {
+    const ModelProfile* profile = FindProfile(request->model());
+    shape = {profile->num_layers(), it->second.heads};
+  }
+  auto sinks = ParseF32Tensor(request->sinks(), "sinks", shape);
+  absl::Status st = sinks.status();
+  if (st.ok()) st = core_->SetSinks(request->model(), *sinks);
+  return Reply(ctx, "SetSinks", st);
+}
+
+grpc::ServerUnaryReactor* SmlaService::Step(grpc::CallbackServerContext* ctx,
+                                            const v1::StepRequest* request,
+                                            v1::StepResponse* response) {
+  return new StepUnaryReactor(this, ctx, request, response);
+}
+
+grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* SmlaService::StepStream(
+    grpc::CallbackServerContext* ctx) {
+  return new StepStreamReactor(this, ctx);
+}
+
+void FillServerInfo(const ServiceCore& core, const EdgeOptions& options, v1::ServerInfo* out) {
+  const ServerInfo info = core.Info();
+  out->set_server_version(SMLA_VERSION);
+  out->set_grpc_version(grpc::Version());
+  out->set_protobuf_version(google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION));
+  v1::DeviceInfo* dev = out->mutable_device();
+  dev->set_backend(std::string(kernels::BackendKindName(info.device.kind)));
+  dev->set_name(info.device.name);
+  dev->set_arch(info.device.arch);
+  dev->set_compute_units(info.device.compute_units);
+  dev->set_total_memory(info.device.total_memory);
+  for (const ModelConfig& m : info.models) {
+    v1::ModelInfo* mi = out->add_models();
+    mi->set_profile(m.profile);
+    mi->set_tp(m.tp);
+    mi->set_heads_per_rank(m.heads_per_rank);
+    mi->set_kv_format(std::string(kernels::KvFormatName(m.kv_format)));
+    mi->set_kv_scale(m.kv_scale);
+    mi->set_swa_rollback(m.swa_rollback);
+    const ModelProfile* profile = FindProfile(m.profile);
+    if (profile != nullptr) {
+      mi->set_geometry(std::string(kernels::GeometryName(profile->geometry)));
+      mi->set_qk_width(kernels::QkWidth(profile->geometry));
+      mi->set_softmax_scale(m.softmax_scale > 0 ? m.softmax_scale : profile->softmax_scale);
+      mi->set_has_sinks(profile->has_sink);
+      for (const LayerSpec& l : profile->layers) {
+        v1::LayerInfo* li = mi->add_layers();
+        li->set_kind(ToWire(l.kind));
+        li->set_window(l.has_window() ? profile->swa_window : 0);
+        li->set_compression_ratio(l.ratio);
+        li->set_topk(l.topk);
+      }
+    }
+    for (const PoolUsage& p : info.pools) {
+      if (p.model != m.profile) continue;
+      v1::PoolInfo* pool = mi->mutable_pool();
+      pool->set_pages_total(p.pages_total);
+      pool->set_pages_used(p.pages_used);
+      pool->set_page_bytes(p.page_bytes);
+      pool->set_page_rows(m.page_rows);
+    }
+  }
+  const Limits& l = options.limits;
+  v1::Limits* lim = out->mutable_limits();
+  lim->set_max_rows_per_step(l.max_rows_per_step);
+  lim->set_max_spans_per_step(l.max_spans_per_step);
+  lim->set_max_batch_rows(l.max_batch_rows);
+  lim->set_max_batch_bytes(l.max_batch_bytes);
+  lim->set_max_queued_requests(l.max_queued_requests);
+  lim->set_max_queued_rows(l.max_queued_rows);
+  lim->set_batch_wait_us(absl::ToInt64Microseconds(l.batch_wait));
+  lim->set_max_sequences(l.max_sequences);
+  lim->set_max_context(l.max_context);
+  lim->set_stream_max_inflight(options.stream_max_inflight);
+  lim->set_max_message_bytes(options.max_message_bytes);
+  out->set_sequences(info.sequences);
+  out->set_healthy(core.Healthy());
+}
+
+}  // namespace smla::server::edge

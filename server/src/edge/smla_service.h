@@ -1,0 +1,90 @@
+// The gRPC handlers of smla.v1.Smla on the callback API: parse, check wire-level shapes,
+// hand the step to the service core, and finish from the core's completion callback.
+//
+// Ownership: the service borrows the core and the metrics; both must outlive the gRPC server.
+// A step's protobuf request stays alive until its reactor finishes, so the StepRequest handed
+// to the core can point into it.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <string>
+
+#include "edge_metrics.h"
+#include "smla/server/service_core.h"
+#include "smla/v1/service.grpc.pb.h"
+#include "wire.h"
+
+namespace smla::server::edge {
+
+struct EdgeOptions {
+  // Requests of one StepStream read but not yet answered; reading pauses at this bound, so a
+  // client that does not read its responses holds at most this many in server memory.
+  int32_t stream_max_inflight = 16;
+  // Every call acts for this tenant until authentication exists.
+  std::string tenant = "default";
+  Limits limits;
+  int64_t max_message_bytes = 0;  // reported in ServerInfo
+};
+
+class SmlaService final : public v1::Smla::CallbackService {
+ public:
+  SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options);
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
+                                          const v1::ServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* ctx,
+                                           const v1::CreateSequenceRequest* request,
+                                           v1::CreateSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* ctx,
+                                            const v1::ReleaseSequenceRequest* request,
+                                            v1::ReleaseSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* ctx,
+                                             const v1::TruncateSequenceRequest* request,
+                                             v1::TruncateSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* GetSequence(grpc::CallbackServerContext* ctx,
+                                        const v1::GetSequenceRequest* request,
+                                        v1::GetSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* SetRopeTable(grpc::CallbackServerContext* ctx,
+                                         const v1::SetRopeTableRequest* request,
+                                         v1::SetRopeTableResponse* response) override;
+  grpc::ServerUnaryReactor* SetSinks(grpc::CallbackServerContext* ctx,
+                                     const v1::SetSinksRequest* request,
+                                     v1::SetSinksResponse* response) override;
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx, const v1::StepRequest* request,
+                                 v1::StepResponse* response) override;
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
+      grpc::CallbackServerContext* ctx) override;
+
+  // Parses `pb` into `out` with tenant, request id, deadline and cancel flag filled in.
+  absl::Status Prepare(const v1::StepRequest& pb, absl::Time call_deadline, CancelFlag cancel,
+                       StepRequest* out, ParseStorage* storage);
+
+  ServiceCore* core() const { return core_; }
+  EdgeMetrics* metrics() const { return metrics_; }
+  const EdgeOptions& options() const { return options_; }
+
+  // Logs and counts a finished call, and turns its status into a gRPC one.
+  grpc::Status Finished(std::string_view method, const std::string& request_id,
+                        const absl::Status& status);
+
+ private:
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, std::string_view method,
+                                  const absl::Status& status);
+
+  ServiceCore* core_;
+  EdgeMetrics* metrics_;
+  const EdgeOptions options_;
+  std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
+  std::atomic<uint64_t> next_request_{1};
+};
+
+// Fills a ServerInfo message from the core (versions, device, models with layer plans and
+// pools, limits).
+void FillServerInfo(const ServiceCore& core, const EdgeOptions& options, v1::ServerInfo* out);
+
+// The call's deadline as absl time (InfiniteFuture when none).
+absl::Time CallDeadline(const grpc::CallbackServerContext& ctx);
+
+}  // namespace smla::server::edge

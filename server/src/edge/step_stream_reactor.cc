@@ -1,0 +1,141 @@
+#include "step_stream_reactor.h"
+
+#include <utility>
+
+#include "smla_service.h"
+
+namespace smla::server::edge {
+
+StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx)
+    : service_(service),
+      call_deadline_(CallDeadline(*ctx)),
+      cancel_(std::make_shared<std::atomic<bool>>(false)) {
+  service_->metrics()->StreamOpened();
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = NextActions();
+  }
+  Run(a);
+}
+
+StepStreamReactor::Actions StepStreamReactor::NextActions() {
+  Actions a;
+  if (finished_) return a;
+  if (!broken_ && !reads_done_ && !read_pending_ &&
+      static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight) {
+    reading_ = std::make_unique<v1::StepRequest>();
+    read_pending_ = true;
+    a.read = reading_.get();
+  }
+  if (broken_) {
+    // Nothing more is sent; entries whose callbacks ran can go.
+    while (!writing_ && !inflight_.empty() && inflight_.front()->done) inflight_.pop_front();
+  } else if (!writing_ && !inflight_.empty() && inflight_.front()->done) {
+    writing_ = true;
+    a.write = &inflight_.front()->response;
+  }
+  if ((reads_done_ || broken_) && !read_pending_ && !writing_ && inflight_.empty() &&
+      outstanding_ == 0) {
+    finished_ = true;
+    a.finish = true;
+    a.cancelled = broken_ && cancel_->load();
+  }
+  return a;
+}
+
+void StepStreamReactor::Run(const Actions& a) {
+  if (a.read != nullptr) StartRead(a.read);
+  if (a.write != nullptr) StartWrite(a.write);
+  if (a.finish) {
+    Finish(a.cancelled ? grpc::Status::CANCELLED : grpc::Status::OK);
+  }
+}
+
+void StepStreamReactor::OnReadDone(bool ok) {
+  Entry* entry = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_pending_ = false;
+    if (!ok) {
+      reads_done_ = true;
+    } else {
+      auto e = std::make_unique<Entry>();
+      e->request = std::move(reading_);
+      e->start = absl::Now();
+      entry = e.get();
+      inflight_.push_back(std::move(e));
+      ++outstanding_;  // held until Complete, for both paths below
+    }
+  }
+  if (entry != nullptr) {
+    StepRequest step;
+    absl::Status st =
+        service_->Prepare(*entry->request, call_deadline_, cancel_, &step, &entry->storage);
+    entry->request_id = step.request_id;
+    if (!st.ok()) {
+      Complete(entry, st);
+    } else {
+      service_->core()->Submit(std::move(step),
+                               [this, entry](absl::StatusOr<StepResult> r) { Complete(entry, r); });
+    }
+  }
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = NextActions();
+  }
+  Run(a);
+}
+
+void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
+  v1::StepResponse& resp = entry->response;
+  resp.set_request_id(entry->request_id);
+  if (result.ok()) {
+    const absl::Duration server_time = absl::Now() - entry->start;
+    FillStepResponse(*result, &resp);
+    resp.mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
+    service_->metrics()->ObserveStep(*result, server_time);
+  }
+  const grpc::Status g = service_->Finished("StepStream", entry->request_id, result.status());
+  resp.set_code(static_cast<int32_t>(g.error_code()));
+  resp.set_message(g.error_message());
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entry->done = true;
+    --outstanding_;
+    a = NextActions();
+  }
+  Run(a);
+}
+
+void StepStreamReactor::OnWriteDone(bool ok) {
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    inflight_.pop_front();
+    if (!ok) broken_ = true;
+    a = NextActions();
+  }
+  Run(a);
+}
+
+void StepStreamReactor::OnCancel() {
+  cancel_->store(true);
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    a = NextActions();
+  }
+  Run(a);
+}
+
+void StepStreamReactor::OnDone() {
+  service_->metrics()->StreamClosed();
+  delete this;
+}
+
+}  // namespace smla::server::edge

@@ -1,0 +1,68 @@
+// The StepStream call: requests are read ahead up to a bound, submitted to the core as they
+// arrive (so one stream's steps can share batches with other streams), and answered in
+// request order. A failed request gets its code in its response; the stream goes on.
+//
+// Lifetime: the reactor deletes itself in OnDone, which gRPC calls after Finish; Finish is
+// called only once no core callback is outstanding and no read or write is pending, so no
+// callback can touch a deleted reactor.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "grpcpp/grpcpp.h"
+#include "smla/server/step.h"
+#include "smla/v1/step.pb.h"
+#include "wire.h"
+
+namespace smla::server::edge {
+
+class SmlaService;
+
+class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  struct Entry {
+    std::unique_ptr<v1::StepRequest> request;
+    ParseStorage storage;
+    std::string request_id;
+    absl::Time start;
+    v1::StepResponse response;
+    bool done = false;
+  };
+  // What to start once the lock is released (gRPC calls are never made under mu_).
+  struct Actions {
+    v1::StepRequest* read = nullptr;
+    const v1::StepResponse* write = nullptr;
+    bool finish = false;
+    bool cancelled = false;  // finish with CANCELLED
+  };
+
+  void Complete(Entry* entry, const absl::StatusOr<StepResult>& result);
+  // Picks the next read, write or finish; needs mu_.
+  Actions NextActions();
+  void Run(const Actions& a);
+
+  SmlaService* const service_;
+  const absl::Time call_deadline_;
+  const CancelFlag cancel_;
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
+  std::unique_ptr<v1::StepRequest> reading_;     // target of the pending read
+  int outstanding_ = 0;                          // core callbacks not yet run
+  bool read_pending_ = false;
+  bool reads_done_ = false;
+  bool writing_ = false;
+  bool broken_ = false;  // cancelled or a write failed: drop remaining responses
+  bool finished_ = false;
+};
+
+}  // namespace smla::server::edge

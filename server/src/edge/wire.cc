@@ -1,0 +1,223 @@
+#include "wire.h"
+
+#include <cstring>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace smla::server::edge {
+namespace {
+
+int64_t DTypeBytes(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_BF16:
+      return 2;
+    case v1::DTYPE_F32:
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_E4M3:
+    case v1::DTYPE_E8M0:
+    case v1::DTYPE_UINT8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes.
+absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const std::string& field,
+                                                     v1::DType dtype,
+                                                     const std::vector<int64_t>& shape) {
+  if (t.data_case() == v1::Tensor::kRegion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shared-memory regions are not enabled on this server"));
+  }
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": dtype ", v1::DType_Name(t.dtype()),
+                                                   ", expected ", v1::DType_Name(dtype)));
+  }
+  if (t.shape_size() != static_cast<int>(shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(t.shape()),
+                                                   " has rank ", t.shape_size(), ", expected ",
+                                                   shape.size()));
+  }
+  int64_t elements = 1;
+  for (int i = 0; i < t.shape_size(); ++i) {
+    const int64_t d = t.shape(i);
+    if (d < 0 || d > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeText(t.shape()), " dimension ", i, " is ", d));
+    }
+    if (shape[i] >= 0 && d != shape[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(t.shape()),
+                                                     " dimension ", i, " is ", d, ", expected ",
+                                                     shape[i]));
+    }
+    elements *= d;
+    if (elements > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeText(t.shape()), " is too large"));
+    }
+  }
+  const int64_t want = elements * DTypeBytes(dtype);
+  const auto& data = t.inline_data();
+  if (static_cast<int64_t>(data.size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(t.shape()),
+                                                   " needs ", want, " bytes, got ", data.size()));
+  }
+  return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+}
+
+std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage) {
+  const size_t n = bytes.size() / 4;
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
+    return {reinterpret_cast<const int32_t*>(bytes.data()), n};
+  }
+  auto& copy = storage->int32_copies.emplace_back(n);
+  if (n > 0) std::memcpy(copy.data(), bytes.data(), n * 4);
+  return copy;
+}
+
+}  // namespace
+
+absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
+                              int32_t max_rows_per_step, int32_t max_spans_per_step,
+                              StepRequest* out, ParseStorage* storage) {
+  out->request_id = pb.request_id();
+  out->model = pb.model();
+  out->layer = pb.layer();
+  switch (pb.output_format()) {
+    case v1::OUTPUT_FORMAT_BF16:
+      out->output_format = kernels::OutputFormat::kBf16;
+      break;
+    case v1::OUTPUT_FORMAT_MXFP8:
+      out->output_format = kernels::OutputFormat::kMxfp8;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("output_format: unknown value ", static_cast<int>(pb.output_format())));
+  }
+  out->want_lse = pb.want_lse();
+  out->inverse_rope = pb.inverse_rope();
+  if (pb.spans_size() == 0)
+    return absl::InvalidArgumentError("spans: a step needs at least one span");
+  if (pb.spans_size() > max_spans_per_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spans: ", pb.spans_size(), " spans, the limit is ", max_spans_per_step));
+  }
+  const int64_t w = model ? model->qk_width : -1;
+  const int64_t h = model ? model->heads : -1;
+  int64_t total_rows = 0;
+  out->spans.clear();
+  out->spans.reserve(pb.spans_size());
+  for (int i = 0; i < pb.spans_size(); ++i) {
+    const v1::Span& s = pb.spans(i);
+    const std::string f = absl::StrCat("spans[", i, "]");
+    SpanInput span;
+    span.sequence_id = s.sequence_id();
+    if (span.sequence_id.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ".sequence_id: empty"));
+    }
+    span.first_position = s.first_position();
+    if (span.first_position < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".first_position: ", span.first_position, " is negative"));
+    }
+    span.num_rows = s.num_rows();
+    if (span.num_rows <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".num_rows: ", span.num_rows, ", must be positive"));
+    }
+    total_rows += span.num_rows;
+    if (total_rows > max_rows_per_step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".num_rows: ", total_rows, " rows in the step, the limit is ", max_rows_per_step));
+    }
+    const int64_t n = span.num_rows;
+    if (s.roles_size() != 0) {
+      if (s.roles_size() != n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f, ".roles: ", s.roles_size(), " roles for ", n, " rows"));
+      }
+      for (int r = 0; r < s.roles_size(); ++r) {
+        const int role = s.roles(r);
+        if (role != v1::ROW_ROLE_VERIFY && role != v1::ROW_ROLE_DRAFT) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(f, ".roles[", r, "]: unknown role ", role));
+        }
+        span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
+      }
+    }
+    auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w});
+    if (!kv.ok()) return kv.status();
+    span.kv_rows = *kv;
+    auto q = CheckTensor(s.q(), f + ".q", v1::DTYPE_BF16, {n, h, w});
+    if (!q.ok()) return q.status();
+    span.q = *q;
+    if (s.has_compressed_rows()) {
+      // Width of compressed entries equals the row width; their count is the core's to check.
+      const int64_t cw = w >= 0 ? w : (s.kv_rows().shape_size() == 2 ? s.kv_rows().shape(1) : -1);
+      auto c = CheckTensor(s.compressed_rows(), f + ".compressed_rows", v1::DTYPE_BF16, {-1, cw});
+      if (!c.ok()) return c.status();
+      span.compressed_rows = *c;
+    }
+    if (s.has_topk()) {
+      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1});
+      if (!t.ok()) return t.status();
+      span.topk = AsInt32(*t, storage);
+      span.topk_width = static_cast<int32_t>(s.topk().shape(1));
+    }
+    out->spans.push_back(std::move(span));
+  }
+  return absl::OkStatus();
+}
+
+void FillStepResponse(const StepResult& result, v1::StepResponse* pb) {
+  const int64_t t = result.num_rows;
+  const int64_t h = result.num_heads;
+  v1::Tensor* out = pb->mutable_out();
+  if (result.output_format == kernels::OutputFormat::kMxfp8) {
+    out->set_dtype(v1::DTYPE_E4M3);
+    out->add_shape(t);
+    out->add_shape(h * kernels::kValueWidth);
+    v1::Tensor* sc = pb->mutable_mx_scales();
+    sc->set_dtype(v1::DTYPE_E8M0);
+    sc->add_shape(t);
+    sc->add_shape(h * kernels::kMxGroupsPerHead);
+    sc->set_inline_data(result.mx_scales.data(), result.mx_scales.size());
+  } else {
+    out->set_dtype(v1::DTYPE_BF16);
+    out->add_shape(t);
+    out->add_shape(h);
+    out->add_shape(kernels::kValueWidth);
+  }
+  out->set_inline_data(result.out.data(), result.out.size());
+  if (!result.lse.empty()) {
+    v1::Tensor* lse = pb->mutable_lse();
+    lse->set_dtype(v1::DTYPE_F32);
+    lse->add_shape(t);
+    lse->add_shape(h);
+    lse->set_inline_data(result.lse.data(), result.lse.size() * sizeof(float));
+  }
+  v1::StepTimings* tm = pb->mutable_timings();
+  tm->set_queued_us(absl::ToInt64Microseconds(result.timings.queued));
+  tm->set_kernel_us(absl::ToInt64Microseconds(result.timings.kernel));
+  tm->set_batch_requests(result.timings.batch_requests);
+  tm->set_batch_rows(result.timings.batch_rows);
+}
+
+absl::StatusOr<std::vector<float>> ParseF32Tensor(const v1::Tensor& t, const std::string& field,
+                                                  const std::vector<int64_t>& shape) {
+  auto bytes = CheckTensor(t, field, v1::DTYPE_F32, shape);
+  if (!bytes.ok()) return bytes.status();
+  std::vector<float> v(bytes->size() / 4);
+  if (!v.empty()) std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+}  // namespace smla::server::edge

@@ -1,0 +1,45 @@
+// Wire <-> in-process conversion of steps: checks what only the wire can get wrong (dtype,
+// shape, byte counts, region references), naming the field, and builds a StepRequest whose
+// tensor views point into the protobuf message. Semantic checks (positions, ids, capacity)
+// belong to the service core.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "smla/server/step.h"
+#include "smla/v1/step.pb.h"
+#include "smla/v1/tensor.pb.h"
+
+namespace smla::server::edge {
+
+// What the edge knows of a served model to check tensor shapes.
+struct WireModel {
+  int32_t heads = 0;     // heads per rank
+  int32_t qk_width = 0;  // 512 or 576
+};
+
+// Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned); must live
+// as long as the StepRequest.
+struct ParseStorage {
+  std::vector<std::vector<int32_t>> int32_copies;
+};
+
+// Fills `out` (all but tenant, deadline and cancel flag) from `pb`. `model` may be null when
+// the model is unknown: shapes are then checked only for internal consistency and the core
+// answers NOT_FOUND. `pb` and `storage` must outlive `out`.
+absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
+                              int32_t max_rows_per_step, int32_t max_spans_per_step,
+                              StepRequest* out, ParseStorage* storage);
+
+// Copies a result into a response (tensors, timings); code and message stay OK.
+void FillStepResponse(const StepResult& result, v1::StepResponse* pb);
+
+// Checks a whole f32 tensor of the given shape (rank and every dimension; -1 = any) and
+// returns its values, e.g. the rope table or sinks. `field` names it in errors.
+absl::StatusOr<std::vector<float>> ParseF32Tensor(const v1::Tensor& t, const std::string& field,
+                                                  const std::vector<int64_t>& shape);
+
+}  // namespace smla::server::edge

@@ -1,0 +1,190 @@
+// smla-server: the sparse-MLA attention service (service.md). Flags override the --config
+// file, which overrides the built-in defaults.
+#include <signal.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "edge/config_file.h"
+#include "edge/edge_metrics.h"
+#include "edge/edge_server.h"
+#include "smla/kernels/backend.h"
+#include "smla/server/model_profile.h"
+#include "smla/server/service_core.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "",
+          "gRPC HOST:PORT (port 0 picks a free port); default 127.0.0.1:50051");
+ABSL_FLAG(std::string, metrics_listen, "default",
+          "Prometheus metrics HTTP HOST:PORT (port 0 picks one; empty disables); default "
+          "127.0.0.1:9464");
+ABSL_FLAG(std::string, backend, "", "auto, cpu, cuda or hip; default auto");
+ABSL_FLAG(std::vector<std::string>, model, {},
+          "Served model, repeatable or comma-separated, e.g. "
+          "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=2GiB");
+ABSL_FLAG(std::string, config, "", "Configuration file (text format of smla.v1.ServerConfig)");
+ABSL_FLAG(int64_t, batch_wait_us, -1, "Wait this long for more work before a launch");
+ABSL_FLAG(int32_t, max_rows_per_step, 0, "Rows in one call");
+ABSL_FLAG(int32_t, max_batch_rows, 0, "Rows in one launch");
+ABSL_FLAG(int32_t, max_queued_requests, 0, "Requests waiting per (model, layer) queue");
+ABSL_FLAG(int64_t, max_queued_rows, 0, "Rows waiting per (model, layer) queue");
+ABSL_FLAG(int32_t, max_sequences, 0, "Live sequences");
+ABSL_FLAG(int32_t, stream_max_inflight, 0, "Requests of one StepStream in flight (default 16)");
+ABSL_FLAG(int32_t, shutdown_grace_s, 0, "Seconds to wait for open calls at shutdown (default 10)");
+ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+
+namespace smla::server {
+namespace {
+
+// A laptop-sized default: one dsv4.1-flash TP4 rank with a pool of a few hundred MiB.
+constexpr char kDefaultModel[] = "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=384MiB";
+
+absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* grace_s) {
+  ServerConfig config;
+  config.listen = "127.0.0.1:50051";
+  config.metrics_listen = "127.0.0.1:9464";
+  *stream_max_inflight = 16;
+  *grace_s = 10;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    auto file = edge::ReadConfigFile(absl::GetFlag(FLAGS_config));
+    if (!file.ok()) return file.status();
+    if (absl::Status st = edge::ApplyConfig(*file, &config, stream_max_inflight, grace_s);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (!absl::GetFlag(FLAGS_listen).empty()) config.listen = absl::GetFlag(FLAGS_listen);
+  if (absl::GetFlag(FLAGS_metrics_listen) != "default") {
+    config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  }
+  if (!absl::GetFlag(FLAGS_backend).empty()) {
+    auto b = kernels::ParseBackendChoice(absl::GetFlag(FLAGS_backend));
+    if (!b) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--backend: unknown '", absl::GetFlag(FLAGS_backend), "'"));
+    }
+    config.backend = *b;
+  }
+  for (const std::string* hp : {&config.listen, &config.metrics_listen}) {
+    if (hp->empty() && hp == &config.metrics_listen) continue;
+    if (auto split = edge::SplitHostPort(*hp); !split.ok()) return split.status();
+  }
+  const std::vector<std::string> models = absl::GetFlag(FLAGS_model);
+  if (!models.empty()) config.models.clear();
+  for (const std::string& spec : models) {
+    auto m = ParseModelConfig(spec);
+    if (!m.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--model ", spec, ": ", m.status().message()));
+    config.models.push_back(*m);
+  }
+  if (config.models.empty()) {
+    auto m = ParseModelConfig(kDefaultModel);
+    if (!m.ok()) return m.status();
+    config.models.push_back(*m);
+  }
+  Limits& l = config.limits;
+  if (absl::GetFlag(FLAGS_batch_wait_us) >= 0) {
+    l.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  }
+  if (absl::GetFlag(FLAGS_max_rows_per_step) > 0)
+    l.max_rows_per_step = absl::GetFlag(FLAGS_max_rows_per_step);
+  if (absl::GetFlag(FLAGS_max_batch_rows) > 0)
+    l.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  if (absl::GetFlag(FLAGS_max_queued_requests) > 0) {
+    l.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  }
+  if (absl::GetFlag(FLAGS_max_queued_rows) > 0)
+    l.max_queued_rows = absl::GetFlag(FLAGS_max_queued_rows);
+  if (absl::GetFlag(FLAGS_max_sequences) > 0) l.max_sequences = absl::GetFlag(FLAGS_max_sequences);
+  if (absl::GetFlag(FLAGS_stream_max_inflight) > 0) {
+    *stream_max_inflight = absl::GetFlag(FLAGS_stream_max_inflight);
+  }
+  if (absl::GetFlag(FLAGS_shutdown_grace_s) > 0) *grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  return config;
+}
+
+int Run() {
+  auto logger = spdlog::stderr_color_mt("smla");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+
+  // Termination signals are taken synchronously by the main thread (sigwait); every thread
+  // created from here on inherits the mask. SIGPIPE from a vanished HTTP peer is ignored.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  int32_t stream_max_inflight = 0;
+  int32_t grace_s = 0;
+  auto config = BuildConfig(&stream_max_inflight, &grace_s);
+  if (!config.ok()) {
+    spdlog::error("configuration: {}", config.status().ToString());
+    return 2;
+  }
+  kernels::BackendOptions backend_options;
+  backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  auto backend = kernels::CreateBackend(config->backend, backend_options);
+  if (!backend.ok()) {
+    spdlog::error("backend: {}", backend.status().ToString());
+    return 1;
+  }
+  const kernels::DeviceInfo device = (*backend)->device();
+  for (const ModelConfig& m : config->models) {
+    spdlog::info("model {} tp={} heads={} kv={} page_rows={} pool={} bytes", m.profile, m.tp,
+                 m.heads_per_rank, kernels::KvFormatName(m.kv_format), m.page_rows, m.pool_bytes);
+  }
+  auto core = ServiceCore::Create(*config, std::move(*backend));
+  if (!core.ok()) {
+    spdlog::error("service core: {}", core.status().ToString());
+    return 1;
+  }
+  edge::EdgeServerOptions options;
+  options.listen = config->listen;
+  options.metrics_listen = config->metrics_listen;
+  options.stream_max_inflight = stream_max_inflight;
+  options.shutdown_grace = absl::Seconds(grace_s);
+  auto server = edge::EdgeServer::Start(core->get(), config->limits, options);
+  if (!server.ok()) {
+    spdlog::error("edge: {}", server.status().ToString());
+    return 1;
+  }
+  const std::string host = edge::SplitHostPort(config->listen)->first;
+  std::string metrics = "off";
+  if (!config->metrics_listen.empty()) {
+    metrics = absl::StrCat(edge::SplitHostPort(config->metrics_listen)->first, ":",
+                           (*server)->metrics_port());
+  }
+  std::printf("smla-server listening on %s:%d (metrics %s, backend %s)\n", host.c_str(),
+              (*server)->port(), metrics.c_str(),
+              std::string(kernels::BackendKindName(device.kind)).c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  (*server)->Shutdown();
+  server->reset();
+  core->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace smla::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("smla-server: the sparse-MLA attention service");
+  absl::ParseCommandLine(argc, argv);
+  return smla::server::Run();
+}
