@@ -9,6 +9,7 @@
 #include "cpu/attend_tile.h"
 #include "cpu/key_decode.h"
 #include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/codec/e4m3.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/plan.h"
 
@@ -83,9 +84,8 @@ void StageQ(const Call& c, int32_t t, int32_t h0, int32_t heads, float* q) {
     const uint16_t* src = static_cast<const uint16_t*>(p.q) + first;
     for (int64_t i = 0; i < count; ++i) q[i] = Bf16BitsToF32(src[i]);
   } else {
-    const float* lut = E4m3Table().data();
     const uint8_t* src = static_cast<const uint8_t*>(p.q) + first;
-    for (int64_t i = 0; i < count; ++i) q[i] = lut[src[i]];
+    for (int64_t i = 0; i < count; ++i) q[i] = DecodeE4m3(src[i]);
   }
 }
 

@@ -2,16 +2,9 @@
 
 #include <cmath>
 
+#include "cpu/hot.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/formats.h"
-
-// The hot loops are compiled twice, for x86-64-v3 (AVX2 + FMA) and for the baseline, and the
-// loader picks one; every other machine gets the plain build.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SMLA_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SMLA_CPU_HOT
-#endif
 
 namespace smla::kernels::cpu {
 namespace {
