@@ -1,0 +1,92 @@
+// C++ client of smla.v1.Smla: typed sequence handles, unary calls, and the step stream.
+// Statuses come back as absl::Status with the server's code and message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "smla/v1/service.grpc.pb.h"
+
+namespace smla::client {
+
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+struct ClientOptions {
+  std::string target;  // HOST:PORT
+  // Per-call deadline of the unary calls; InfiniteDuration = none.
+  absl::Duration timeout = absl::Seconds(120);
+  // Both directions; the server reports its own limit in ServerInfo.limits.
+  int max_message_bytes = 1 << 30;
+};
+
+// A sequence created on the server: the model it lives in and its id.
+struct Sequence {
+  std::string model;
+  std::string id;
+};
+
+// The bidirectional step stream: writes and reads may run on different threads; responses
+// arrive in request order.
+class StepStream {
+ public:
+  ~StepStream();
+  bool Write(const v1::StepRequest& request);
+  // False when the stream has ended (then Finish tells why).
+  bool Read(v1::StepResponse* response);
+  bool WritesDone();
+  absl::Status Finish();
+  // Cancels the call (the server drops this stream's queued work).
+  void Cancel();
+
+ private:
+  friend class Client;
+  StepStream() = default;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
+  bool finished_ = false;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  absl::StatusOr<v1::ServerInfo> Info();
+  // The grpc.health.v1 status of `service` ("" = the server as a whole): true when SERVING.
+  absl::StatusOr<bool> Health(const std::string& service = "");
+
+  absl::StatusOr<Sequence> CreateSequence(const std::string& model, const std::string& id);
+  absl::Status Release(const Sequence& sequence);
+  absl::Status Truncate(const Sequence& sequence, int64_t length);
+  absl::StatusOr<int64_t> Length(const Sequence& sequence, int32_t layer);
+
+  // cos_sin: [positions, 64] f32 (cos 0..31, sin 32..63).
+  absl::Status SetRopeTable(const std::string& model, std::span<const float> cos_sin,
+                            int32_t positions);
+  // sinks: [layers, heads_per_rank] f32.
+  absl::Status SetSinks(const std::string& model, std::span<const float> sinks, int32_t layers,
+                        int32_t heads);
+
+  // One step; `timeout` overrides the client's default for this call.
+  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
+                                        absl::Duration timeout = absl::ZeroDuration());
+  // Opens a step stream (no deadline).
+  absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
+
+  v1::Smla::Stub* stub() { return stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Smla::Stub> stub_;
+};
+
+}  // namespace smla::client
