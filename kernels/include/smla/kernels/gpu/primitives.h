@@ -1,0 +1,97 @@
+// Device primitives behind the portable layer (gpu.md): warp shuffles, asynchronous 16-byte
+// gathers into shared memory, shared-memory matrix loads, the bf16 matrix product of a 16x8x16
+// tile, and paired fp8 -> f16 conversion. One tiny function per instruction, each with the
+// fragment layout it assumes written down, so a port replaces only these.
+//
+// Fragment layouts (m16n8k16, 32 lanes; g = lane / 4, c = lane % 4):
+//   A (16x16, row-major)  a[0]: (g, 2c..2c+1)   a[1]: (g+8, 2c..)   a[2]: (g, 2c+8..)  a[3]: (g+8, 2c+8..)
+//   B (16x8, k x n)       b[0]: (k=2c..2c+1, n=g)                    b[1]: (k=2c+8.., n=g)
+//   C (16x8, f32)         c[0..1]: (g, 2c..2c+1)                     c[2..3]: (g+8, 2c..2c+1)
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#define SMLA_DEVICE_CUDA 1
+#endif
+
+namespace smla::kernels::gpu {
+
+inline constexpr int kWarpSize = 32;
+
+#if defined(SMLA_DEVICE_CUDA)
+
+__device__ __forceinline__ float WarpXorMax(float v, int mask) {
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, mask));
+}
+__device__ __forceinline__ float WarpXorSum(float v, int mask) {
+  return v + __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that completes asynchronously; when `valid` is false nothing is
+// read and the 16 destination bytes are zero-filled (how sentinels stay unread).
+__device__ __forceinline__ void AsyncCopy16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(smem)),
+               "l"(gmem), "r"(src_bytes));
+}
+// 8-byte variant (the fp8_dsv4 scale records are 8-byte aligned only).
+__device__ __forceinline__ void AsyncCopy8(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SharedAddress(smem)),
+               "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void AsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `n` committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void AsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l names the row address of matrix l / 8.
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(smem_row)));
+}
+// The same, transposed: for a row-major k x n operand read as B.
+__device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(smem_row)));
+}
+
+// c += a * b on the tensor cores, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 values (RNE) packed low-first.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Two e4m3 codes (low byte first) to exact f32 values with the paired conversion instruction.
+__device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+#else
+#error "smla GPU primitives: only the CUDA (sm_90a) implementation exists so far"
+#endif
+
+}  // namespace smla::kernels::gpu

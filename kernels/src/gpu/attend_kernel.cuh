@@ -1,0 +1,471 @@
+// The sparse MLA attention kernel (operator.md sections 4-6) on the tensor cores.
+//
+// One program owns (row, head block, split). It gathers 64-key tiles of its row's main then
+// extra segment into shared memory with 16-byte asynchronous copies (the next tile in flight
+// while the current one is used), dequantises fp8 tiles once into a bf16 tile shared by all its
+// heads, and runs both dots with m16n8k16 bf16 matrix products. Warp group g (4 warps) owns
+// heads 16g..16g+15: for Q.K^T warp w takes keys 16w..16w+15 of the tile, for P.V output
+// columns 128w..128w+127. Row maxima and sums cross the group through shared memory.
+// Without split-K the epilogue (bf16 round, inverse RoPE, bf16 or MXFP8 store) and the LSE are
+// written here; with it, the unnormalised partials go to the combine kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/kernel_params.h"
+#include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/codec/mxfp8.h"
+#include "smla/kernels/epilogue.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/primitives.h"
+
+namespace smla::kernels::gpu {
+
+template <int kQkWidth_, int kHeadBlock_>
+struct AttendConfig {
+  static constexpr int kQkWidth = kQkWidth_;
+  static constexpr int kHeadBlock = kHeadBlock_;
+  static constexpr int kGroups = kHeadBlock / 16;
+  static constexpr int kWarps = kGroups * kWarpsPer16Heads;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  // Row strides padded by 16 bytes so that ldmatrix rows of one 8x8 matrix hit distinct banks.
+  static constexpr int kQStride = kQkWidth + 8;   // bf16 elements
+  static constexpr int kKvStride = kQkWidth + 8;  // bf16 elements
+  static constexpr int kPStride = kTileKeys + 8;  // bf16 elements
+  static constexpr int kKSteps = kQkWidth / 16;
+  static constexpr int kColsPerWarp = kValueWidth / kWarpsPer16Heads;  // 128
+  static constexpr int kNTiles = kColsPerWarp / 8;                     // 16
+
+  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
+  static_assert(kHeadBlock == 16 || kHeadBlock == 32 || kHeadBlock == 64,
+                "head block must be 16, 32 or 64 heads");
+  static_assert(kTileKeys == 16 * kWarpsPer16Heads, "each warp of a group owns 16 keys of a tile");
+  static_assert((kKvStride * 2) % 16 == 0 && ((kKvStride * 2 / 16) % 2) == 1,
+                "KV row stride must be an odd number of 16-byte units (conflict-free ldmatrix)");
+  static_assert(kThreads <= 1024, "too many threads per program");
+};
+
+// Shared-memory layout, in bytes from the dynamic base.
+template <class C>
+struct AttendSmem {
+  static constexpr int kQ = 0;
+  static constexpr int kQBytes = C::kHeadBlock * C::kQStride * 2;
+  static constexpr int kP = kQ + kQBytes;
+  static constexpr int kPBytes = C::kHeadBlock * C::kPStride * 2;
+  static constexpr int kRedMax = kP + kPBytes;
+  static constexpr int kRedSum = kRedMax + C::kHeadBlock * kWarpsPer16Heads * 4;
+  static constexpr int kValid = kRedSum + C::kHeadBlock * kWarpsPer16Heads * 4;
+  static constexpr int kStages = kValid + 2 * kTileKeys * 4;  // then 1-2 stages, then the tile
+  static constexpr int kTileBytes = kTileKeys * C::kKvStride * 2;
+  static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
+};
+
+__device__ __forceinline__ int32_t RowStrideBytes(int format, int qk_width) {
+  switch (format) {
+    case static_cast<int>(KvFormat::kBf16):
+      return (qk_width + 8) * 2;  // staged directly in the padded tile layout
+    case static_cast<int>(KvFormat::kFp8PerTensor):
+      return qk_width;
+    case static_cast<int>(KvFormat::kFp8DsMla):
+      return kDsMlaRowBytes;
+    default:
+      return kDsv4DataBytes;
+  }
+}
+
+// Issues the asynchronous gather of one tile (keys [key0, key0+64) of `row` in segment `s`)
+// into stage memory; invalid keys (past the row's end, sentinels, out of range) are zero-filled
+// and never read. Records per-key validity for the compute step.
+template <class C>
+__device__ __forceinline__ void IssueTile(const SegmentArgs& s, int row, int key0,
+                                          uint8_t* stage, int32_t* valid) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int begin = s.indptr[row];
+  const int len = s.indptr[row + 1] - begin;
+  const int format = s.format;
+  const int stride = RowStrideBytes(format, C::kQkWidth);
+  const int data_bytes = format == static_cast<int>(KvFormat::kBf16)     ? 2 * C::kQkWidth
+                         : format == static_cast<int>(KvFormat::kFp8Dsv4) ? kDsv4DataBytes
+                         : format == static_cast<int>(KvFormat::kFp8DsMla)
+                             ? kDsMlaRowBytes
+                             : C::kQkWidth;
+  const int chunks = data_bytes / 16;
+  const int src_stride = format == static_cast<int>(KvFormat::kFp8Dsv4) ? kDsv4DataBytes
+                                                                        : data_bytes;
+  for (int k = warp; k < kTileKeys; k += C::kWarps) {
+    const int key = key0 + k;
+    int64_t slot = -1;
+    if (key < len) slot = s.indices[begin + key];
+    const bool ok = slot >= 0 && slot < s.num_slots;
+    const int64_t page = ok ? (slot >> s.rows_per_page_log2) : 0;
+    const int64_t in_page = ok ? (slot & (s.rows_per_page - 1)) : 0;
+    const uint8_t* src = s.base + page * s.pitch + in_page * src_stride;
+    uint8_t* dst = stage + k * stride;
+    for (int c = lane; c < chunks; c += kWarpSize) AsyncCopy16(dst + 16 * c, src + 16 * c, ok);
+    if (format == static_cast<int>(KvFormat::kFp8Dsv4) && lane == 0) {
+      const uint8_t* rec = s.base + page * s.pitch +
+                           int64_t{s.rows_per_page} * kDsv4DataBytes + in_page * kDsv4ScaleBytes;
+      AsyncCopy8(stage + kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes, rec, ok);
+    }
+    if (lane == 0) valid[k] = ok ? 1 : 0;
+  }
+}
+
+// Dequantises a gathered fp8 stage into the bf16 tile (operator.md section 3: bf16 of the f32
+// product for the scaled formats; raw codes for fp8_per_tensor, whose scale is folded later).
+template <class C>
+__device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, uint16_t* tile) {
+  constexpr int kUnits = C::kQkWidth / 8;  // 8 values per unit
+  for (int u = threadIdx.x; u < kTileKeys * kUnits; u += C::kThreads) {
+    const int k = u / kUnits;
+    const int e0 = (u % kUnits) * 8;
+    uint4 out;
+    const uint8_t* codes;
+    float scale = 1.0f;
+    bool raw_bf16 = false;
+    const uint8_t* bf16_src = nullptr;
+    if (format == static_cast<int>(KvFormat::kFp8PerTensor)) {
+      codes = stage + k * C::kQkWidth + e0;
+    } else if (format == static_cast<int>(KvFormat::kFp8Dsv4)) {
+      const uint8_t* row = stage + k * kDsv4DataBytes;
+      codes = row + e0;
+      if (e0 >= kNopeWidth) {
+        raw_bf16 = true;
+        bf16_src = row + kNopeWidth + (e0 - kNopeWidth) * 2;
+      } else {
+        const uint8_t b = stage[kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
+        scale = DecodeE8m0(b);
+      }
+    } else {  // fp8_ds_mla
+      const uint8_t* row = stage + k * kDsMlaRowBytes;
+      codes = row + e0;
+      if (e0 >= 512) {
+        raw_bf16 = true;
+        bf16_src = row + 528 + (e0 - 512) * 2;
+      } else {
+        scale = *reinterpret_cast<const float*>(row + 512 + 4 * (e0 / 128));
+      }
+    }
+    if (raw_bf16) {
+      out = *reinterpret_cast<const uint4*>(bf16_src);
+    } else {
+      const uint2 c8 = *reinterpret_cast<const uint2*>(codes);
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t word = i < 2 ? c8.x : c8.y;
+        const uint16_t pair = static_cast<uint16_t>(word >> (16 * (i & 1)));
+        const float2 f = E4m3x2ToFloat2(pair);
+        w[i] = PackBf16(f.x * scale, f.y * scale);
+      }
+      out = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    *reinterpret_cast<uint4*>(tile + k * C::kKvStride + e0) = out;
+  }
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    SparseMlaAttendKernel(const __grid_constant__ AttendKernelParams p) {
+  using S = AttendSmem<C>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + S::kP);
+  float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
+  int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
+  uint8_t* stages = smem + S::kStages;
+  uint16_t* tile = reinterpret_cast<uint16_t*>(stages + p.num_stages * p.stage_bytes);
+
+  // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor).
+  const int64_t pid = blockIdx.x;
+  const int hb = static_cast<int>(pid % p.head_blocks);
+  const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
+  const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int group = warp / kWarpsPer16Heads;
+  const int wg = warp % kWarpsPer16Heads;
+  const int head0 = hb * C::kHeadBlock;
+
+  // Stage Q (heads past H are zero and never stored).
+  {
+    constexpr int kUnits = C::kQkWidth / 8;
+    for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
+      const int h = u / kUnits;
+      const int e0 = (u % kUnits) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (head0 + h < p.num_heads) {
+        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + e0;
+        if (p.q_fp8) {
+          const uint2 c8 = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + off);
+          uint32_t w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t word = i < 2 ? c8.x : c8.y;
+            const float2 f = E4m3x2ToFloat2(static_cast<uint16_t>(word >> (16 * (i & 1))));
+            w[i] = PackBf16(f.x, f.y);
+          }
+          v = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+          v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + off);
+        }
+      }
+      *reinterpret_cast<uint4*>(q_s + h * C::kQStride + e0) = v;
+    }
+  }
+
+  // This program's tiles: main tiles then extra tiles, split evenly by the longest row.
+  const int len0 = p.seg[0].indptr[row + 1] - p.seg[0].indptr[row];
+  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
+  int tiles1 = 0;
+  if (p.num_segments > 1) {
+    const int len1 = p.seg[1].indptr[row + 1] - p.seg[1].indptr[row];
+    tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+  }
+  const int t_begin = split * p.tiles_per_split;
+  const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
+
+  auto issue = [&](int t, int stage) {
+    if (t < tiles0) {
+      IssueTile<C>(p.seg[0], row, t * kTileKeys, stages + stage * p.stage_bytes,
+                   valid_s + stage * kTileKeys);
+    } else {
+      IssueTile<C>(p.seg[1], row, (t - tiles0) * kTileKeys, stages + stage * p.stage_bytes,
+                   valid_s + stage * kTileKeys);
+    }
+  };
+
+  float acc[C::kNTiles][4];
+#pragma unroll
+  for (int j = 0; j < C::kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows lane/4 and lane/4 + 8, base 2
+  float l_run[2] = {0.0f, 0.0f};
+  const int qrow = 16 * group;  // first head (in the block) of this warp's group
+
+  // Two stages: tile t+1 is in flight while tile t is used. One stage (when two do not fit in
+  // shared memory): each tile is gathered, then used.
+  const bool pipelined = p.num_stages == 2;
+  if (pipelined && t_begin < t_end) issue(t_begin, 0);
+  AsyncCommit();
+  for (int t = t_begin; t < t_end; ++t) {
+    const int stage = pipelined ? (t - t_begin) & 1 : 0;
+    if (!pipelined) {
+      issue(t, 0);
+    } else if (t + 1 < t_end) {
+      issue(t + 1, stage ^ 1);
+    }
+    AsyncCommit();
+    if (pipelined) {
+      AsyncWait<1>();
+    } else {
+      AsyncWait<0>();
+    }
+    __syncthreads();
+    const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
+    const uint16_t* kv = reinterpret_cast<const uint16_t*>(stages + stage * p.stage_bytes);
+    if (s.format != static_cast<int>(KvFormat::kBf16)) {
+      ConvertTile<C>(s.format, stages + stage * p.stage_bytes, tile);
+      __syncthreads();
+      kv = tile;
+    }
+    const int32_t* valid = valid_s + stage * kTileKeys;
+
+    // S = Q K^T for 16 heads x this warp's 16 keys.
+    float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    {
+      const uint16_t* a_row = q_s + (qrow + (lane % 16)) * C::kQStride + (lane / 16) * 8;
+      const uint16_t* b_row =
+          kv + (16 * wg + (lane / 16) * 8 + (lane % 8)) * C::kKvStride + ((lane / 8) % 2) * 8;
+#pragma unroll 4
+      for (int kk = 0; kk < C::kKSteps; ++kk) {
+        uint32_t a[4], b[4];
+        LoadMatrixX4(a, a_row + kk * 16);
+        LoadMatrixX4(b, b_row + kk * 16);
+        MmaBf16(sc[0], a, b[0], b[1]);
+        MmaBf16(sc[1], a, b[2], b[3]);
+      }
+    }
+    // Scale, mask, and the tile's row maxima across the group.
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = 16 * wg + 8 * j + 2 * (lane % 4) + (i & 1);
+        const float x = valid[key] ? sc[j][i] * s.score_scale2 : -INFINITY;
+        sc[j][i] = x;
+        tmax[i / 2] = fmaxf(tmax[i / 2], x);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tmax[r] = WarpXorMax(tmax[r], 1);
+      tmax[r] = WarpXorMax(tmax[r], 2);
+    }
+    if (lane % 4 == 0) {
+      red_max[(qrow + lane / 4) * kWarpsPer16Heads + wg] = tmax[0];
+      red_max[(qrow + lane / 4 + 8) * kWarpsPer16Heads + wg] = tmax[1];
+    }
+    __syncthreads();
+    float m_new[2], m_use[2], alpha[2], psum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float* rm = red_max + (qrow + lane / 4 + 8 * r) * kWarpsPer16Heads;
+      m_new[r] = fmaxf(fmaxf(m_run[r], fmaxf(rm[0], rm[1])), fmaxf(rm[2], rm[3]));
+      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+      m_use[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];
+      alpha[r] = exp2f(m_run[r] - m_use[r]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float pv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        pv[i] = exp2f(sc[j][i] - m_use[i / 2]);
+        psum[i / 2] += pv[i];
+      }
+      const int key = 16 * wg + 8 * j + 2 * (lane % 4);
+      const float ps = s.p_scale;
+      *reinterpret_cast<uint32_t*>(p_s + (qrow + lane / 4) * C::kPStride + key) =
+          PackBf16(pv[0] * ps, pv[1] * ps);
+      *reinterpret_cast<uint32_t*>(p_s + (qrow + lane / 4 + 8) * C::kPStride + key) =
+          PackBf16(pv[2] * ps, pv[3] * ps);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      psum[r] = WarpXorSum(psum[r], 1);
+      psum[r] = WarpXorSum(psum[r], 2);
+    }
+    if (lane % 4 == 0) {
+      red_sum[(qrow + lane / 4) * kWarpsPer16Heads + wg] = psum[0];
+      red_sum[(qrow + lane / 4 + 8) * kWarpsPer16Heads + wg] = psum[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float* rs = red_sum + (qrow + lane / 4 + 8 * r) * kWarpsPer16Heads;
+      l_run[r] = l_run[r] * alpha[r] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
+      m_run[r] = m_new[r];
+    }
+#pragma unroll
+    for (int j = 0; j < C::kNTiles; ++j) {
+      acc[j][0] *= alpha[0];
+      acc[j][1] *= alpha[0];
+      acc[j][2] *= alpha[1];
+      acc[j][3] *= alpha[1];
+    }
+    // O += P V over the tile's 64 keys, this warp's 128 output columns.
+    {
+      const uint16_t* a_row = p_s + (qrow + (lane % 16)) * C::kPStride + (lane / 16) * 8;
+      const uint16_t* b_row = kv + (((lane / 8) % 2) * 8 + (lane % 8)) * C::kKvStride +
+                              wg * C::kColsPerWarp + (lane / 16) * 8;
+#pragma unroll
+      for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+        uint32_t a[4];
+        LoadMatrixX4(a, a_row + ks * 16);
+#pragma unroll
+        for (int np = 0; np < C::kNTiles / 2; ++np) {
+          uint32_t b[4];
+          LoadMatrixX4Trans(b, b_row + ks * 16 * C::kKvStride + np * 16);
+          MmaBf16(acc[2 * np], a, b[0], b[1]);
+          MmaBf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage and tile are refilled next iteration
+  }
+  AsyncWait<0>();
+
+  const int col_base = wg * C::kColsPerWarp + 2 * (lane % 4);
+  if (p.splits > 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = head0 + qrow + lane / 4 + 8 * r;
+      if (head >= p.num_heads) continue;
+      const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
+      float* dst = p.part_acc + ph * kValueWidth;
+#pragma unroll
+      for (int j = 0; j < C::kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + col_base + 8 * j) =
+            make_float2(acc[j][2 * r], acc[j][2 * r + 1]);
+      }
+      if (wg == 0 && lane % 4 == 0) {
+        p.part_ml[2 * ph] = m_run[r];
+        p.part_ml[2 * ph + 1] = l_run[r];
+      }
+    }
+    return;
+  }
+
+  // Final store: normalise with the sink (as CombinePartials), then the epilogue.
+  const float* cs = nullptr;
+  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head0 + qrow + lane / 4 + 8 * r;
+    const bool live = head < p.num_heads;
+    const bool has_sink = p.sink != nullptr;
+    const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
+    const float m = fmaxf(m_run[r], sink2);
+    float w = 0.0f, inv = 0.0f, lse = -INFINITY;
+    if (m != -INFINITY) {
+      w = exp2f(m_run[r] - m);
+      const float z = l_run[r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
+      inv = 1.0f / z;
+      lse = (m + log2f(z)) * kLn2;
+    }
+    float x[C::kNTiles][2];
+#pragma unroll
+    for (int j = 0; j < C::kNTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) x[j][i] = RoundToBf16((acc[j][2 * r + i] * w) * inv + 0.0f);
+      const int col = col_base + 8 * j;
+      if (cs != nullptr && col >= kNopeWidth) {
+        const int k = (col - kNopeWidth) / 2;
+        const float c = cs[k], sn = cs[32 + k];
+        const float e = x[j][0], o = x[j][1];
+        // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
+        x[j][0] = (e * c + o * sn) + 0.0f;
+        x[j][1] = (o * c - e * sn) + 0.0f;
+      }
+    }
+    const int64_t out_row = int64_t{row} * p.num_heads + head;
+    if (!p.out_mxfp8) {
+      if (live) {
+#pragma unroll
+        for (int j = 0; j < C::kNTiles; ++j) {
+          *reinterpret_cast<uint32_t*>(p.out_bf16 + out_row * kValueWidth + col_base + 8 * j) =
+              PackBf16(x[j][0], x[j][1]);
+        }
+      }
+    } else {
+      // A 32-lane MXFP8 group is 4 n-tiles; the quad's four lanes hold all of it.
+#pragma unroll
+      for (int q = 0; q < C::kNTiles / 4; ++q) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 4 * q; j < 4 * q + 4; ++j) amax = fmaxf(amax, fmaxf(fabsf(x[j][0]), fabsf(x[j][1])));
+        amax = WarpXorMax(amax, 1);
+        amax = WarpXorMax(amax, 2);
+        const uint8_t sb = MxScaleByte(amax);
+        if (live) {
+#pragma unroll
+          for (int j = 4 * q; j < 4 * q + 4; ++j) {
+            const uint16_t two = static_cast<uint16_t>(MxEncodeLane(x[j][0], sb)) |
+                                 static_cast<uint16_t>(MxEncodeLane(x[j][1], sb) << 8);
+            *reinterpret_cast<uint16_t*>(p.mx_data + out_row * kValueWidth + col_base + 8 * j) =
+                two;
+          }
+          if (lane % 4 == 0) {
+            p.mx_scales[out_row * kMxGroupsPerHead + (wg * C::kColsPerWarp) / kMxGroup + q] = sb;
+          }
+        }
+      }
+    }
+    if (live && p.lse != nullptr && wg == 0 && lane % 4 == 0) p.lse[out_row] = lse;
+  }
+}
+
+}  // namespace smla::kernels::gpu

@@ -1,0 +1,191 @@
+#include "gpu/attend_launch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "smla/kernels/epilogue.h"
+
+namespace smla::kernels::gpu {
+namespace {
+
+int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+int Log2(int32_t v) {
+  int l = 0;
+  while ((1 << l) < v) ++l;
+  return l;
+}
+
+std::string Name(std::string_view v) { return std::string(v); }
+
+SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
+  SegmentArgs a;
+  a.base = static_cast<const uint8_t*>(sg.cache.base);
+  a.pitch = sg.cache.pitch_bytes;
+  a.num_slots = sg.cache.num_slots();
+  a.rows_per_page = sg.cache.rows_per_page;
+  a.rows_per_page_log2 = Log2(sg.cache.rows_per_page);
+  a.format = static_cast<int>(sg.cache.format);
+  // fp8_per_tensor stages raw codes: its scale multiplies the score and P, not the denominator.
+  const float sigma = sg.cache.format == KvFormat::kFp8PerTensor ? sg.cache.scale : 1.0f;
+  a.score_scale2 = softmax_scale * q_scale * sigma * kLog2e;
+  a.p_scale = sigma;
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device) {
+  const int32_t T = params.num_rows;
+  const int32_t H = params.num_heads;
+  AttendLaunch l;
+  l.qk_width = QkWidth(params.geometry);
+
+  PlanInput in;
+  in.num_rows = T;
+  in.num_heads = H;
+  in.format = params.main.cache.format;
+  in.max_main_keys = MaxSegmentLength(params.main.indptr);
+  in.max_extra_keys = params.has_extra ? MaxSegmentLength(params.extra.indptr) : 0;
+  in.compute_units = device.compute_units;
+  l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
+
+  int32_t stage = StageBytes(params.main.cache.format, l.qk_width);
+  bool use_tile = params.main.cache.format != KvFormat::kBf16;
+  if (params.has_extra) {
+    stage = std::max(stage, StageBytes(params.extra.cache.format, l.qk_width));
+    use_tile = use_tile || params.extra.cache.format != KvFormat::kBf16;
+  }
+  // Stages that fit a head block in shared memory: 2 when possible, else 1, else 0.
+  auto stages_for = [&](int hb) {
+    if (!AttendVariantExists(l.qk_width, hb)) return 0;
+    for (int n : {2, 1}) {
+      if (AttendSharedBytes(l.qk_width, hb, stage, n, use_tile) <= device.shared_memory_per_block) {
+        return n;
+      }
+    }
+    return 0;
+  };
+  auto fits = [&](int hb) { return stages_for(hb) > 0; };
+  if (!fits(l.plan.head_block)) {
+    if (params.force_head_block > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "no ", l.plan.head_block, "-head attention program for geometry ",
+          Name(GeometryName(params.geometry)), " with main format ",
+          Name(KvFormatName(params.main.cache.format)),
+          params.has_extra ? absl::StrCat(" and extra format ",
+                                          Name(KvFormatName(params.extra.cache.format)))
+                           : std::string(),
+          " (shared memory)"));
+    }
+    // The plan is advice: step down to the largest head block that exists and fits.
+    while (l.plan.head_block > 16 && !fits(l.plan.head_block)) l.plan.head_block /= 2;
+    l.plan.head_blocks = (H + l.plan.head_block - 1) / l.plan.head_block;
+    l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
+  }
+  const int num_stages = stages_for(l.plan.head_block);
+  l.shared_bytes = AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile);
+
+  // Workspace layout.
+  int64_t off = 0;
+  auto add = [&](int64_t bytes) {
+    const int64_t at = off;
+    off = AlignUp(off + bytes, 16);
+    return at;
+  };
+  l.off_indptr[0] = add(4 * (int64_t{T} + 1));
+  l.off_indices[0] = add(4 * static_cast<int64_t>(params.main.indices.size()));
+  if (params.has_extra) {
+    l.off_indptr[1] = add(4 * (int64_t{T} + 1));
+    l.off_indices[1] = add(4 * static_cast<int64_t>(params.extra.indices.size()));
+  }
+  if (!params.epilogue.positions.empty()) l.off_positions = add(4 * int64_t{T});
+  if (!params.sink.empty()) l.off_sink = add(4 * int64_t{H});
+  l.staged_bytes = off;
+  const int64_t part_rows = l.plan.splits > 1 ? int64_t{T} * H * l.plan.splits : 0;
+  l.off_part_acc = AlignUp(off, 256);
+  l.off_part_ml = l.off_part_acc + part_rows * kValueWidth * 4;
+  l.workspace_bytes = l.off_part_ml + part_rows * 2 * 4;
+
+  AttendKernelParams& k = l.kernel;
+  const float qs = params.q_type == QType::kFp8 ? params.q_scale : 1.0f;
+  k.q = params.q;
+  k.q_fp8 = params.q_type == QType::kFp8 ? 1 : 0;
+  k.num_rows = T;
+  k.num_heads = H;
+  k.num_segments = params.has_extra ? 2 : 1;
+  k.seg[0] = SegmentFor(params.main, params.softmax_scale, qs);
+  if (params.has_extra) k.seg[1] = SegmentFor(params.extra, params.softmax_scale, qs);
+  k.head_blocks = l.plan.head_blocks;
+  k.splits = l.plan.splits;
+  k.tiles_per_split = std::max(1, (l.plan.tiles + l.plan.splits - 1) / l.plan.splits);
+  k.stage_bytes = stage;
+  k.num_stages = num_stages;
+  k.use_tile = use_tile ? 1 : 0;
+  k.cos_sin = params.epilogue.cos_sin;
+  k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
+  k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
+  k.mx_data = params.out.mx_data;
+  k.mx_scales = params.out.mx_scales;
+  k.lse = params.out.lse;
+
+  CombineKernelParams& c = l.combine;
+  c.num_rows = T;
+  c.num_heads = H;
+  c.splits = l.plan.splits;
+  c.cos_sin = k.cos_sin;
+  c.out_mxfp8 = k.out_mxfp8;
+  c.out_bf16 = k.out_bf16;
+  c.mx_data = k.mx_data;
+  c.mx_scales = k.mx_scales;
+  c.lse = k.lse;
+  return l;
+}
+
+void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* host) {
+  auto put = [&](int64_t off, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(host + off, src, bytes);
+  };
+  put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
+  put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
+  if (params.has_extra) {
+    put(l.off_indptr[1], params.extra.indptr.data(), params.extra.indptr.size_bytes());
+    put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
+  }
+  if (l.off_positions >= 0) {
+    put(l.off_positions, params.epilogue.positions.data(), params.epilogue.positions.size_bytes());
+  }
+  if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
+}
+
+void BindAttend(AttendLaunch& l, uint8_t* ws) {
+  AttendKernelParams& k = l.kernel;
+  for (int s = 0; s < k.num_segments; ++s) {
+    k.seg[s].indptr = reinterpret_cast<const int32_t*>(ws + l.off_indptr[s]);
+    k.seg[s].indices = reinterpret_cast<const int32_t*>(ws + l.off_indices[s]);
+  }
+  k.positions = l.off_positions >= 0 ? reinterpret_cast<const int32_t*>(ws + l.off_positions)
+                                     : nullptr;
+  k.sink = l.off_sink >= 0 ? reinterpret_cast<const float*>(ws + l.off_sink) : nullptr;
+  k.part_acc = reinterpret_cast<float*>(ws + l.off_part_acc);
+  k.part_ml = reinterpret_cast<float*>(ws + l.off_part_ml);
+  l.combine.part_acc = k.part_acc;
+  l.combine.part_ml = k.part_ml;
+  l.combine.positions = k.positions;
+  l.combine.sink = k.sink;
+}
+
+absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
+  if (l.kernel.num_rows == 0) return absl::OkStatus();
+  if (absl::Status st =
+          LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
+      !st.ok()) {
+    return st;
+  }
+  if (l.plan.splits == 1) return absl::OkStatus();
+  return LaunchCombine(l.combine, stream);
+}
+
+}  // namespace smla::kernels::gpu

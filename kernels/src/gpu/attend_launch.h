@@ -1,0 +1,44 @@
+// Plan, then run, for one Attend call on the GPU: the host decides the launch (plan.h, fitted to
+// the compiled variants and the shared memory), lays out the call's small host arrays for one
+// upload into a device workspace, binds the kernel parameters to that workspace and launches.
+// The backend runs these steps per call; the kernel benchmark runs the last one repeatedly.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "gpu/kernel_params.h"
+#include "smla/kernels/device_info.h"
+#include "smla/kernels/params.h"
+#include "smla/kernels/plan.h"
+
+namespace smla::kernels::gpu {
+
+struct AttendLaunch {
+  LaunchPlan plan;
+  int qk_width = 512;
+  int64_t shared_bytes = 0;
+  AttendKernelParams kernel;  // device pointers into the workspace set by BindAttend
+  CombineKernelParams combine;
+  // Workspace layout: [staged host arrays | split-K partials].
+  int64_t staged_bytes = 0;
+  int64_t workspace_bytes = 0;
+  int64_t off_indptr[2] = {0, 0};
+  int64_t off_indices[2] = {0, 0};
+  int64_t off_positions = -1;
+  int64_t off_sink = -1;
+  int64_t off_part_acc = 0;
+  int64_t off_part_ml = 0;
+};
+
+// Plans a validated call. Unimplemented when a forced head block has no compiled program that
+// fits the device's shared memory (naming geometry, head block and formats).
+absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device);
+// Writes the call's host arrays (CSR, positions, sink) at their offsets in `host` (staged_bytes).
+void StageAttend(const AttendParams& params, const AttendLaunch& launch, uint8_t* host);
+// Points the kernel parameters at a device workspace of at least workspace_bytes.
+void BindAttend(AttendLaunch& launch, uint8_t* workspace);
+// Enqueues the attention kernel and, with split-K, the combine.
+absl::Status RunAttend(const AttendLaunch& launch, StreamHandle stream);
+
+}  // namespace smla::kernels::gpu

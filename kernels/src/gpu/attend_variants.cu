@@ -1,0 +1,95 @@
+// The one list of compiled attention variants: it drives the instantiations and the run-time
+// lookup; a miss is Unimplemented naming the combination. Formats are chosen per tile at run
+// time (both segments may differ), so a variant is (QK width, head block).
+#include <array>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "gpu/attend_kernel.cuh"
+#include "gpu/kernel_params.h"
+
+namespace smla::kernels::gpu {
+namespace {
+
+using KernelFn = void (*)(AttendKernelParams);
+
+struct Variant {
+  int qk_width;
+  int head_block;
+  KernelFn fn;
+  int threads;
+};
+
+template <int kQk, int kHb>
+constexpr Variant MakeVariant() {
+  using C = AttendConfig<kQk, kHb>;
+  return {kQk, kHb, &SparseMlaAttendKernel<C>, C::kThreads};
+}
+
+constexpr std::array kVariants = {
+    MakeVariant<512, 16>(), MakeVariant<512, 32>(), MakeVariant<512, 64>(),
+    MakeVariant<576, 16>(), MakeVariant<576, 32>(), MakeVariant<576, 64>(),
+};
+
+const Variant* Find(int qk_width, int head_block) {
+  for (const Variant& v : kVariants) {
+    if (v.qk_width == qk_width && v.head_block == head_block) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int32_t StageBytes(KvFormat format, int qk_width) {
+  switch (format) {
+    case KvFormat::kBf16:
+      return kTileKeys * (qk_width + 8) * 2;
+    case KvFormat::kFp8PerTensor:
+      return kTileKeys * qk_width;
+    case KvFormat::kFp8DsMla:
+      return kTileKeys * kDsMlaRowBytes;
+    case KvFormat::kFp8Dsv4:
+      return kTileKeys * (kDsv4DataBytes + kDsv4ScaleBytes);
+  }
+  return 0;
+}
+
+int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
+                          bool use_tile) {
+  const int64_t q = int64_t{head_block} * (qk_width + 8) * 2;
+  const int64_t pm = int64_t{head_block} * (kTileKeys + 8) * 2;
+  const int64_t red = int64_t{head_block} * kWarpsPer16Heads * 4 * 2;
+  const int64_t valid = 2 * kTileKeys * 4;
+  const int64_t tile = use_tile ? int64_t{kTileKeys} * (qk_width + 8) * 2 : 0;
+  return q + pm + red + valid + num_stages * int64_t{stage_bytes} + tile;
+}
+
+bool AttendVariantExists(int qk_width, int head_block) {
+  return Find(qk_width, head_block) != nullptr;
+}
+
+absl::Status PrepareAttendVariants(int64_t max_bytes) {
+  for (const Variant& v : kVariants) {
+    SMLA_GPU_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        reinterpret_cast<const void*>(v.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_block,
+                          int64_t shared_bytes, StreamHandle stream) {
+  const Variant* v = Find(qk_width, head_block);
+  if (v == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("no attention kernel for QK width ", qk_width,
+                                                 " with ", head_block, "-head programs"));
+  }
+  const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
+  if (programs == 0) return absl::OkStatus();
+  void* args[] = {const_cast<AttendKernelParams*>(&p)};
+  return ToStatus(cudaLaunchKernel(reinterpret_cast<const void*>(v->fn),
+                                   dim3(static_cast<unsigned>(programs)), dim3(v->threads), args,
+                                   static_cast<size_t>(shared_bytes), stream),
+                  "attention kernel launch");
+}
+
+}  // namespace smla::kernels::gpu

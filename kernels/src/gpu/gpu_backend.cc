@@ -1,0 +1,242 @@
+// The GPU backend (backend.h) over the portable runtime layer: owned device memory, streams,
+// the row writers and sparse MLA attention. Attend validates, stages the call's small host
+// arrays (CSR, positions, sink) into a per-stream device workspace with one asynchronous copy
+// from pinned memory, plans the launch (attend_launch.h) and enqueues the kernels.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gpu/attend_launch.h"
+#include "gpu/kernel_params.h"
+#include "smla/kernels/backend.h"
+#include "smla/kernels/epilogue.h"
+#include "smla/kernels/gpu/runtime.h"
+#include "smla/kernels/gpu_backend.h"
+#include "smla/kernels/plan.h"
+#include "smla/kernels/validate.h"
+
+namespace smla::kernels {
+namespace {
+
+using gpu::StreamHandle;
+
+// A stream with its staging memory: pinned host bytes for the call's small arrays (reused once
+// the copy that read them has completed) and a device workspace that grows on demand.
+class GpuStream : public Stream {
+ public:
+  ~GpuStream() override {
+    if (handle_ != nullptr) {
+      gpu::StreamSynchronize(handle_);
+      gpu::StreamDestroy(handle_);
+    }
+    if (staged_ != nullptr) gpu::EventDestroy(staged_);
+    if (pinned_ != nullptr) gpu::FreeHost(pinned_);
+    if (workspace_ != nullptr) gpu::Free(workspace_);
+  }
+
+  absl::Status Init() {
+    SMLA_GPU_RETURN_IF_ERROR(gpu::StreamCreate(&handle_));
+    SMLA_GPU_RETURN_IF_ERROR(gpu::EventCreate(&staged_));
+    return absl::OkStatus();
+  }
+
+  StreamHandle handle() const { return handle_; }
+
+  // Pinned host bytes, free for writing: waits for the previous staging copy to finish.
+  absl::StatusOr<uint8_t*> Pinned(size_t bytes) {
+    if (staged_pending_) {
+      SMLA_GPU_RETURN_IF_ERROR(gpu::EventSynchronize(staged_));
+      staged_pending_ = false;
+    }
+    if (bytes > pinned_size_) {
+      if (pinned_ != nullptr) SMLA_GPU_RETURN_IF_ERROR(gpu::FreeHost(pinned_));
+      pinned_ = nullptr;
+      pinned_size_ = 0;
+      const size_t want = std::max<size_t>(bytes, 1 << 16);
+      void* p = nullptr;
+      SMLA_GPU_RETURN_IF_ERROR(gpu::MallocHost(&p, want));
+      pinned_ = static_cast<uint8_t*>(p);
+      pinned_size_ = want;
+    }
+    return pinned_;
+  }
+
+  // Device workspace of at least `bytes`; growing waits for work that may still use it.
+  absl::StatusOr<uint8_t*> Workspace(size_t bytes) {
+    if (bytes > workspace_size_) {
+      SMLA_GPU_RETURN_IF_ERROR(gpu::StreamSynchronize(handle_));
+      if (workspace_ != nullptr) SMLA_GPU_RETURN_IF_ERROR(gpu::Free(workspace_));
+      workspace_ = nullptr;
+      workspace_size_ = 0;
+      const size_t want = std::max<size_t>(bytes + bytes / 4, 1 << 20);
+      void* p = nullptr;
+      SMLA_GPU_RETURN_IF_ERROR(gpu::Malloc(&p, want));
+      workspace_ = static_cast<uint8_t*>(p);
+      workspace_size_ = want;
+    }
+    return workspace_;
+  }
+
+  // Copies `bytes` of the pinned buffer to the workspace and marks the pinned buffer busy.
+  absl::Status Upload(size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyH2DAsync(workspace_, pinned_, bytes, handle_));
+    SMLA_GPU_RETURN_IF_ERROR(gpu::EventRecord(staged_, handle_));
+    staged_pending_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  StreamHandle handle_ = nullptr;
+  gpu::EventHandle staged_ = nullptr;
+  bool staged_pending_ = false;
+  uint8_t* pinned_ = nullptr;
+  size_t pinned_size_ = 0;
+  uint8_t* workspace_ = nullptr;
+  size_t workspace_size_ = 0;
+};
+
+class GpuBackend : public Backend {
+ public:
+  explicit GpuBackend(DeviceInfo info) : info_(std::move(info)) {}
+
+  const DeviceInfo& device() const override { return info_; }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes > 0) SMLA_GPU_RETURN_IF_ERROR(gpu::Malloc(&p, bytes));
+    return Buffer(p, bytes, [](void* q) { gpu::Free(q); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    auto s = std::make_unique<GpuStream>();
+    if (absl::Status st = s->Init(); !st.ok()) return st;
+    return std::unique_ptr<Stream>(std::move(s));
+  }
+
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyH2DAsync(dst, src, bytes, s->handle()));
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyD2HAsync(dst, src, bytes, s->handle()));
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(void* dst, uint8_t byte, size_t bytes, Stream& stream) override {
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemsetAsync(dst, byte, bytes, s->handle()));
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteRows(const WriteRowsParams& params, Stream& stream) override {
+    if (absl::Status st = ValidateWriteRows(params); !st.ok()) return st;
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    const int64_t n = static_cast<int64_t>(params.slots.size());
+    if (n == 0) return absl::OkStatus();
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(int64_t));
+    absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
+    if (!pinned.ok()) return pinned.status();
+    absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
+    if (!ws.ok()) return ws.status();
+    std::memcpy(*pinned, params.slots.data(), bytes);
+    if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
+    gpu::WriteRowsKernelParams k;
+    k.base = static_cast<uint8_t*>(params.cache.base);
+    k.slots = reinterpret_cast<const int64_t*>(*ws);
+    k.rows = static_cast<const uint16_t*>(params.rows);
+    k.num_rows = n;
+    k.pitch = params.cache.pitch_bytes;
+    k.rows_per_page = params.cache.rows_per_page;
+    k.format = static_cast<int>(params.cache.format);
+    k.geometry = static_cast<int>(params.cache.geometry);
+    k.scale = params.cache.scale;
+    return gpu::LaunchWriteRows(k, s->handle());
+  }
+
+  absl::Status Attend(const AttendParams& params, Stream& stream) override {
+    if (absl::Status st = ValidateAttend(params); !st.ok()) return st;
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    if (params.num_rows == 0) return absl::OkStatus();
+    absl::StatusOr<gpu::AttendLaunch> launch = gpu::PlanAttend(params, info_);
+    if (!launch.ok()) return launch.status();
+    // Host arrays are consumed here: copied to pinned memory and uploaded in one copy.
+    absl::StatusOr<uint8_t*> pinned = s->Pinned(launch->staged_bytes);
+    if (!pinned.ok()) return pinned.status();
+    absl::StatusOr<uint8_t*> ws = s->Workspace(launch->workspace_bytes);
+    if (!ws.ok()) return ws.status();
+    gpu::StageAttend(params, *launch, *pinned);
+    if (absl::Status st = s->Upload(launch->staged_bytes); !st.ok()) return st;
+    gpu::BindAttend(*launch, *ws);
+    return gpu::RunAttend(*launch, s->handle());
+  }
+
+  absl::Status Synchronize(Stream& stream) override {
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::StreamSynchronize(s->handle()));
+    SMLA_GPU_RETURN_IF_ERROR(gpu::GetLastError());
+    return absl::OkStatus();
+  }
+
+ private:
+  static GpuStream* Cast(Stream& s) { return dynamic_cast<GpuStream*>(&s); }
+  static absl::Status NotOurs() {
+    return absl::InvalidArgumentError("stream was not created by this GPU backend");
+  }
+
+  DeviceInfo info_;
+};
+
+}  // namespace
+
+bool GpuDevicePresent(int32_t ordinal) {
+  int n = 0;
+  if (gpu::GetDeviceCount(&n) != gpu::kSuccess) {
+    gpu::GetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  return ordinal >= 0 && ordinal < n;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateGpuBackend(const BackendOptions& options) {
+  if (!GpuDevicePresent(options.device_ordinal)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no GPU device at ordinal ", options.device_ordinal));
+  }
+  SMLA_GPU_RETURN_IF_ERROR(gpu::SetDevice(options.device_ordinal));
+  cudaDeviceProp prop;
+  SMLA_GPU_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device_ordinal));
+  DeviceInfo info;
+  info.kind = BackendKind::kCuda;
+  info.name = prop.name;
+  info.arch = absl::StrCat("sm_", prop.major, prop.minor, prop.major >= 9 ? "a" : "");
+  info.compute_units = prop.multiProcessorCount;
+  info.warp_size = prop.warpSize;
+  info.l2_bytes = prop.l2CacheSize;
+  info.shared_memory_per_block = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  info.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
+  if (prop.major < 9) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA kernels are built for sm_90a; device '", info.name, "' is ", info.arch));
+  }
+  if (absl::Status st = gpu::PrepareAttendVariants(info.shared_memory_per_block); !st.ok()) {
+    return st;
+  }
+  return std::unique_ptr<Backend>(std::make_unique<GpuBackend>(std::move(info)));
+}
+
+}  // namespace smla::kernels

@@ -1,0 +1,102 @@
+// Parameters of the GPU kernel families, one flat struct per family passed by value, and the
+// host-callable launchers. Plain C++ so that the backend (host code) and the kernels (.cu)
+// share them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/runtime.h"
+
+namespace smla::kernels::gpu {
+
+inline constexpr int kTileKeys = 64;      // keys gathered per tile
+inline constexpr int kWarpsPer16Heads = 4;  // one warp group per 16 heads
+
+// One CSR segment as the kernel reads it.
+struct SegmentArgs {
+  const uint8_t* base = nullptr;     // num_pages * pitch bytes, device
+  const int32_t* indptr = nullptr;   // [T+1] device
+  const int32_t* indices = nullptr;  // [nnz] device, slot ids; < 0 = sentinel
+  int64_t pitch = 0;                 // bytes per page
+  int64_t num_slots = 0;             // ids at or past this are treated as sentinels
+  int32_t rows_per_page_log2 = 0;    // B = 1 << this
+  int32_t rows_per_page = 1;
+  int32_t format = 0;                // KvFormat
+  float score_scale2 = 0;            // softmax_scale * q_scale * sigma * log2(e)
+  float p_scale = 1;                 // sigma folded into P before the PV product (else 1)
+};
+
+struct AttendKernelParams {
+  const void* q = nullptr;  // [T, H, Dqk] bf16, or e4m3 codes when q_fp8
+  int32_t q_fp8 = 0;
+  int32_t num_rows = 0;   // T
+  int32_t num_heads = 0;  // H
+  int32_t num_segments = 1;
+  SegmentArgs seg[2];
+  int32_t head_blocks = 1;      // ceil(H / head block)
+  int32_t splits = 1;
+  int32_t tiles_per_split = 1;  // tiles of the longest row / splits, rounded up
+  int32_t stage_bytes = 0;      // one gather stage in shared memory
+  int32_t num_stages = 2;       // 2: gather the next tile while using this one; 1: no overlap
+  int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
+  const float* sink = nullptr;        // [H] device; may be null
+  const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
+  const float* cos_sin = nullptr;      // [P, 64] f32 device
+  // Final outputs (splits == 1).
+  int32_t out_mxfp8 = 0;
+  uint16_t* out_bf16 = nullptr;    // [T, H, 512] bf16
+  uint8_t* mx_data = nullptr;      // [T, H*512] e4m3
+  uint8_t* mx_scales = nullptr;    // [T, H*16] E8M0
+  float* lse = nullptr;            // [T, H]; may be null
+  // Split-K partials (splits > 1).
+  float* part_acc = nullptr;  // [T, H, splits, 512] f32, unnormalised
+  float* part_ml = nullptr;   // [T, H, splits, 2] f32: m (base 2), l
+};
+
+struct CombineKernelParams {
+  int32_t num_rows = 0;
+  int32_t num_heads = 0;
+  int32_t splits = 1;
+  const float* part_acc = nullptr;  // [T, H, splits, 512]
+  const float* part_ml = nullptr;   // [T, H, splits, 2]
+  const float* sink = nullptr;        // [H]; may be null
+  const int32_t* positions = nullptr;  // [T]; may be null
+  const float* cos_sin = nullptr;      // [P, 64]
+  int32_t out_mxfp8 = 0;
+  uint16_t* out_bf16 = nullptr;
+  uint8_t* mx_data = nullptr;
+  uint8_t* mx_scales = nullptr;
+  float* lse = nullptr;
+};
+
+struct WriteRowsKernelParams {
+  uint8_t* base = nullptr;          // pool, device
+  const int64_t* slots = nullptr;   // [n] device
+  const uint16_t* rows = nullptr;   // [n, QkWidth] bf16, device
+  int64_t num_rows = 0;
+  int64_t pitch = 0;
+  int32_t rows_per_page = 1;
+  int32_t format = 0;
+  int32_t geometry = 0;
+  float scale = 1;
+};
+
+// Shared memory one attention program needs (bytes).
+int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
+                          bool use_tile);
+// Bytes of one gather stage for a segment format.
+int32_t StageBytes(KvFormat format, int qk_width);
+
+// Whether a (QK width, head block) variant is compiled in; the list lives in attend_variants.cu.
+bool AttendVariantExists(int qk_width, int head_block);
+// Raises every variant's dynamic shared-memory limit to `max_bytes` (once, at start-up).
+absl::Status PrepareAttendVariants(int64_t max_bytes);
+absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_block,
+                          int64_t shared_bytes, StreamHandle stream);
+absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
+absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
+
+}  // namespace smla::kernels::gpu
