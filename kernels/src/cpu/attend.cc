@@ -201,7 +201,7 @@ int32_t RowSplits(int32_t planned_splits, bool forced, int64_t main_len, int64_t
   return static_cast<int32_t>(std::clamp<int64_t>(planned_splits, 1, std::max<int64_t>(tiles, 1)));
 }
 
-void RunAttend(const AttendParams& p, ThreadPool& pool) {
+void RunAttend(const AttendParams& p, ThreadPool& pool, int64_t max_records) {
   const int32_t T = p.num_rows;
   if (T == 0) return;
   Call c;
@@ -227,37 +227,49 @@ void RunAttend(const AttendParams& p, ThreadPool& pool) {
   c.head_blocks = plan.head_blocks;
 
   c.splits.resize(T);
-  c.record_offset.assign(T, -1);
-  int64_t records = 0;
-  int64_t items = 0;
-  std::vector<int32_t> split_rows;
   for (int32_t t = 0; t < T; ++t) {
     const int64_t main_len = p.main.indptr[t + 1] - p.main.indptr[t];
     const int64_t extra_len = p.has_extra ? p.extra.indptr[t + 1] - p.extra.indptr[t] : 0;
     c.splits[t] = RowSplits(plan.splits, p.force_splits > 0, main_len, extra_len);
-    items += int64_t{c.head_blocks} * c.splits[t];
-    if (c.splits[t] > 1) {
-      c.record_offset[t] = records;
-      records += int64_t{c.splits[t]} * p.num_heads;
-      split_rows.push_back(t);
-    }
   }
-  c.records.resize(records);
+  c.record_offset.assign(T, -1);
 
-  // Item i -> (row, split, head block), head block fastest so a row's items run together.
-  std::vector<int64_t> row_first(T + 1, 0);
-  for (int32_t t = 0; t < T; ++t)
-    row_first[t + 1] = row_first[t] + int64_t{c.head_blocks} * c.splits[t];
-  pool.ParallelFor(items, [&](int64_t i, int) {
-    const int32_t t = static_cast<int32_t>(std::upper_bound(row_first.begin(), row_first.end(), i) -
-                                           row_first.begin() - 1);
-    const int64_t r = i - row_first[t];
-    RunItem(c, t, static_cast<int32_t>(r % c.head_blocks), static_cast<int32_t>(r / c.head_blocks));
-  });
-  if (split_rows.empty()) return;
-  pool.ParallelFor(static_cast<int64_t>(split_rows.size()) * c.head_blocks, [&](int64_t i, int) {
-    CombineItem(c, split_rows[i / c.head_blocks], static_cast<int32_t>(i % c.head_blocks));
-  });
+  // Rows run in chunks whose split partials fit max_records (a chunk holds at least one row);
+  // without splits the whole call is one chunk.
+  std::vector<int32_t> split_rows;
+  std::vector<int64_t> row_first;
+  for (int32_t first = 0; first < T;) {
+    int64_t records = 0;
+    int32_t last = first;
+    split_rows.clear();
+    for (; last < T; ++last) {
+      const int64_t need = c.splits[last] > 1 ? int64_t{c.splits[last]} * p.num_heads : 0;
+      if (last > first && records + need > max_records) break;
+      if (need > 0) {
+        c.record_offset[last] = records;
+        records += need;
+        split_rows.push_back(last);
+      }
+    }
+    c.records.resize(records);
+
+    // Item i -> (row, split, head block), head block fastest so a row's items run together.
+    row_first.assign(1, 0);
+    for (int32_t t = first; t < last; ++t) {
+      row_first.push_back(row_first.back() + int64_t{c.head_blocks} * c.splits[t]);
+    }
+    pool.ParallelFor(row_first.back(), [&](int64_t i, int) {
+      const int32_t k = static_cast<int32_t>(
+          std::upper_bound(row_first.begin(), row_first.end(), i) - row_first.begin() - 1);
+      const int64_t r = i - row_first[k];
+      RunItem(c, first + k, static_cast<int32_t>(r % c.head_blocks),
+              static_cast<int32_t>(r / c.head_blocks));
+    });
+    pool.ParallelFor(static_cast<int64_t>(split_rows.size()) * c.head_blocks, [&](int64_t i, int) {
+      CombineItem(c, split_rows[i / c.head_blocks], static_cast<int32_t>(i % c.head_blocks));
+    });
+    first = last;
+  }
 }
 
 }  // namespace smla::kernels::cpu

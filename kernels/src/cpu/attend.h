@@ -2,6 +2,8 @@
 // them on the pool, and finishes every (row, head) through the shared combine and epilogue.
 #pragma once
 
+#include <cstdint>
+
 #include "cpu/thread_pool.h"
 #include "smla/kernels/params.h"
 
@@ -12,7 +14,12 @@ namespace smla::kernels::cpu {
 // its batch.
 int32_t RowSplits(int32_t planned_splits, bool forced, int64_t main_len, int64_t extra_len);
 
-// `params` must have passed ValidateAttend.
-void RunAttend(const AttendParams& params, ThreadPool& pool);
+// Split partials (2 KiB each) kept at once: bounds the workspace of forced splits.
+inline constexpr int64_t kMaxSplitRecords = 16384;
+
+// `params` must have passed ValidateAttend. Rows whose split partials exceed `max_records`
+// together run in successive chunks (the result does not depend on it).
+void RunAttend(const AttendParams& params, ThreadPool& pool,
+               int64_t max_records = kMaxSplitRecords);
 
 }  // namespace smla::kernels::cpu

@@ -49,6 +49,10 @@ class CpuBackend final : public Backend {
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page_size = sysconf(_SC_PAGESIZE);
     info_.total_memory = pages > 0 && page_size > 0 ? int64_t{pages} * page_size : 0;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    info_.l2_bytes = l2 > 0 ? l2 : 0;
+#endif
   }
 
   const DeviceInfo& device() const override { return info_; }
