@@ -293,6 +293,24 @@ TEST(CpuBackendTest, TinyAndLargeValues) {
   }
 }
 
+TEST(CpuBackendTest, PageSizesFromOneRowUp) {
+  for (int32_t rows_per_page : {1, 2, 128}) {
+    for (KvFormat f : {KvFormat::kFp8Dsv4, KvFormat::kBf16}) {
+      CaseSpec s = Dsv4Spec(3, 16, 50 + rows_per_page + static_cast<int>(f));
+      s.main.format = f;
+      s.main.rows_per_page = rows_per_page;
+      s.main.num_pages = 512 / rows_per_page;
+      s.main.lengths = {128, 1, 70};
+      s.has_extra = true;
+      s.extra.format = KvFormat::kFp8Dsv4;
+      s.extra.rows_per_page = rows_per_page;
+      s.extra.num_pages = 256 / rows_per_page;
+      s.extra.lengths = {64, 0, 129};
+      RunAndCheck(s);
+    }
+  }
+}
+
 TEST(CpuBackendTest, Fp8QueriesWithScale) {
   for (KvFormat f : {KvFormat::kFp8Dsv4, KvFormat::kBf16}) {
     CaseSpec s = Dsv4Spec(4, 32, 40 + static_cast<int>(f));
