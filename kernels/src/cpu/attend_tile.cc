@@ -9,98 +9,134 @@
 namespace smla::kernels::cpu {
 namespace {
 
-constexpr int kLanes = 16;  // independent partial sums per dot product (vector width)
+constexpr int kLanes = 8;  // independent partial sums per dot product (one AVX register)
+// The helpers below are forced inline so that each clone of AccumulateTile compiles them for
+// its own target.
 
-// Dots of q with four keys. The lane partials are summed in a fixed order.
-inline void Dot4(const float* __restrict q, const float* __restrict k0, const float* __restrict k1,
-                 const float* __restrict k2, const float* __restrict k3, int width, float* out) {
-  float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
-  for (int i = 0; i < width; i += kLanes) {
+// Dots of G heads' q with four consecutive keys (stride w). Each dot keeps kLanes partial sums
+// summed in a fixed order, so a head's scores do not depend on which heads it is paired with.
+template <int G>
+[[gnu::always_inline]] inline void Dots4(const float* __restrict q, const float* __restrict k,
+                                         int w, float* scores) {
+  float acc[G][4][kLanes] = {};
+  for (int i = 0; i < w; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      const float qv = q[i + l];
-      a0[l] += qv * k0[i + l];
-      a1[l] += qv * k1[i + l];
-      a2[l] += qv * k2[i + l];
-      a3[l] += qv * k3[i + l];
+      const float k0 = k[i + l], k1 = k[w + i + l], k2 = k[2 * w + i + l], k3 = k[3 * w + i + l];
+      for (int g = 0; g < G; ++g) {
+        const float qv = q[g * w + i + l];
+        acc[g][0][l] += qv * k0;
+        acc[g][1][l] += qv * k1;
+        acc[g][2][l] += qv * k2;
+        acc[g][3][l] += qv * k3;
+      }
     }
   }
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (int l = 0; l < kLanes; ++l) {
-    s0 += a0[l];
-    s1 += a1[l];
-    s2 += a2[l];
-    s3 += a3[l];
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < 4; ++j) {
+      float s = 0;
+      for (int l = 0; l < kLanes; ++l) s += acc[g][j][l];
+      scores[g * kTileKeys + j] = s;
+    }
   }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
 }
 
-inline float Dot1(const float* __restrict q, const float* __restrict k, int width) {
-  float a[kLanes] = {};
-  for (int i = 0; i < width; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) a[l] += q[i + l] * k[i + l];
+// The same arithmetic as one column of Dots4.
+[[gnu::always_inline]] inline float Dot1(const float* __restrict q, const float* __restrict k,
+                                         int w) {
+  float acc[kLanes] = {};
+  for (int i = 0; i < w; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += q[i + l] * k[i + l];
   }
   float s = 0;
-  for (int l = 0; l < kLanes; ++l) s += a[l];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
+}
+
+// acc[g] += sum_j probs[g][j] * v_j over the first 512 lanes of n keys (stride w); per head the
+// same expression whatever G is.
+template <int G>
+[[gnu::always_inline]] inline void AccumulatePv(float* __restrict acc,
+                                                const float* __restrict probs,
+                                                const float* __restrict v, int w, int n) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* __restrict v0 = v + j * w;
+    const float* __restrict v1 = v0 + w;
+    const float* __restrict v2 = v1 + w;
+    const float* __restrict v3 = v2 + w;
+    for (int i = 0; i < kValueWidth; ++i) {
+      for (int g = 0; g < G; ++g) {
+        const float* p = probs + g * kTileKeys + j;
+        acc[g * kValueWidth + i] += ((p[0] * v0[i] + p[1] * v1[i]) + (p[2] * v2[i] + p[3] * v3[i]));
+      }
+    }
+  }
+  for (; j < n; ++j) {
+    const float* __restrict vj = v + j * w;
+    for (int i = 0; i < kValueWidth; ++i) {
+      for (int g = 0; g < G; ++g) acc[g * kValueWidth + i] += probs[g * kTileKeys + j] * vj[i];
+    }
+  }
+}
+
+// Online-softmax update of one head from its raw dots: scales the scores, moves the running
+// max, rescales l and acc, and leaves the bf16-rounded probabilities (sigma folded in) in probs.
+// Returns false when the tile adds nothing (every score -inf or NaN).
+[[gnu::always_inline]] inline bool SoftmaxStep(const TileArgs& a, float* scores, float* probs,
+                                               float& m, float& l, float* __restrict acc) {
+  const int n = a.n;
+  const float m_old = m;
+  float m_new = m_old;
+  for (int j = 0; j < n; ++j) {
+    scores[j] *= a.score_scale[j];
+    m_new = scores[j] > m_new ? scores[j] : m_new;
+  }
+  if (m_new == -INFINITY || std::isnan(m_new)) {
+    for (int j = 0; j < n; ++j) probs[j] = 0.0f;
+    return false;
+  }
+  const float alpha = exp2f(m_old - m_new);  // 0 for the first tile (m_old = -inf)
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float p = exp2f(scores[j] - m_new);
+    sum += p;
+    probs[j] = RoundToBf16(p * a.sigma[j]);
+  }
+  l = l * alpha + sum;
+  m = m_new;
+  if (alpha != 1.0f) {
+    for (int i = 0; i < kValueWidth; ++i) acc[i] *= alpha;
+  }
+  return true;
+}
+
+template <int G>
+[[gnu::always_inline]] inline void HeadGroup(const TileArgs& a, int h) {
+  const int n = a.n;
+  const int w = a.width;
+  float scores[G * kTileKeys];
+  float probs[G * kTileKeys];
+  const float* q = a.q + h * w;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) Dots4<G>(q, a.keys + j * w, w, scores + j);
+  for (; j < n; ++j) {
+    for (int g = 0; g < G; ++g) scores[g * kTileKeys + j] = Dot1(q + g * w, a.keys + j * w, w);
+  }
+  bool any = false;
+  for (int g = 0; g < G; ++g) {
+    any |= SoftmaxStep(a, scores + g * kTileKeys, probs + g * kTileKeys, a.m[h + g], a.l[h + g],
+                       a.acc + (h + g) * kValueWidth);
+  }
+  // A head whose tile added nothing has all-zero probabilities: adding them changes nothing.
+  if (any) AccumulatePv<G>(a.acc + h * kValueWidth, probs, a.keys, w, n);
 }
 
 }  // namespace
 
 SMLA_CPU_HOT void AccumulateTile(const TileArgs& a) {
-  const int n = a.n;
-  const int w = a.width;
-  float scores[kTileKeys];
-  float probs[kTileKeys];
-  for (int h = 0; h < a.heads; ++h) {
-    const float* q = a.q + h * w;
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-      const float* k = a.keys + j * w;
-      Dot4(q, k, k + w, k + 2 * w, k + 3 * w, w, scores + j);
-    }
-    for (; j < n; ++j) scores[j] = Dot1(q, a.keys + j * w, w);
-
-    const float m_old = a.m[h];
-    float m_new = m_old;
-    for (j = 0; j < n; ++j) {
-      scores[j] *= a.score_scale[j];
-      m_new = scores[j] > m_new ? scores[j] : m_new;
-    }
-    // Every score is -inf (or NaN): nothing this tile can add.
-    if (m_new == -INFINITY || std::isnan(m_new)) continue;
-    const float alpha = exp2f(m_old - m_new);  // 0 for the first tile (m_old = -inf)
-    float sum = 0.0f;
-    for (j = 0; j < n; ++j) {
-      const float p = exp2f(scores[j] - m_new);
-      sum += p;
-      probs[j] = RoundToBf16(p * a.sigma[j]);
-    }
-    a.l[h] = a.l[h] * alpha + sum;
-    a.m[h] = m_new;
-
-    float* __restrict acc = a.acc + h * kValueWidth;
-    if (alpha != 1.0f) {
-      for (int i = 0; i < kValueWidth; ++i) acc[i] *= alpha;
-    }
-    for (j = 0; j + 4 <= n; j += 4) {
-      const float p0 = probs[j], p1 = probs[j + 1], p2 = probs[j + 2], p3 = probs[j + 3];
-      const float* __restrict v0 = a.keys + j * w;
-      const float* __restrict v1 = v0 + w;
-      const float* __restrict v2 = v1 + w;
-      const float* __restrict v3 = v2 + w;
-      for (int i = 0; i < kValueWidth; ++i) {
-        acc[i] += ((p0 * v0[i] + p1 * v1[i]) + (p2 * v2[i] + p3 * v3[i]));
-      }
-    }
-    for (; j < n; ++j) {
-      const float p = probs[j];
-      const float* __restrict v = a.keys + j * w;
-      for (int i = 0; i < kValueWidth; ++i) acc[i] += p * v[i];
-    }
-  }
+  int h = 0;
+  for (; h + 2 <= a.heads; h += 2) HeadGroup<2>(a, h);
+  for (; h < a.heads; ++h) HeadGroup<1>(a, h);
 }
 
 }  // namespace smla::kernels::cpu
