@@ -1,6 +1,7 @@
 // The CPU backend's table-driven staging equals DecodeRow bit for bit, for every code and
 // every scale byte (including the ones no writer produces).
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -59,6 +60,35 @@ TEST(StageRowTest, OtherFormats) {
         StageRow(f, g, data.data(), nullptr, fast.data());
         DecodeRow(f, g, data.data(), nullptr, ref.data());
         ExpectSameBits(fast, ref);
+      }
+    }
+  }
+}
+
+TEST(SegmentLayoutTest, OffsetsMatchTheSharedLayoutFunctions) {
+  for (KvFormat f :
+       {KvFormat::kBf16, KvFormat::kFp8PerTensor, KvFormat::kFp8DsMla, KvFormat::kFp8Dsv4}) {
+    for (Geometry g : {Geometry::kRopeInside, Geometry::kRopeAppended, Geometry::kRopeFree}) {
+      if (!FormatSupports(f, g)) continue;
+      for (int32_t b : {1, 2, 32, 64, 128}) {
+        CacheView v;
+        v.base = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+        v.format = f;
+        v.geometry = g;
+        v.num_pages = 100;
+        v.rows_per_page = b;
+        v.pitch_bytes = ServingPitch(f, g, b) + 32;
+        const SegmentLayout s = SegmentLayout::Of(v);
+        const uint8_t* base = static_cast<const uint8_t*>(v.base);
+        for (int64_t slot : {int64_t{0}, int64_t{1}, int64_t{b - 1}, int64_t{b},
+                             99 * int64_t{b} + b - 1, int64_t{37} * b / 3}) {
+          ASSERT_EQ(s.Data(slot), base + SlotDataOffset(f, g, slot, b, v.pitch_bytes));
+          if (f == KvFormat::kFp8Dsv4) {
+            ASSERT_EQ(s.Scales(slot), base + SlotScaleOffset(slot, b, v.pitch_bytes));
+          } else {
+            ASSERT_EQ(s.Scales(slot), nullptr);
+          }
+        }
       }
     }
   }

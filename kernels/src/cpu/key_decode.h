@@ -19,6 +19,11 @@ struct SegmentLayout {
   int64_t pitch = 0;
   int64_t num_slots = 0;
   float sigma = 1.0f;  // fp8_per_tensor scale folded into score and probabilities; else 1
+  // The offsets of SlotDataOffset / SlotScaleOffset with shifts, as rows_per_page is a power of
+  // two (validated).
+  int page_shift = 0;
+  int64_t row_stride = 0;     // bytes between data rows of a page
+  int64_t scale_offset = -1;  // fp8_dsv4: where a page's scale records start; else -1
 
   static SegmentLayout Of(const CacheView& c) {
     SegmentLayout s;
@@ -29,14 +34,18 @@ struct SegmentLayout {
     s.pitch = c.pitch_bytes;
     s.num_slots = c.num_slots();
     s.sigma = c.format == KvFormat::kFp8PerTensor ? c.scale : 1.0f;
+    while ((int64_t{1} << s.page_shift) < c.rows_per_page) ++s.page_shift;
+    s.row_stride = c.format == KvFormat::kFp8Dsv4 ? kDsv4DataBytes : RowBytes(c.format, c.geometry);
+    if (c.format == KvFormat::kFp8Dsv4) s.scale_offset = int64_t{c.rows_per_page} * kDsv4DataBytes;
     return s;
   }
   const uint8_t* Data(int64_t slot) const {
-    return base + SlotDataOffset(format, geometry, slot, rows_per_page, pitch);
+    return base + (slot >> page_shift) * pitch + (slot & (rows_per_page - 1)) * row_stride;
   }
   const uint8_t* Scales(int64_t slot) const {
-    return format == KvFormat::kFp8Dsv4 ? base + SlotScaleOffset(slot, rows_per_page, pitch)
-                                        : nullptr;
+    if (scale_offset < 0) return nullptr;
+    return base + (slot >> page_shift) * pitch + scale_offset +
+           (slot & (rows_per_page - 1)) * kDsv4ScaleBytes;
   }
 };
 
