@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "spdlog/spdlog.h"
 #include "smla/server/step_validation.h"
 
 namespace smla::server {
@@ -200,7 +201,13 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
         results[i] = absl::InternalError(Cat("backend failure: ", status.message()));
       }
     }
-    if (!status.ok()) healthy_.store(false);
+    if (!status.ok()) {
+      // Rows of the failed batch may have been written over stored positions, so the core
+      // stops serving rather than risk answering from a half-updated cache.
+      spdlog::error("backend failure on {} layer {} ({} steps); service is now unhealthy: {}",
+                    steps[0]->model, layer, included.size(), std::string(status.message()));
+      healthy_.store(false);
+    }
   }
   store.EndBatch();
   return results;

@@ -37,7 +37,7 @@ struct Limits {
   int32_t max_queued_requests = 1024;     // per (model, layer) queue
   int64_t max_queued_rows = 65536;        // per (model, layer) queue
   absl::Duration batch_wait = absl::ZeroDuration();  // optional wait for more work
-  int32_t max_sequences = 4096;
+  int32_t max_sequences = 4096;           // per served model
   int64_t max_context = 262144 + 16384;
 };
 

@@ -4,6 +4,18 @@
 // Ownership: the core owns the backend, the pools and the scheduler thread(s). Step inputs are
 // borrowed until the callback runs; the callback runs exactly once, on a scheduler thread or
 // inline for requests rejected at admission.
+//
+// Tenants: a sequence is keyed by (tenant, model, sequence id). Naming a sequence of another
+// tenant is answered exactly like naming one that does not exist (NOT_FOUND), so a tenant can
+// learn nothing about another's sequences; two tenants may use the same id independently.
+//
+// When errors are found: Submit checks the model, layer, shapes, sizes, positions, top-k
+// visibility, finiteness of KV rows, sinks and RoPE table at admission (the callback runs
+// inline). Checks against stored state (sequence exists for the tenant, no gap after the stored
+// length, the sliding window still kept, pool capacity) run when the step is launched, in queue
+// order, so a frontend may pipeline steps of one sequence. Either way a failed step changes
+// nothing. After a backend failure (INTERNAL) the core is unhealthy and refuses new steps
+// with UNAVAILABLE.
 #pragma once
 
 #include <memory>
@@ -56,6 +68,8 @@ class ServiceCore {
   virtual absl::Status ReleaseSequence(const std::string& tenant, const std::string& model,
                                        const std::string& sequence_id) = 0;
   // Drops positions >= length on every layer (and compressed entries that depended on them).
+  // FAILED_PRECONDITION when a sliding-window layer no longer keeps the W - 1 positions before
+  // `length` (see ModelConfig::swa_rollback); 0 is always allowed. Waits for a running batch.
   virtual absl::Status TruncateSequence(const std::string& tenant, const std::string& model,
                                         const std::string& sequence_id, int64_t length) = 0;
   // Current stored length (positions) of a sequence on a layer.
