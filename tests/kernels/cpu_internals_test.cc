@@ -63,6 +63,40 @@ TEST(RowSplitsTest, OnlyForcedAndNeverPastTheRowsTiles) {
   EXPECT_EQ(RowSplits(1, true, 1024, 0), 1);
 }
 
+TEST(RunAttendTest, IdsPastThePoolAreNeverRead) {
+  // Validation rejects such ids; the compute path still treats them as sentinels, so that no
+  // bug can read outside a pool.
+  auto backend = *kernels::CreateCpuBackend({.cpu_threads = 2, .device_ordinal = 0});
+  CaseSpec s;
+  s.num_rows = 3;
+  s.num_heads = 16;
+  s.seed = 78;
+  s.main.format = KvFormat::kFp8Dsv4;
+  s.main.rows_per_page = 64;
+  s.main.num_pages = 4;
+  s.main.lengths = {100, 64, 7};
+  s.sink = true;
+  AttendCase c(*backend, s);
+  ASSERT_TRUE(c.status().ok());
+  kernels::AttendParams p = c.Params({});
+  std::vector<int32_t> far(p.main.indices.begin(), p.main.indices.end());
+  std::vector<int32_t> sentinel = far;
+  for (size_t i = 0; i < far.size(); i += 3) {
+    far[i] = i % 2 ? 256 : 1 << 30;  // the pool has 256 slots
+    sentinel[i] = -1;
+  }
+  ThreadPool pool(2);
+  std::vector<uint16_t> a(3 * 16 * 512), b(3 * 16 * 512);
+  p.main.indices = far;
+  p.out.bf16 = a.data();
+  p.out.lse = nullptr;
+  RunAttend(p, pool);
+  p.main.indices = sentinel;
+  p.out.bf16 = b.data();
+  RunAttend(p, pool);
+  EXPECT_EQ(a, b);
+}
+
 TEST(SplitChunksTest, ChunkingDoesNotChangeTheResult) {
   auto backend = *kernels::CreateCpuBackend({.cpu_threads = 2, .device_ordinal = 0});
   CaseSpec s;
