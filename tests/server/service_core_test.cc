@@ -133,7 +133,9 @@ class CoreTest : public ::testing::Test {
     EXPECT_TRUE(got.out == want.out) << what << ": outputs differ";
     EXPECT_TRUE(got.mx_scales == want.mx_scales) << what << ": MXFP8 scales differ";
     ASSERT_EQ(got.lse.size(), want.lse.size()) << what;
-    EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), got.lse.size() * 4)) << what;
+    if (!got.lse.empty()) {
+      EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), got.lse.size() * 4)) << what;
+    }
   }
 
   // Runs a step, mirrors its writes and checks the result bit for bit.
