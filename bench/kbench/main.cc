@@ -41,6 +41,7 @@ struct Options {
   int iters = 30;
   int warmup = 3;
   std::string json = "kbench.json";
+  std::string markdown;  // optional results table
   std::string out = "auto";
   int force_splits = 0;
   int force_head_block = 0;
@@ -414,6 +415,8 @@ int Main(int argc, char** argv) {
       o.iters = std::max(20, std::atoi(val()));
     } else if (a == "--json") {
       o.json = val();
+    } else if (a == "--md") {
+      o.markdown = val();
     } else if (a == "--out") {
       o.out = val();
     } else if (a == "--splits") {
@@ -425,7 +428,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
-                   "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] "
+                   "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
                    "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm]\n");
       return 2;
     }
@@ -485,6 +488,23 @@ int Main(int argc, char** argv) {
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
 
+  if (!o.markdown.empty()) {
+    FILE* md = std::fopen(o.markdown.c_str(), "w");
+    if (md == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", o.markdown.c_str());
+      return 1;
+    }
+    std::fprintf(md,
+                 "| cell | layer | out | plan (head block, splits) | median us | TFLOP/s | unique "
+                 "MB | GB/s | of gather | of GEMM |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Result& r : results) {
+      std::fprintf(md, "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f |\n",
+                   r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(),
+                   r.head_block, r.splits, r.median_us, r.tflops, r.bytes / 1e6, r.gbps,
+                   r.ratio_gather, r.ratio_gemm);
+    }
+    std::fclose(md);
+  }
   std::printf("%-50s %10s %8s %8s %6s %6s  %s\n", "cell", "us", "TFLOP/s", "GB/s", "gath", "gemm",
               "plan");
   int bar_fail = 0, bar_cells = 0;

@@ -21,26 +21,39 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, int kHeadBlock_>
+// kW warps per 16 heads: for Q.K^T warp w takes keys [w*64/kW, (w+1)*64/kW) of the tile, for
+// P.V output columns [w*512/kW, (w+1)*512/kW). kQInRegs keeps the group's Q fragments in
+// registers for the whole program (no shared-memory re-reads of Q per tile).
+template <int kQkWidth_, int kHeadBlock_, int kW_, bool kQInRegs_>
 struct AttendConfig {
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kHeadBlock = kHeadBlock_;
+  static constexpr int kW = kW_;
+  static constexpr bool kQInRegs = kQInRegs_;
   static constexpr int kGroups = kHeadBlock / 16;
-  static constexpr int kWarps = kGroups * kWarpsPer16Heads;
+  static constexpr int kWarps = kGroups * kW;
   static constexpr int kThreads = kWarps * kWarpSize;
   // Row strides padded by 16 bytes so that ldmatrix rows of one 8x8 matrix hit distinct banks.
   static constexpr int kQStride = kQkWidth + 8;   // bf16 elements
   static constexpr int kKvStride = kQkWidth + 8;  // bf16 elements
   static constexpr int kPStride = kTileKeys + 8;  // bf16 elements
   static constexpr int kKSteps = kQkWidth / 16;
-  static constexpr int kColsPerWarp = kValueWidth / kWarpsPer16Heads;  // 128
-  static constexpr int kNTiles = kColsPerWarp / 8;                     // 16
+  static constexpr int kKeysPerWarp = kTileKeys / kW;        // 16 or 8
+  static constexpr int kSTiles = kKeysPerWarp / 8;           // score n-tiles per warp
+  static constexpr int kColsPerWarp = kValueWidth / kW;      // 128 or 64
+  static constexpr int kNTiles = kColsPerWarp / 8;           // output n-tiles per warp
+  static constexpr int kGatherKeysPerWarp = kTileKeys / kWarps;
 
   static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32 || kHeadBlock == 64,
                 "head block must be 16, 32 or 64 heads");
-  static_assert(kTileKeys == 16 * kWarpsPer16Heads, "each warp of a group owns 16 keys of a tile");
-  static_assert((kKvStride * 2) % 16 == 0 && ((kKvStride * 2 / 16) % 2) == 1,
+  static_assert(kW == 4 || kW == 8, "a 16-head group has 4 or 8 warps");
+  static_assert(kW <= kMaxWarpsPer16Heads, "reduction arrays are sized for kMaxWarpsPer16Heads");
+  static_assert(kNTiles % 4 == 0, "an MXFP8 group (32 lanes) must sit inside one warp");
+  static_assert(kKSteps % 2 == 0, "the 8-key score path loads two k-steps at a time");
+  static_assert(kGatherKeysPerWarp >= 1 && kGatherKeysPerWarp <= kWarpSize,
+                "each warp gathers between 1 and 32 keys of a tile");
+  static_assert(((kKvStride * 2 / 16) % 2) == 1,
                 "KV row stride must be an odd number of 16-byte units (conflict-free ldmatrix)");
   static_assert(kThreads <= 1024, "too many threads per program");
 };
@@ -53,8 +66,8 @@ struct AttendSmem {
   static constexpr int kP = kQ + kQBytes;
   static constexpr int kPBytes = C::kHeadBlock * C::kPStride * 2;
   static constexpr int kRedMax = kP + kPBytes;
-  static constexpr int kRedSum = kRedMax + C::kHeadBlock * kWarpsPer16Heads * 4;
-  static constexpr int kValid = kRedSum + C::kHeadBlock * kWarpsPer16Heads * 4;
+  static constexpr int kRedSum = kRedMax + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
+  static constexpr int kValid = kRedSum + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
   static constexpr int kStages = kValid + 2 * kTileKeys * 4;  // then 1-2 stages, then the tile
   static constexpr int kTileBytes = kTileKeys * C::kKvStride * 2;
   static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
@@ -73,95 +86,140 @@ __device__ __forceinline__ int32_t RowStrideBytes(int format, int qk_width) {
   }
 }
 
-// Issues the asynchronous gather of one tile (keys [key0, key0+64) of `row` in segment `s`)
-// into stage memory; invalid keys (past the row's end, sentinels, out of range) are zero-filled
-// and never read. Records per-key validity for the compute step.
+// Each warp gathers keys warp, warp + kWarps, ...; lane j holds the slot of the warp's j-th key.
+// Loaded one tile ahead so that the index latency hides under the current tile's work.
 template <class C>
-__device__ __forceinline__ void IssueTile(const SegmentArgs& s, int row, int key0,
-                                          uint8_t* stage, int32_t* valid) {
+__device__ __forceinline__ int32_t LoadTileSlot(const SegmentArgs& s, int begin, int len,
+                                                int key0) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int begin = s.indptr[row];
-  const int len = s.indptr[row + 1] - begin;
+  int32_t slot = -1;
+  if (lane < C::kGatherKeysPerWarp) {
+    const int key = key0 + warp + lane * C::kWarps;
+    if (key < len) slot = __ldg(s.indices + begin + key);
+  }
+  return slot;
+}
+
+// Issues the asynchronous gather of one tile into stage memory; invalid keys (past the row's
+// end, sentinels, out of range) are zero-filled and never read. Records per-key validity.
+// Lane j of each warp computes the address of the warp's j-th key once; the warp then copies
+// that row with consecutive 16-byte chunks per lane.
+template <class C>
+__device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot, uint8_t* stage,
+                                          int32_t* valid) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
   const int format = s.format;
+  const bool dsv4 = format == static_cast<int>(KvFormat::kFp8Dsv4);
   const int stride = RowStrideBytes(format, C::kQkWidth);
-  const int data_bytes = format == static_cast<int>(KvFormat::kBf16)     ? 2 * C::kQkWidth
-                         : format == static_cast<int>(KvFormat::kFp8Dsv4) ? kDsv4DataBytes
+  const int data_bytes = format == static_cast<int>(KvFormat::kBf16) ? 2 * C::kQkWidth
+                         : dsv4                                       ? kDsv4DataBytes
                          : format == static_cast<int>(KvFormat::kFp8DsMla)
                              ? kDsMlaRowBytes
                              : C::kQkWidth;
-  const int chunks = data_bytes / 16;
-  const int src_stride = format == static_cast<int>(KvFormat::kFp8Dsv4) ? kDsv4DataBytes
-                                                                        : data_bytes;
-  for (int k = warp; k < kTileKeys; k += C::kWarps) {
-    const int key = key0 + k;
-    int64_t slot = -1;
-    if (key < len) slot = s.indices[begin + key];
-    const bool ok = slot >= 0 && slot < s.num_slots;
-    const int64_t page = ok ? (slot >> s.rows_per_page_log2) : 0;
-    const int64_t in_page = ok ? (slot & (s.rows_per_page - 1)) : 0;
-    const uint8_t* src = s.base + page * s.pitch + in_page * src_stride;
-    uint8_t* dst = stage + k * stride;
-    for (int c = lane; c < chunks; c += kWarpSize) AsyncCopy16(dst + 16 * c, src + 16 * c, ok);
-    if (format == static_cast<int>(KvFormat::kFp8Dsv4) && lane == 0) {
-      const uint8_t* rec = s.base + page * s.pitch +
-                           int64_t{s.rows_per_page} * kDsv4DataBytes + in_page * kDsv4ScaleBytes;
-      AsyncCopy8(stage + kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes, rec, ok);
+  const int chunks = data_bytes / 16;  // 32..72: every lane copies at least one chunk
+  const bool my_ok = my_slot >= 0 && my_slot < s.num_slots;
+  const uint8_t* my_page = s.base;
+  int64_t my_row = 0;
+  if (my_ok) {
+    my_page = s.base + (int64_t{my_slot} >> s.rows_per_page_log2) * s.pitch;
+    my_row = my_slot & (s.rows_per_page - 1);
+  }
+  const uint8_t* my_src = my_page + my_row * data_bytes;
+  if (lane < C::kGatherKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
+  const uint32_t ok_mask = __ballot_sync(0xffffffffu, my_ok);
+  const uint32_t stage_addr = SharedAddress(stage);
+#pragma unroll
+  for (int j = 0; j < C::kGatherKeysPerWarp; ++j) {
+    const int k = warp + j * C::kWarps;
+    const bool ok = (ok_mask >> j) & 1u;
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_src), j));
+    const uint32_t dst = stage_addr + k * stride;
+    AsyncCopy16(dst + 16 * lane, src + 16 * lane, ok);
+    for (int c = lane + kWarpSize; c < chunks; c += kWarpSize) {
+      AsyncCopy16(dst + 16 * c, src + 16 * c, ok);
     }
-    if (lane == 0) valid[k] = ok ? 1 : 0;
+    if (dsv4) {
+      // The scale record sits in the page trailer: page + B*576 + row*8.
+      const uint8_t* page = reinterpret_cast<const uint8_t*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_page), j));
+      const int64_t row = __shfl_sync(0xffffffffu, my_row, j);
+      if (lane == kWarpSize - 1) {
+        AsyncCopy8(stage + kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes,
+                   page + int64_t{s.rows_per_page} * kDsv4DataBytes + row * kDsv4ScaleBytes, ok);
+      }
+    }
   }
 }
 
-// Dequantises a gathered fp8 stage into the bf16 tile (operator.md section 3: bf16 of the f32
-// product for the scaled formats; raw codes for fp8_per_tensor, whose scale is folded later).
-template <class C>
-__device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, uint16_t* tile) {
-  constexpr int kUnits = C::kQkWidth / 8;  // 8 values per unit
-  for (int u = threadIdx.x; u < kTileKeys * kUnits; u += C::kThreads) {
+// Dequantises a gathered fp8 stage into the bf16 tile (operator.md section 3). One loop per
+// format, 8 values per step: fp8_per_tensor stages raw codes (its scale is folded into the
+// score and P), fp8_dsv4 multiplies by its power-of-two scale in bf16 (exact rounding of the
+// f32 product), fp8_ds_mla rounds the f32 product with its f32 scale.
+template <class C, int kFormat>
+__device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* tile) {
+  constexpr int kUnits = C::kQkWidth / 8;
+  constexpr int kPerThread = kTileKeys * kUnits / C::kThreads;
+  static_assert(kTileKeys * kUnits % C::kThreads == 0, "units divide over the threads");
+#pragma unroll 4
+  for (int i = 0; i < kPerThread; ++i) {
+    const int u = threadIdx.x + i * C::kThreads;
     const int k = u / kUnits;
     const int e0 = (u % kUnits) * 8;
     uint4 out;
-    const uint8_t* codes;
-    float scale = 1.0f;
-    bool raw_bf16 = false;
-    const uint8_t* bf16_src = nullptr;
-    if (format == static_cast<int>(KvFormat::kFp8PerTensor)) {
-      codes = stage + k * C::kQkWidth + e0;
-    } else if (format == static_cast<int>(KvFormat::kFp8Dsv4)) {
+    if constexpr (kFormat == static_cast<int>(KvFormat::kFp8PerTensor)) {
+      const uint2 c8 = *reinterpret_cast<const uint2*>(stage + k * C::kQkWidth + e0);
+      const __nv_bfloat162 one = __float2bfloat162_rn(1.0f);
+      const uint2 a = E4m3x4ToBf16Scaled(c8.x, one);
+      const uint2 b = E4m3x4ToBf16Scaled(c8.y, one);
+      out = make_uint4(a.x, a.y, b.x, b.y);
+    } else if constexpr (kFormat == static_cast<int>(KvFormat::kFp8Dsv4)) {
       const uint8_t* row = stage + k * kDsv4DataBytes;
-      codes = row + e0;
       if (e0 >= kNopeWidth) {
-        raw_bf16 = true;
-        bf16_src = row + kNopeWidth + (e0 - kNopeWidth) * 2;
+        out = *reinterpret_cast<const uint4*>(row + kNopeWidth + (e0 - kNopeWidth) * 2);
       } else {
-        const uint8_t b = stage[kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
-        scale = DecodeE8m0(b);
+        const uint32_t byte = stage[kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
+        const __nv_bfloat162 sc = E8m0ToBf16x2(byte);
+        const uint2 c8 = *reinterpret_cast<const uint2*>(row + e0);
+        const uint2 a = E4m3x4ToBf16Scaled(c8.x, sc);
+        const uint2 b = E4m3x4ToBf16Scaled(c8.y, sc);
+        out = make_uint4(a.x, a.y, b.x, b.y);
       }
     } else {  // fp8_ds_mla
       const uint8_t* row = stage + k * kDsMlaRowBytes;
-      codes = row + e0;
       if (e0 >= 512) {
-        raw_bf16 = true;
-        bf16_src = row + 528 + (e0 - 512) * 2;
+        out = *reinterpret_cast<const uint4*>(row + 528 + (e0 - 512) * 2);
       } else {
-        scale = *reinterpret_cast<const float*>(row + 512 + 4 * (e0 / 128));
-      }
-    }
-    if (raw_bf16) {
-      out = *reinterpret_cast<const uint4*>(bf16_src);
-    } else {
-      const uint2 c8 = *reinterpret_cast<const uint2*>(codes);
-      uint32_t w[4];
+        const float scale = *reinterpret_cast<const float*>(row + 512 + 4 * (e0 / 128));
+        const uint2 c8 = *reinterpret_cast<const uint2*>(row + e0);
+        uint32_t w[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t word = i < 2 ? c8.x : c8.y;
-        const uint16_t pair = static_cast<uint16_t>(word >> (16 * (i & 1)));
-        const float2 f = E4m3x2ToFloat2(pair);
-        w[i] = PackBf16(f.x * scale, f.y * scale);
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t word = q < 2 ? c8.x : c8.y;
+          const float2 f = E4m3x2ToFloat2(static_cast<uint16_t>(word >> (16 * (q & 1))));
+          w[q] = PackBf16(f.x * scale, f.y * scale);
+        }
+        out = make_uint4(w[0], w[1], w[2], w[3]);
       }
-      out = make_uint4(w[0], w[1], w[2], w[3]);
     }
     *reinterpret_cast<uint4*>(tile + k * C::kKvStride + e0) = out;
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, uint16_t* tile) {
+  switch (format) {
+    case static_cast<int>(KvFormat::kFp8PerTensor):
+      ConvertTileAs<C, static_cast<int>(KvFormat::kFp8PerTensor)>(stage, tile);
+      return;
+    case static_cast<int>(KvFormat::kFp8Dsv4):
+      ConvertTileAs<C, static_cast<int>(KvFormat::kFp8Dsv4)>(stage, tile);
+      return;
+    default:
+      ConvertTileAs<C, static_cast<int>(KvFormat::kFp8DsMla)>(stage, tile);
+      return;
   }
 }
 
@@ -185,8 +243,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int group = warp / kWarpsPer16Heads;
-  const int wg = warp % kWarpsPer16Heads;
+  const int group = warp / C::kW;
+  const int wg = warp % C::kW;
   const int head0 = hb * C::kHeadBlock;
 
   // Stage Q (heads past H are zero and never stored).
@@ -217,24 +275,26 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.
-  const int len0 = p.seg[0].indptr[row + 1] - p.seg[0].indptr[row];
-  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
-  int tiles1 = 0;
+  int begin[2] = {0, 0}, len[2] = {0, 0};
+  begin[0] = p.seg[0].indptr[row];
+  len[0] = p.seg[0].indptr[row + 1] - begin[0];
   if (p.num_segments > 1) {
-    const int len1 = p.seg[1].indptr[row + 1] - p.seg[1].indptr[row];
-    tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+    begin[1] = p.seg[1].indptr[row];
+    len[1] = p.seg[1].indptr[row + 1] - begin[1];
   }
+  const int tiles0 = (len[0] + kTileKeys - 1) / kTileKeys;
+  const int tiles1 = (len[1] + kTileKeys - 1) / kTileKeys;
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
 
-  auto issue = [&](int t, int stage) {
-    if (t < tiles0) {
-      IssueTile<C>(p.seg[0], row, t * kTileKeys, stages + stage * p.stage_bytes,
-                   valid_s + stage * kTileKeys);
-    } else {
-      IssueTile<C>(p.seg[1], row, (t - tiles0) * kTileKeys, stages + stage * p.stage_bytes,
-                   valid_s + stage * kTileKeys);
-    }
+  auto load_slot = [&](int t) -> int32_t {
+    if (t >= t_end) return -1;
+    if (t < tiles0) return LoadTileSlot<C>(p.seg[0], begin[0], len[0], t * kTileKeys);
+    return LoadTileSlot<C>(p.seg[1], begin[1], len[1], (t - tiles0) * kTileKeys);
+  };
+  auto issue = [&](int t, int32_t slot, int stage) {
+    IssueTile<C>(t < tiles0 ? p.seg[0] : p.seg[1], slot, stages + stage * p.stage_bytes,
+                 valid_s + stage * kTileKeys);
   };
 
   float acc[C::kNTiles][4];
@@ -245,16 +305,32 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int qrow = 16 * group;  // first head (in the block) of this warp's group
 
   // Two stages: tile t+1 is in flight while tile t is used. One stage (when two do not fit in
-  // shared memory): each tile is gathered, then used.
+  // shared memory): each tile is gathered, then used. Slots are always loaded a tile ahead.
   const bool pipelined = p.num_stages == 2;
-  if (pipelined && t_begin < t_end) issue(t_begin, 0);
+  int32_t next_slot = load_slot(t_begin);
+  if (pipelined && t_begin < t_end) {
+    issue(t_begin, next_slot, 0);
+    next_slot = load_slot(t_begin + 1);
+  }
   AsyncCommit();
+  __syncthreads();  // Q staged
+
+  // Q fragments of this warp's group, kept in registers when the config says so.
+  uint32_t qf[C::kQInRegs ? C::kKSteps : 1][4];
+  if constexpr (C::kQInRegs) {
+    const uint16_t* a_row = q_s + (qrow + (lane % 16)) * C::kQStride + (lane / 16) * 8;
+#pragma unroll
+    for (int kk = 0; kk < C::kKSteps; ++kk) LoadMatrixX4(qf[kk], a_row + kk * 16);
+  }
+
   for (int t = t_begin; t < t_end; ++t) {
     const int stage = pipelined ? (t - t_begin) & 1 : 0;
     if (!pipelined) {
-      issue(t, 0);
+      issue(t, next_slot, 0);
+      next_slot = load_slot(t + 1);
     } else if (t + 1 < t_end) {
-      issue(t + 1, stage ^ 1);
+      issue(t + 1, next_slot, stage ^ 1);
+      next_slot = load_slot(t + 2);
     }
     AsyncCommit();
     if (pipelined) {
@@ -272,28 +348,68 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     }
     const int32_t* valid = valid_s + stage * kTileKeys;
 
-    // S = Q K^T for 16 heads x this warp's 16 keys.
-    float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    // S = Q K^T for 16 heads x this warp's keys.
+    float sc[C::kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     {
       const uint16_t* a_row = q_s + (qrow + (lane % 16)) * C::kQStride + (lane / 16) * 8;
-      const uint16_t* b_row =
-          kv + (16 * wg + (lane / 16) * 8 + (lane % 8)) * C::kKvStride + ((lane / 8) % 2) * 8;
-#pragma unroll 4
-      for (int kk = 0; kk < C::kKSteps; ++kk) {
-        uint32_t a[4], b[4];
-        LoadMatrixX4(a, a_row + kk * 16);
-        LoadMatrixX4(b, b_row + kk * 16);
-        MmaBf16(sc[0], a, b[0], b[1]);
-        MmaBf16(sc[1], a, b[2], b[3]);
+      auto a_frag = [&](int kk, uint32_t (&a)[4]) {
+        if constexpr (C::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+        } else {
+          LoadMatrixX4(a, a_row + kk * 16);
+        }
+      };
+      // Two accumulator sets (even and odd k-steps) halve the dependent chain of products.
+      float sc2[C::kSTiles][4];
+#pragma unroll
+      for (int j = 0; j < C::kSTiles; ++j) sc2[j][0] = sc2[j][1] = sc2[j][2] = sc2[j][3] = 0.0f;
+      if constexpr (C::kSTiles == 2) {
+        // 16 keys x 16 dims per ldmatrix: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15).
+        const uint16_t* b_row = kv + (C::kKeysPerWarp * wg + (lane / 16) * 8 + (lane % 8)) *
+                                         C::kKvStride + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int kk = 0; kk < C::kKSteps; ++kk) {
+          uint32_t a[4], b[4];
+          a_frag(kk, a);
+          LoadMatrixX4(b, b_row + kk * 16);
+          if (kk % 2 == 0) {
+            MmaBf16(sc[0], a, b[0], b[1]);
+            MmaBf16(sc[C::kSTiles - 1], a, b[2], b[3]);
+          } else {
+            MmaBf16(sc2[0], a, b[0], b[1]);
+            MmaBf16(sc2[C::kSTiles - 1], a, b[2], b[3]);
+          }
+        }
+      } else {
+        // 8 keys x 32 dims per ldmatrix: two k-steps at once.
+        const uint16_t* b_row =
+            kv + (C::kKeysPerWarp * wg + (lane % 8)) * C::kKvStride + (lane / 8) * 8;
+#pragma unroll
+        for (int kk = 0; kk < C::kKSteps; kk += 2) {
+          uint32_t a0[4], a1[4], b[4];
+          a_frag(kk, a0);
+          a_frag(kk + 1, a1);
+          LoadMatrixX4(b, b_row + kk * 16);
+          MmaBf16(sc[0], a0, b[0], b[1]);
+          MmaBf16(sc2[0], a1, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < C::kSTiles; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[j][i] += sc2[j][i];
       }
     }
     // Scale, mask, and the tile's row maxima across the group.
     float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < C::kSTiles; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = 16 * wg + 8 * j + 2 * (lane % 4) + (i & 1);
+        const int key = C::kKeysPerWarp * wg + 8 * j + 2 * (lane % 4) + (i & 1);
         const float x = valid[key] ? sc[j][i] * s.score_scale2 : -INFINITY;
         sc[j][i] = x;
         tmax[i / 2] = fmaxf(tmax[i / 2], x);
@@ -305,28 +421,31 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       tmax[r] = WarpXorMax(tmax[r], 2);
     }
     if (lane % 4 == 0) {
-      red_max[(qrow + lane / 4) * kWarpsPer16Heads + wg] = tmax[0];
-      red_max[(qrow + lane / 4 + 8) * kWarpsPer16Heads + wg] = tmax[1];
+      red_max[(qrow + lane / 4) * C::kW + wg] = tmax[0];
+      red_max[(qrow + lane / 4 + 8) * C::kW + wg] = tmax[1];
     }
     __syncthreads();
     float m_new[2], m_use[2], alpha[2], psum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float* rm = red_max + (qrow + lane / 4 + 8 * r) * kWarpsPer16Heads;
-      m_new[r] = fmaxf(fmaxf(m_run[r], fmaxf(rm[0], rm[1])), fmaxf(rm[2], rm[3]));
+      const float* rm = red_max + (qrow + lane / 4 + 8 * r) * C::kW;
+      float tm = rm[0];
+#pragma unroll
+      for (int w = 1; w < C::kW; ++w) tm = fmaxf(tm, rm[w]);
+      m_new[r] = fmaxf(m_run[r], tm);
       // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
       m_use[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];
       alpha[r] = exp2f(m_run[r] - m_use[r]);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < C::kSTiles; ++j) {
       float pv[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         pv[i] = exp2f(sc[j][i] - m_use[i / 2]);
         psum[i / 2] += pv[i];
       }
-      const int key = 16 * wg + 8 * j + 2 * (lane % 4);
+      const int key = C::kKeysPerWarp * wg + 8 * j + 2 * (lane % 4);
       const float ps = s.p_scale;
       *reinterpret_cast<uint32_t*>(p_s + (qrow + lane / 4) * C::kPStride + key) =
           PackBf16(pv[0] * ps, pv[1] * ps);
@@ -339,14 +458,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       psum[r] = WarpXorSum(psum[r], 2);
     }
     if (lane % 4 == 0) {
-      red_sum[(qrow + lane / 4) * kWarpsPer16Heads + wg] = psum[0];
-      red_sum[(qrow + lane / 4 + 8) * kWarpsPer16Heads + wg] = psum[1];
+      red_sum[(qrow + lane / 4) * C::kW + wg] = psum[0];
+      red_sum[(qrow + lane / 4 + 8) * C::kW + wg] = psum[1];
     }
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float* rs = red_sum + (qrow + lane / 4 + 8 * r) * kWarpsPer16Heads;
-      l_run[r] = l_run[r] * alpha[r] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
+      const float* rs = red_sum + (qrow + lane / 4 + 8 * r) * C::kW;
+      float ts = 0.0f;
+#pragma unroll
+      for (int w = 0; w < C::kW; ++w) ts += rs[w];
+      l_run[r] = l_run[r] * alpha[r] + ts;
       m_run[r] = m_new[r];
     }
 #pragma unroll

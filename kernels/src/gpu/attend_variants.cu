@@ -20,15 +20,19 @@ struct Variant {
   int threads;
 };
 
-template <int kQk, int kHb>
+template <int kQk, int kHb, int kW, bool kQInRegs>
 constexpr Variant MakeVariant() {
-  using C = AttendConfig<kQk, kHb>;
+  using C = AttendConfig<kQk, kHb, kW, kQInRegs>;
   return {kQk, kHb, &SparseMlaAttendKernel<C>, C::kThreads};
 }
 
+// 16 heads: 8 warps with Q in registers (256 threads, up to 255 registers each). 32 heads:
+// 8 warps per 16 heads, Q read from shared memory. 64 heads: 4 warps per 16 heads (512 threads
+// keep 128 registers for the accumulators).
 constexpr std::array kVariants = {
-    MakeVariant<512, 16>(), MakeVariant<512, 32>(), MakeVariant<512, 64>(),
-    MakeVariant<576, 16>(), MakeVariant<576, 32>(), MakeVariant<576, 64>(),
+    MakeVariant<512, 16, 8, true>(), MakeVariant<512, 32, 8, false>(),
+    MakeVariant<512, 64, 4, false>(), MakeVariant<576, 16, 8, true>(),
+    MakeVariant<576, 32, 8, false>(), MakeVariant<576, 64, 4, false>(),
 };
 
 const Variant* Find(int qk_width, int head_block) {
@@ -58,7 +62,7 @@ int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num
                           bool use_tile) {
   const int64_t q = int64_t{head_block} * (qk_width + 8) * 2;
   const int64_t pm = int64_t{head_block} * (kTileKeys + 8) * 2;
-  const int64_t red = int64_t{head_block} * kWarpsPer16Heads * 4 * 2;
+  const int64_t red = int64_t{head_block} * kMaxWarpsPer16Heads * 4 * 2;
   const int64_t valid = 2 * kTileKeys * 4;
   const int64_t tile = use_tile ? int64_t{kTileKeys} * (qk_width + 8) * 2 : 0;
   return q + pm + red + valid + num_stages * int64_t{stage_bytes} + tile;

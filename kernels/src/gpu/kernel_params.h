@@ -13,7 +13,7 @@
 namespace smla::kernels::gpu {
 
 inline constexpr int kTileKeys = 64;      // keys gathered per tile
-inline constexpr int kWarpsPer16Heads = 4;  // one warp group per 16 heads
+inline constexpr int kMaxWarpsPer16Heads = 8;  // a 16-head group has 4 or 8 warps
 
 // One CSR segment as the kernel reads it.
 struct SegmentArgs {

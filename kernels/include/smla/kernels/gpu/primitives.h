@@ -48,6 +48,12 @@ __device__ __forceinline__ void AsyncCopy8(void* smem, const void* gmem, bool va
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SharedAddress(smem)),
                "l"(gmem), "r"(src_bytes));
 }
+// The same with the destination as a shared-memory address (saves the conversion per copy).
+__device__ __forceinline__ void AsyncCopy16(uint32_t smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void AsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `n` committed groups are still in flight.
 template <int n>
@@ -88,6 +94,32 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 __device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Four e4m3 codes (byte i of `codes`) to four bf16 values times `scale` (bf16x2, both halves
+// equal), as two packed words: codes 0-1 and 2-3. The code's bits are placed in a bf16 whose
+// exponent field is the code's (bias 127 instead of 7) and multiplied by 2^120, which is exact
+// for normal and subnormal codes; the scale multiply then rounds once to nearest even, which
+// equals rounding the exact f32 product (operator.md section 3).
+__device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat162 scale) {
+  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
+  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
+  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const __nv_bfloat162 k2p120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
+                                                   __ushort_as_bfloat16(0x7b80));
+  __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
+  __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
+  a = __hmul2(a, scale);
+  b = __hmul2(b, scale);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+// 2^(byte-127) of a UE8M0 scale byte as bf16x2 (byte 0 is the subnormal 2^-127).
+__device__ __forceinline__ __nv_bfloat162 E8m0ToBf16x2(uint32_t byte) {
+  const unsigned short bits = byte == 0 ? 0x0040 : static_cast<unsigned short>(byte << 7);
+  const __nv_bfloat16 v = __ushort_as_bfloat16(bits);
+  return __halves2bfloat162(v, v);
 }
 
 #else
