@@ -177,6 +177,7 @@ int Run() {
   (*server)->Shutdown();
   server->reset();
   core->reset();
+  spdlog::info("exiting");
   return 0;
 }
 

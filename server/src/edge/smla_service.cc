@@ -41,9 +41,10 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
       : service_(service),
         response_(response),
         cancel_(std::make_shared<std::atomic<bool>>(false)),
-        start_(absl::Now()) {
+        start_(absl::Now()),
+        deadline_(CallDeadline(*ctx)) {
     StepRequest step;
-    absl::Status st = service_->Prepare(*request, CallDeadline(*ctx), cancel_, &step, &storage_);
+    absl::Status st = service_->Prepare(*request, deadline_, cancel_, &step, &storage_);
     request_id_ = step.request_id;
     if (!st.ok()) {
       Finish(service_->Finished("Step", request_id_, st));
@@ -63,7 +64,11 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
-  void OnCancel() override { cancel_->store(true); }
+  // gRPC reports an expired deadline as a cancellation too; the core's own deadline check then
+  // drops the step with DEADLINE_EXCEEDED, which is what happened.
+  void OnCancel() override {
+    if (absl::Now() < deadline_) cancel_->store(true);
+  }
   void OnDone() override { delete this; }
 
  private:
@@ -71,6 +76,7 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
   v1::StepResponse* const response_;
   const CancelFlag cancel_;
   const absl::Time start_;
+  const absl::Time deadline_;
   std::string request_id_;
   ParseStorage storage_;
 };

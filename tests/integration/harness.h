@@ -1,0 +1,48 @@
+// Shared pieces of the integration tests: a server process, a client, the served model's
+// description and a client-side reference that checks every output.
+#pragma once
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server_process.h"
+#include "smla/client/client.h"
+#include "smla/client/reference.h"
+#include "smla/client/workload.h"
+
+namespace smla::testing {
+
+class Harness {
+ public:
+  // Starts a server with `args` and picks `model` from its ServerInfo.
+  void Start(const std::vector<std::string>& args, const std::string& model);
+  // Uploads sinks (when the model has them) and a rope table of `positions` rows, to the
+  // server and to the reference.
+  void UploadTables(int32_t positions);
+
+  v1::StepRequest Make(int32_t layer, const std::vector<client::SpanSpec>& spans,
+                       const client::StepOptions& options = {});
+  // Runs a unary step that must succeed and match the reference.
+  v1::StepResponse StepAndCheck(const v1::StepRequest& request);
+  // Checks a successful response against the reference (recording the step's writes).
+  void Check(const v1::StepRequest& request, const v1::StepResponse& response);
+  int64_t Length(const std::string& sequence, int32_t layer);
+  std::string ModelName() const { return model_.profile(); }
+
+  std::unique_ptr<ServerProcess> server;
+  std::unique_ptr<client::Client> client;
+  v1::ModelInfo model_;
+  std::unique_ptr<client::Reference> ref;
+  std::mt19937_64 rng{12345};
+};
+
+// A small DeepSeek-V4.1 rank (8 heads) with a small pool.
+inline const char kDsv41[] = "--model=dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=48MiB";
+// One GLM-5.3-Flash layer (8 heads); no sinks and no rope, the full cache grows page by page.
+inline const char kGlm53[] = "--model=glm-5.3-flash:tp=8:page_rows=16:pool=32MiB";
+
+}  // namespace smla::testing

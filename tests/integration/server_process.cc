@@ -1,0 +1,141 @@
+#include "server_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+#ifndef SMLA_SERVER_BINARY
+#error "SMLA_SERVER_BINARY must name the smla-server binary"
+#endif
+
+namespace smla::testing {
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
+    const std::vector<std::string>& args) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  std::vector<std::string> argv_s = {SMLA_SERVER_BINARY, "--listen=127.0.0.1:0",
+                                     "--metrics_listen=127.0.0.1:0", "--backend=cpu",
+                                     "--log_level=info"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  std::unique_ptr<ServerProcess> p(new ServerProcess());
+  p->pid_ = pid;
+  // The first stdout line says where it listens; the rest of stdout is drained by a thread.
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+  std::thread([fd = out[0]] {
+    char buf[256];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+  }).detach();
+  std::smatch m;
+  static const std::regex re(
+      R"(smla-server listening on 127\.0\.0\.1:(\d+) \(metrics 127\.0\.0\.1:(\d+), backend (\w+)\))");
+  if (!std::regex_search(line, m, re)) {
+    return absl::InternalError(absl::StrCat("server did not start; first line: '", line, "'"));
+  }
+  p->port_ = std::stoi(m[1]);
+  p->metrics_port_ = std::stoi(m[2]);
+  return p;
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0 && !exited_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::string ServerProcess::target() const { return absl::StrCat("127.0.0.1:", port_); }
+
+std::unique_ptr<client::Client> ServerProcess::Connect() const {
+  client::ClientOptions o;
+  o.target = target();
+  o.timeout = absl::Seconds(60);
+  return *client::Client::Connect(o);
+}
+
+void ServerProcess::Signal(int sig) { kill(pid_, sig); }
+
+int ServerProcess::WaitExit(int timeout_s) {
+  if (exited_) return exit_status_;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exited_ = true;
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      return exit_status_;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+int ServerProcess::Terminate(int timeout_s) {
+  Signal(SIGTERM);
+  return WaitExit(timeout_s);
+}
+
+absl::StatusOr<std::string> ServerProcess::ScrapeMetrics() const {
+  return HttpGet(metrics_port_, "/metrics");
+}
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
+  }
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return absl::UnavailableError("write failed");
+  }
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, n);
+  close(fd);
+  const size_t split = resp.find("\r\n\r\n");
+  if (split == std::string::npos || resp.rfind("HTTP/1.", 0) != 0 ||
+      resp.find(" 200 ") == std::string::npos || resp.find(" 200 ") > split) {
+    return absl::InternalError(absl::StrCat("bad HTTP response: ", resp.substr(0, 200)));
+  }
+  return resp.substr(split + 4);
+}
+
+}  // namespace smla::testing

@@ -1,0 +1,49 @@
+// Runs the real smla-server binary on 127.0.0.1 with free ports for a test, and reads what
+// it prints. The binary's path comes from CMake (SMLA_SERVER_BINARY).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "smla/client/client.h"
+
+namespace smla::testing {
+
+class ServerProcess {
+ public:
+  // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` plus
+  // `args`, and waits for its "listening on" line.
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args);
+  ~ServerProcess();  // SIGKILL if still running
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string target() const;
+  std::unique_ptr<client::Client> Connect() const;
+
+  // Sends SIGTERM and waits (up to `timeout_s`) for the exit status; -1 on timeout or signal.
+  int Terminate(int timeout_s = 30);
+  void Signal(int sig);
+  // Waits for the process to exit; -1 on timeout or death by signal.
+  int WaitExit(int timeout_s);
+
+  // GET /metrics body, or an error.
+  absl::StatusOr<std::string> ScrapeMetrics() const;
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  bool exited_ = false;
+  int exit_status_ = -1;
+};
+
+// GET http://127.0.0.1:port/path over a plain socket; returns the body of a 200 response.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+}  // namespace smla::testing
