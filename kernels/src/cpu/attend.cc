@@ -96,11 +96,8 @@ void Finish(const Call& c, int32_t t, int32_t h, const SoftmaxPartial* parts, in
   const bool has_sink = !p.sink.empty();
   float lse;
   CombinePartials(parts, num_parts, has_sink, has_sink ? p.sink[h] : 0.0f, x, &lse);
-  bool empty = true;
-  for (int s = 0; s < num_parts; ++s) empty = empty && parts[s].m == -INFINITY;
-  // An empty row stays exactly +0: rotating zeros could produce -0 lanes.
   const float* cos_sin = nullptr;
-  if (!p.epilogue.positions.empty() && !empty) {
+  if (!p.epilogue.positions.empty()) {
     cos_sin = p.epilogue.cos_sin + int64_t{p.epilogue.positions[t]} * 64;
   }
   EpilogueRoundAndRotate(x, cos_sin);

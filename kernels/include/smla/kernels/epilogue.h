@@ -16,7 +16,8 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 // Steps 1-2: round to bf16, then (when cos_sin_row is not null) inverse GPT-J RoPE on lanes
-// 448..511 with cos = cos_sin_row[k], sin = cos_sin_row[32 + k].
+// 448..511 with cos = cos_sin_row[k], sin = cos_sin_row[32 + k]. Adding +0 keeps an empty
+// row's zeros positive (0*c - 0*s is -0 for negative c).
 SMLA_HD_INLINE void EpilogueRoundAndRotate(float* x, const float* cos_sin_row) {
   for (int i = 0; i < kValueWidth; ++i) x[i] = RoundToBf16(x[i]);
   if (cos_sin_row == nullptr) return;
@@ -25,8 +26,8 @@ SMLA_HD_INLINE void EpilogueRoundAndRotate(float* x, const float* cos_sin_row) {
     const float o = x[kNopeWidth + 2 * k + 1];
     const float c = cos_sin_row[k];
     const float s = cos_sin_row[32 + k];
-    x[kNopeWidth + 2 * k] = e * c + o * s;
-    x[kNopeWidth + 2 * k + 1] = o * c - e * s;
+    x[kNopeWidth + 2 * k] = (e * c + o * s) + 0.0f;
+    x[kNopeWidth + 2 * k + 1] = (o * c - e * s) + 0.0f;
   }
 }
 
