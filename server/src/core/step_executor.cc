@@ -192,7 +192,7 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
     included.push_back(i);
   }
   if (!included.empty()) {
-    const absl::Status status = Launch(model, layer, steps, included, prepared, results);
+    const absl::Status status = Launch(model, layer, rope, steps, included, prepared, results);
     for (size_t i : included) {
       if (status.ok()) {
         store.Commit(*prepared[i]);
@@ -214,6 +214,7 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
 }
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
+                                  const ModelRuntime::Rope& rope,
                                   std::span<const StepRequest* const> steps,
                                   std::span<const size_t> included,
                                   std::span<const std::unique_ptr<PreparedStep>> prepared,
@@ -318,7 +319,6 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   if (want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, lse_bytes));
 
   const std::vector<float> sink = profile.has_sink ? model.LayerSink(layer) : std::vector<float>();
-  const ModelRuntime::Rope rope = model.rope();
   kernels::AttendParams a;
   a.num_rows = static_cast<int32_t>(total_rows);
   a.num_heads = heads;

@@ -85,7 +85,9 @@ class StepExecutor : public BatchRunner {
                std::vector<ModelRuntime*> models);
   absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
   // Runs the launch for the prepared steps (indices into `steps`), filling their results.
-  absl::Status Launch(ModelRuntime& model, int32_t layer, std::span<const StepRequest* const> steps,
+  // `rope` is the table the steps were checked against.
+  absl::Status Launch(ModelRuntime& model, int32_t layer, const ModelRuntime::Rope& rope,
+                      std::span<const StepRequest* const> steps,
                       std::span<const size_t> included,
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
