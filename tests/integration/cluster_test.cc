@@ -21,8 +21,7 @@ using client::Sequence;
 std::string Id(int i) { return absl::StrCat("seq-", i); }
 
 TEST(HashRingTest, BalancedAndMovesOnlyToANewServer) {
-  const std::vector<std::string> servers = {"10.0.0.1:50051", "10.0.0.2:50051",
-                                            "10.0.0.3:50051"};
+  const std::vector<std::string> servers = {"10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"};
   HashRing ring;
   for (const auto& s : servers) ring.Add(s);
   constexpr int kKeys = 6000;
@@ -51,9 +50,8 @@ TEST(HashRingTest, BalancedAndMovesOnlyToANewServer) {
   EXPECT_LT(moved, kKeys * 35 / 100);
   // Skipping a server sends its keys to the next ones clockwise; the others stay.
   for (int i = 0; i < kKeys; ++i) {
-    const std::string skip = ring.Find(Id(i), [](const std::string& s) {
-      return s != "10.0.0.2:50051";
-    });
+    const std::string skip =
+        ring.Find(Id(i), [](const std::string& s) { return s != "10.0.0.2:50051"; });
     EXPECT_NE(skip, "10.0.0.2:50051");
     if (ring.Find(Id(i)) != "10.0.0.2:50051") EXPECT_EQ(skip, ring.Find(Id(i)));
   }
@@ -107,10 +105,9 @@ class ClusterTest : public ::testing::Test {
     std::uniform_real_distribution<float> u(-1.0f, 2.0f);
     std::vector<float> sinks(int64_t{model_.layers_size()} * model_.heads_per_rank());
     for (float& s : sinks) s = u(rng_);
-    ASSERT_TRUE(cluster
-                    .SetSinks(model_.profile(), sinks, model_.layers_size(),
-                              model_.heads_per_rank())
-                    .ok());
+    ASSERT_TRUE(
+        cluster.SetSinks(model_.profile(), sinks, model_.layers_size(), model_.heads_per_rank())
+            .ok());
     ref_->SetSinks(sinks);
     const std::vector<float> table = client::MakeRopeTable(1024);
     ASSERT_TRUE(cluster.SetRopeTable(model_.profile(), table, 1024).ok());
@@ -176,8 +173,8 @@ TEST_F(ClusterTest, PlacementBalanceAndLossOfOneServer) {
   // One step is one launch on one server.
   const std::string a = on[servers_[0]->target()][0];
   const std::string b = on[servers_[1]->target()][0];
-  const v1::StepRequest two = client::MakeStep(model_, 0, {{a, 40, 1, 0}, {b, 40, 1, 0}},
-                                               client::StepOptions{}, rng_);
+  const v1::StepRequest two =
+      client::MakeStep(model_, 0, {{a, 40, 1, 0}, {b, 40, 1, 0}}, client::StepOptions{}, rng_);
   const absl::Status split = c.Step(two).status();
   EXPECT_EQ(split.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(split.message()), ::testing::HasSubstr(b));
@@ -240,9 +237,8 @@ TEST_F(ClusterTest, PlacementBalanceAndLossOfOneServer) {
   EXPECT_TRUE(c.Release({model, kept}).ok());
   auto info = servers_[0]->Connect()->Info();
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->sequences(),
-            static_cast<int64_t>(on[servers_[0]->target()].size()) +
-                fresh[servers_[0]->target()] - 1);
+  EXPECT_EQ(info->sequences(), static_cast<int64_t>(on[servers_[0]->target()].size()) +
+                                   fresh[servers_[0]->target()] - 1);
 }
 
 TEST_F(ClusterTest, DeadAtConnectAndRejoinWithTables) {
