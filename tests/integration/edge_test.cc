@@ -1,0 +1,198 @@
+// Unit tests of the edge's pieces that need no server: the metrics registry and its text
+// exposition, wire parsing of steps, the status mapping, HOST:PORT parsing.
+#include <cstring>
+
+#include "edge/edge_metrics.h"
+#include "edge/metrics.h"
+#include "edge/status_map.h"
+#include "edge/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus_text.h"
+#include "smla/client/tensor.h"
+
+namespace smla::server::edge {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MetricsTest, RendersParsableTextWithConsistentHistograms) {
+  Registry r;
+  r.GetCounter("x_total", "A counter.", {{"method", "Step"}, {"code", "OK"}}).Inc(3);
+  r.GetCounter("x_total", "A counter.", {{"method", "Step"}, {"code", "NOT_FOUND"}}).Inc();
+  r.GetGauge("y", "A gauge with \"quotes\" and \\ in help.", {{"model", "a\"b"}}).Set(-2.5);
+  Histogram& h = r.GetHistogram("z_seconds", "A histogram.", {0.001, 0.01, 0.1});
+  for (double v : {0.0005, 0.001, 0.005, 0.5, 2.0}) h.Observe(v);
+  int collected = 0;
+  r.AddCollector([&] { r.GetGauge("w", "Set at scrape time.").Set(++collected); });
+
+  auto e = smla::testing::ParsePrometheusText(r.Render());
+  ASSERT_TRUE(e.ok()) << e.status() << "\n" << r.Render();
+  EXPECT_EQ(e->Sum("x_total", {{"code", "OK"}}), 3);
+  EXPECT_EQ(e->Sum("x_total"), 4);
+  EXPECT_EQ(e->Sum("y", {{"model", "a\"b"}}), -2.5);
+  EXPECT_EQ(e->Sum("z_seconds_bucket", {{"le", "0.001"}}), 2);  // le is inclusive
+  EXPECT_EQ(e->Sum("z_seconds_bucket", {{"le", "0.01"}}), 3);
+  EXPECT_EQ(e->Sum("z_seconds_bucket", {{"le", "0.1"}}), 3);
+  EXPECT_EQ(e->Sum("z_seconds_bucket", {{"le", "+Inf"}}), 5);
+  EXPECT_EQ(e->Sum("z_seconds_count"), 5);
+  EXPECT_DOUBLE_EQ(e->Sum("z_seconds_sum"), 0.0005 + 0.001 + 0.005 + 0.5 + 2.0);
+  EXPECT_EQ(e->Sum("w"), 1);
+  EXPECT_EQ(e->types.at("z_seconds"), "histogram");
+  EXPECT_EQ(e->types.at("x_total"), "counter");
+}
+
+TEST(StatusMapTest, KeepsCodeAndMessage) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  const grpc::Status s = ToGrpcStatus(absl::ResourceExhaustedError("pool full"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "pool full");
+  EXPECT_EQ(ToGrpcStatus(absl::FailedPreconditionError("x")).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("draining")).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(SplitHostPortTest, AcceptsHostPortAndRejectsTheRest) {
+  EXPECT_EQ(SplitHostPort("127.0.0.1:0")->second, 0);
+  EXPECT_EQ(SplitHostPort("[::1]:8080")->first, "::1");
+  EXPECT_FALSE(SplitHostPort("localhost").ok());
+  EXPECT_FALSE(SplitHostPort("h:70000").ok());
+  EXPECT_FALSE(SplitHostPort(":80").ok());
+}
+
+class WireTest : public ::testing::Test {
+ protected:
+  // One span of `rows` rows for a 2-head, 512-wide model, with a top-k of 3.
+  v1::StepRequest Valid(int32_t rows) {
+    v1::StepRequest r;
+    r.set_request_id("r1");
+    r.set_model("m");
+    r.set_layer(3);
+    v1::Span* s = r.add_spans();
+    s->set_sequence_id("seq");
+    s->set_first_position(10);
+    s->set_num_rows(rows);
+    std::vector<uint16_t> kv(rows * 512, 0x3f80), q(rows * 2 * 512, 0x3f80);
+    *s->mutable_kv_rows() = client::PackBf16(kv, {rows, 512});
+    *s->mutable_q() = client::PackBf16(q, {rows, 2, 512});
+    std::vector<int32_t> ids(rows * 3, -1);
+    *s->mutable_topk() = client::PackInt32(ids, {rows, 3});
+    return r;
+  }
+  absl::Status Parse(const v1::StepRequest& r) {
+    out_ = StepRequest();
+    return ParseStepRequest(r, &model_, 100, 4, &out_, &storage_);
+  }
+  WireModel model_{2, 512};
+  StepRequest out_;
+  ParseStorage storage_;
+};
+
+TEST_F(WireTest, ValidRequestBecomesViewsIntoTheMessage) {
+  const v1::StepRequest r = Valid(3);
+  ASSERT_TRUE(Parse(r).ok());
+  ASSERT_EQ(out_.spans.size(), 1u);
+  const SpanInput& s = out_.spans[0];
+  EXPECT_EQ(s.num_rows, 3);
+  EXPECT_EQ(s.first_position, 10);
+  EXPECT_EQ(s.kv_rows.size(), 3u * 512 * 2);
+  EXPECT_EQ(static_cast<const void*>(s.kv_rows.data()),
+            static_cast<const void*>(r.spans(0).kv_rows().inline_data().data()));
+  EXPECT_EQ(s.topk_width, 3);
+  EXPECT_EQ(s.topk.size(), 9u);
+  EXPECT_EQ(out_.layer, 3);
+}
+
+TEST_F(WireTest, ErrorsNameTheFieldAndValue) {
+  {
+    v1::StepRequest r = Valid(2);
+    r.mutable_spans(0)->mutable_q()->set_shape(1, 3);
+    const absl::Status st = Parse(r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("spans[0].q: shape [2, 3, 512] dimension 1 is 3, expected 2"));
+  }
+  {
+    v1::StepRequest r = Valid(2);
+    std::string d = r.spans(0).kv_rows().inline_data();
+    d.pop_back();
+    r.mutable_spans(0)->mutable_kv_rows()->set_inline_data(d);
+    EXPECT_THAT(std::string(Parse(r).message()),
+                HasSubstr("spans[0].kv_rows: shape [2, 512] needs 2048 bytes, got 2047"));
+  }
+  {
+    v1::StepRequest r = Valid(2);
+    r.mutable_spans(0)->mutable_topk()->set_dtype(v1::DTYPE_F32);
+    EXPECT_THAT(std::string(Parse(r).message()),
+                HasSubstr("spans[0].topk: dtype DTYPE_F32, expected DTYPE_INT32"));
+  }
+  {
+    v1::StepRequest r = Valid(2);
+    r.mutable_spans(0)->mutable_q()->mutable_region()->set_region("shm0");
+    EXPECT_THAT(std::string(Parse(r).message()),
+                HasSubstr("spans[0].q: shared-memory regions are not enabled"));
+  }
+  {
+    v1::StepRequest r = Valid(2);
+    r.mutable_spans(0)->set_first_position(-1);
+    EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans[0].first_position: -1"));
+  }
+  {
+    v1::StepRequest r = Valid(2);
+    r.mutable_spans(0)->add_roles(v1::ROW_ROLE_DRAFT);
+    EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans[0].roles: 1 roles for 2 rows"));
+  }
+  {
+    v1::StepRequest r = Valid(60);
+    *r.add_spans() = Valid(60).spans(0);
+    EXPECT_THAT(std::string(Parse(r).message()),
+                HasSubstr("spans[1].num_rows: 120 rows in the step, the limit is 100"));
+  }
+  {
+    v1::StepRequest r = Valid(1);
+    for (int i = 0; i < 4; ++i) *r.add_spans() = r.spans(0);
+    EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans: 5 spans, the limit is 4"));
+  }
+}
+
+TEST_F(WireTest, UnalignedInt32DataIsCopied) {
+  v1::StepRequest r = Valid(1);
+  // A 3-entry top-k fits in a short string; whatever its alignment, the parsed view must
+  // hold the same values.
+  const int32_t ids[3] = {5, -1, 7};
+  r.mutable_spans(0)->mutable_topk()->set_inline_data(ids, sizeof ids);
+  ASSERT_TRUE(Parse(r).ok());
+  ASSERT_EQ(out_.spans[0].topk.size(), 3u);
+  EXPECT_EQ(out_.spans[0].topk[0], 5);
+  EXPECT_EQ(out_.spans[0].topk[2], 7);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(out_.spans[0].topk.data()) % alignof(int32_t), 0u);
+}
+
+TEST(WireResponseTest, FillsTensorsAndTimings) {
+  StepResult res;
+  res.num_rows = 2;
+  res.num_heads = 1;
+  res.output_format = kernels::OutputFormat::kMxfp8;
+  res.out.assign(2 * 512, 0x38);
+  res.mx_scales.assign(2 * 16, 127);
+  res.lse = {1.5f, -2.0f};
+  res.timings.queued = absl::Microseconds(12);
+  res.timings.kernel = absl::Microseconds(345);
+  res.timings.batch_requests = 3;
+  res.timings.batch_rows = 18;
+  v1::StepResponse pb;
+  FillStepResponse(res, &pb);
+  EXPECT_EQ(pb.out().dtype(), v1::DTYPE_E4M3);
+  EXPECT_THAT(pb.out().shape(), ::testing::ElementsAre(2, 512));
+  EXPECT_THAT(pb.mx_scales().shape(), ::testing::ElementsAre(2, 16));
+  EXPECT_EQ(pb.lse().inline_data().size(), 8u);
+  EXPECT_EQ(pb.timings().queued_us(), 12);
+  EXPECT_EQ(pb.timings().kernel_us(), 345);
+  EXPECT_EQ(pb.timings().batch_requests(), 3);
+  EXPECT_EQ(pb.timings().batch_rows(), 18);
+  EXPECT_EQ(pb.code(), 0);
+}
+
+}  // namespace
+}  // namespace smla::server::edge
