@@ -6,13 +6,10 @@ namespace smla::server::edge {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbering (google.rpc.Code); anything outside it
-  // is a bug in our code, reported as INTERNAL rather than passed through.
-  const int code = static_cast<int>(status.code());
-  if (code <= 0 || code > static_cast<int>(grpc::StatusCode::UNAUTHENTICATED)) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(status.message()));
-  }
-  return grpc::Status(static_cast<grpc::StatusCode>(code), std::string(status.message()));
+  // absl and gRPC share the canonical code numbering (google.rpc.Code), and an absl::Status
+  // only ever holds canonical codes (others become UNKNOWN when constructed).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
 }
 
 }  // namespace smla::server::edge
