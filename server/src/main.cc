@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "edge/config_file.h"
 #include "edge/edge_metrics.h"
 #include "edge/edge_server.h"
@@ -32,7 +33,10 @@ ABSL_FLAG(std::vector<std::string>, model, {},
 ABSL_FLAG(std::string, config, "", "Configuration file (text format of smla.v1.ServerConfig)");
 ABSL_FLAG(int64_t, batch_wait_us, -1, "Wait this long for more work before a launch");
 ABSL_FLAG(int32_t, max_rows_per_step, 0, "Rows in one call");
+ABSL_FLAG(int32_t, max_spans_per_step, 0, "Spans in one call");
 ABSL_FLAG(int32_t, max_batch_rows, 0, "Rows in one launch");
+ABSL_FLAG(int64_t, max_batch_bytes, 0, "Input and output bytes in one launch");
+ABSL_FLAG(int64_t, max_context, 0, "Longest context (positions) of a sequence");
 ABSL_FLAG(int32_t, max_queued_requests, 0, "Requests waiting per (model, layer) queue");
 ABSL_FLAG(int64_t, max_queued_rows, 0, "Rows waiting per (model, layer) queue");
 ABSL_FLAG(int32_t, max_sequences, 0, "Live sequences");
@@ -46,6 +50,35 @@ namespace {
 
 // A laptop-sized default: one dsv4.1-flash TP4 rank with a pool of a few hundred MiB.
 constexpr char kDefaultModel[] = "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=384MiB";
+
+// absl keeps only the last occurrence of a flag; --model is repeatable, so every occurrence
+// is collected from argv before absl parses it.
+std::vector<std::string>& ModelFlagOccurrences() {
+  static std::vector<std::string> occurrences;
+  return occurrences;
+}
+
+void CollectModelFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    std::string value;
+    if (a.rfind("--model=", 0) == 0) {
+      value = a.substr(8);
+    } else if (a == "--model" && i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      ModelFlagOccurrences().emplace_back(part);
+    }
+  }
+}
+
+std::vector<std::string> RepeatedModelFlags() {
+  return ModelFlagOccurrences().empty() ? absl::GetFlag(FLAGS_model) : ModelFlagOccurrences();
+}
 
 absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* grace_s) {
   ServerConfig config;
@@ -77,7 +110,7 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
     if (hp->empty() && hp == &config.metrics_listen) continue;
     if (auto split = edge::SplitHostPort(*hp); !split.ok()) return split.status();
   }
-  const std::vector<std::string> models = absl::GetFlag(FLAGS_model);
+  const std::vector<std::string> models = RepeatedModelFlags();
   if (!models.empty()) config.models.clear();
   for (const std::string& spec : models) {
     auto m = ParseModelConfig(spec);
@@ -186,6 +219,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("smla-server: the sparse-MLA attention service");
+  smla::server::CollectModelFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return smla::server::Run();
 }

@@ -60,6 +60,17 @@ TEST(ConfigTest, TextFormatFileConfiguresModelsAndLimits) {
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("spans[0].num_rows"));
 }
 
+TEST(ConfigTest, RepeatedModelFlagsServeEveryModel) {
+  auto server = ServerProcess::Start({kGlm53, "--model", "dsv4-flash:tp=4:pool=16MiB"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto info = (*server)->Connect()->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->models_size(), 2);
+  EXPECT_EQ(info->models(0).profile(), "glm-5.3-flash");
+  EXPECT_EQ(info->models(1).profile(), "dsv4-flash");
+  EXPECT_EQ(info->models(1).heads_per_rank(), 16);
+}
+
 TEST(ConfigTest, BadConfigurationFailsToStart) {
   const std::string path = ::testing::TempDir() + "/smla_bad_config.txtpb";
   {
