@@ -21,11 +21,14 @@
 
 namespace smla::kernels::gpu {
 
-// kW warps per 16 heads: for Q.K^T warp w takes keys [w*64/kW, (w+1)*64/kW) of the tile, for
-// P.V output columns [w*512/kW, (w+1)*512/kW). kQInRegs keeps the group's Q fragments in
+// kW warps per 16 heads: for Q.K^T warp w takes keys [w*K/kW, (w+1)*K/kW) of a K-key tile,
+// for P.V output columns [w*512/kW, (w+1)*512/kW). 32-key tiles halve the shared memory of
+// the stages and the dequantised tile so that two programs fit on an SM and overlap. kQInRegs keeps the group's Q fragments in
 // registers for the whole program (no shared-memory re-reads of Q per tile).
-template <int kQkWidth_, int kHeadBlock_, int kW_, bool kQInRegs_>
+template <int kQkWidth_, int kHeadBlock_, int kW_, bool kQInRegs_, int kKeys_, int kMinBlocks_>
 struct AttendConfig {
+  static constexpr int kKeys = kKeys_;            // keys per gathered tile (64, or 32 for occupancy)
+  static constexpr int kMinBlocks = kMinBlocks_;  // programs per SM the registers are capped for
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kHeadBlock = kHeadBlock_;
   static constexpr int kW = kW_;
@@ -36,18 +39,22 @@ struct AttendConfig {
   // Row strides padded by 16 bytes so that ldmatrix rows of one 8x8 matrix hit distinct banks.
   static constexpr int kQStride = kQkWidth + 8;   // bf16 elements
   static constexpr int kKvStride = kQkWidth + 8;  // bf16 elements
-  static constexpr int kPStride = kTileKeys + 8;  // bf16 elements
+  static constexpr int kPStride = kKeys + 8;      // bf16 elements
   static constexpr int kKSteps = kQkWidth / 16;
-  static constexpr int kKeysPerWarp = kTileKeys / kW;        // 16 or 8
+  static constexpr int kKeysPerWarp = kKeys / kW;           // 16 or 8
   static constexpr int kSTiles = kKeysPerWarp / 8;           // score n-tiles per warp
   static constexpr int kColsPerWarp = kValueWidth / kW;      // 128 or 64
   static constexpr int kNTiles = kColsPerWarp / 8;           // output n-tiles per warp
-  static constexpr int kGatherKeysPerWarp = kTileKeys / kWarps;
+  static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
+  static constexpr int kSub = kTileKeys / kKeys;  // tiles per 64-key plan tile
 
   static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32 || kHeadBlock == 64,
                 "head block must be 16, 32 or 64 heads");
   static_assert(kW == 4 || kW == 8, "a 16-head group has 4 or 8 warps");
+  static_assert(kKeys == 32 || kKeys == 64, "tiles hold 32 or 64 keys");
+  static_assert(kKeysPerWarp % 8 == 0 && kKeysPerWarp <= 16, "a warp scores 8 or 16 keys");
+  static_assert(((kPStride * 2 / 16) % 2) == 1, "P row stride: odd number of 16-byte units");
   static_assert(kW <= kMaxWarpsPer16Heads, "reduction arrays are sized for kMaxWarpsPer16Heads");
   static_assert(kNTiles % 4 == 0, "an MXFP8 group (32 lanes) must sit inside one warp");
   static_assert(kKSteps % 2 == 0, "the 8-key score path loads two k-steps at a time");
@@ -68,8 +75,7 @@ struct AttendSmem {
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
   static constexpr int kValid = kRedSum + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
-  static constexpr int kStages = kValid + 2 * kTileKeys * 4;  // then 1-2 stages, then the tile
-  static constexpr int kTileBytes = kTileKeys * C::kKvStride * 2;
+  static constexpr int kStages = kValid + 2 * C::kKeys * 4;  // then 1-2 stages, then the tile
   static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
 };
 
@@ -120,35 +126,37 @@ __device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot,
                              : C::kQkWidth;
   const int chunks = data_bytes / 16;  // 32..72: every lane copies at least one chunk
   const bool my_ok = my_slot >= 0 && my_slot < s.num_slots;
-  const uint8_t* my_page = s.base;
-  int64_t my_row = 0;
+  // The owning lane computes its key's row address (and fp8_dsv4 scale-record address) once.
+  const uint8_t* my_src = s.base;
+  const uint8_t* my_rec = s.base;
   if (my_ok) {
-    my_page = s.base + (int64_t{my_slot} >> s.rows_per_page_log2) * s.pitch;
-    my_row = my_slot & (s.rows_per_page - 1);
+    const uint8_t* page = s.base + (int64_t{my_slot} >> s.rows_per_page_log2) * s.pitch;
+    const int row = my_slot & (s.rows_per_page - 1);
+    my_src = page + row * data_bytes;
+    my_rec = page + s.rows_per_page * kDsv4DataBytes + row * kDsv4ScaleBytes;
   }
-  const uint8_t* my_src = my_page + my_row * data_bytes;
   if (lane < C::kGatherKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
   const uint32_t ok_mask = __ballot_sync(0xffffffffu, my_ok);
-  const uint32_t stage_addr = SharedAddress(stage);
+  const uint32_t dst0 = SharedAddress(stage) + warp * stride + 16 * lane;
+  const uint32_t rec0 = SharedAddress(stage) + C::kKeys * kDsv4DataBytes + warp * kDsv4ScaleBytes;
 #pragma unroll
   for (int j = 0; j < C::kGatherKeysPerWarp; ++j) {
-    const int k = warp + j * C::kWarps;
     const bool ok = (ok_mask >> j) & 1u;
     const uint8_t* src = reinterpret_cast<const uint8_t*>(
-        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_src), j));
-    const uint32_t dst = stage_addr + k * stride;
-    AsyncCopy16(dst + 16 * lane, src + 16 * lane, ok);
-    for (int c = lane + kWarpSize; c < chunks; c += kWarpSize) {
-      AsyncCopy16(dst + 16 * c, src + 16 * c, ok);
+                             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_src), j)) +
+                         16 * lane;
+    const uint32_t dst = dst0 + j * C::kWarps * stride;
+    AsyncCopy16(dst, src, ok);
+    // 32..72 chunks per row: at most two more rounds, by the first lanes.
+    if (lane + kWarpSize < chunks) AsyncCopy16(dst + 16 * kWarpSize, src + 16 * kWarpSize, ok);
+    if (lane + 2 * kWarpSize < chunks) {
+      AsyncCopy16(dst + 32 * kWarpSize, src + 32 * kWarpSize, ok);
     }
     if (dsv4) {
-      // The scale record sits in the page trailer: page + B*576 + row*8.
-      const uint8_t* page = reinterpret_cast<const uint8_t*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_page), j));
-      const int64_t row = __shfl_sync(0xffffffffu, my_row, j);
+      const uint8_t* rec = reinterpret_cast<const uint8_t*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_rec), j));
       if (lane == kWarpSize - 1) {
-        AsyncCopy8(stage + kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes,
-                   page + int64_t{s.rows_per_page} * kDsv4DataBytes + row * kDsv4ScaleBytes, ok);
+        AsyncCopy8(rec0 + j * C::kWarps * kDsv4ScaleBytes, rec, ok);
       }
     }
   }
@@ -161,8 +169,48 @@ __device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot,
 template <class C, int kFormat>
 __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* tile) {
   constexpr int kUnits = C::kQkWidth / 8;
-  constexpr int kPerThread = kTileKeys * kUnits / C::kThreads;
-  static_assert(kTileKeys * kUnits % C::kThreads == 0, "units divide over the threads");
+  constexpr bool kFixedColumn =
+      C::kThreads % kUnits == 0 && kFormat != static_cast<int>(KvFormat::kFp8DsMla);
+  if constexpr (kFixedColumn) {
+    // Each thread keeps one 8-value column for every key it visits: no per-step index math or
+    // branch (the rope columns of fp8_dsv4 take their own loop).
+    constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+    constexpr int kRowsPerPass = C::kThreads / kUnits;
+    constexpr int kSrcStride = kDsv4 ? kDsv4DataBytes : C::kQkWidth;
+    const int c = threadIdx.x % kUnits;
+    const int k0 = threadIdx.x / kUnits;
+    const int e0 = c * 8;
+    uint16_t* dst = tile + k0 * C::kKvStride + e0;
+    if (kDsv4 && e0 >= kNopeWidth) {
+      const uint8_t* src = stage + k0 * kDsv4DataBytes + kNopeWidth + (e0 - kNopeWidth) * 2;
+#pragma unroll 4
+      for (int k = k0; k < C::kKeys; k += kRowsPerPass) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        src += kRowsPerPass * kDsv4DataBytes;
+        dst += kRowsPerPass * C::kKvStride;
+      }
+      return;
+    }
+    const uint8_t* src = stage + k0 * kSrcStride + e0;
+    const uint8_t* scale = stage + C::kKeys * kDsv4DataBytes + k0 * kDsv4ScaleBytes + e0 / 64;
+#pragma unroll 4
+    for (int k = k0; k < C::kKeys; k += kRowsPerPass) {
+      __nv_bfloat162 sc = __float2bfloat162_rn(1.0f);
+      if constexpr (kDsv4) {
+        sc = E8m0ToBf16x2(*scale);
+        scale += kRowsPerPass * kDsv4ScaleBytes;
+      }
+      const uint2 c8 = *reinterpret_cast<const uint2*>(src);
+      const uint2 a = E4m3x4ToBf16Scaled(c8.x, sc);
+      const uint2 b = E4m3x4ToBf16Scaled(c8.y, sc);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(a.x, a.y, b.x, b.y);
+      src += kRowsPerPass * kSrcStride;
+      dst += kRowsPerPass * C::kKvStride;
+    }
+    return;
+  }
+  constexpr int kPerThread = C::kKeys * kUnits / C::kThreads;
+  static_assert(C::kKeys * kUnits % C::kThreads == 0, "units divide over the threads");
 #pragma unroll 4
   for (int i = 0; i < kPerThread; ++i) {
     const int u = threadIdx.x + i * C::kThreads;
@@ -180,7 +228,7 @@ __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* ti
       if (e0 >= kNopeWidth) {
         out = *reinterpret_cast<const uint4*>(row + kNopeWidth + (e0 - kNopeWidth) * 2);
       } else {
-        const uint32_t byte = stage[kTileKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
+        const uint32_t byte = stage[C::kKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
         const __nv_bfloat162 sc = E8m0ToBf16x2(byte);
         const uint2 c8 = *reinterpret_cast<const uint2*>(row + e0);
         const uint2 a = E4m3x4ToBf16Scaled(c8.x, sc);
@@ -224,7 +272,7 @@ __device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, ui
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1)
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendKernel(const __grid_constant__ AttendKernelParams p) {
   using S = AttendSmem<C>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -275,26 +323,34 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.
-  int begin[2] = {0, 0}, len[2] = {0, 0};
-  begin[0] = p.seg[0].indptr[row];
-  len[0] = p.seg[0].indptr[row + 1] - begin[0];
+  const int begin0 = p.seg[0].indptr[row];
+  const int len0 = p.seg[0].indptr[row + 1] - begin0;
+  int begin1 = 0, len1 = 0;
   if (p.num_segments > 1) {
-    begin[1] = p.seg[1].indptr[row];
-    len[1] = p.seg[1].indptr[row + 1] - begin[1];
+    begin1 = p.seg[1].indptr[row];
+    len1 = p.seg[1].indptr[row + 1] - begin1;
   }
-  const int tiles0 = (len[0] + kTileKeys - 1) / kTileKeys;
-  const int tiles1 = (len[1] + kTileKeys - 1) / kTileKeys;
+  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
+  const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
 
-  auto load_slot = [&](int t) -> int32_t {
-    if (t >= t_end) return -1;
-    if (t < tiles0) return LoadTileSlot<C>(p.seg[0], begin[0], len[0], t * kTileKeys);
-    return LoadTileSlot<C>(p.seg[1], begin[1], len[1], (t - tiles0) * kTileKeys);
+  // Tiles of C::kKeys keys: u = plan tile * kSub + part.
+  const int u_begin = t_begin * C::kSub;
+  const int u_end = t_end * C::kSub;
+  auto seg_of = [&](int u) { return u / C::kSub < tiles0 ? 0 : 1; };
+  auto key0_of = [&](int u) {
+    const int t = u / C::kSub;
+    return (t < tiles0 ? t : t - tiles0) * kTileKeys + (u % C::kSub) * C::kKeys;
   };
-  auto issue = [&](int t, int32_t slot, int stage) {
-    IssueTile<C>(t < tiles0 ? p.seg[0] : p.seg[1], slot, stages + stage * p.stage_bytes,
-                 valid_s + stage * kTileKeys);
+  auto load_slot = [&](int u) -> int32_t {
+    if (u >= u_end) return -1;
+    if (seg_of(u) == 0) return LoadTileSlot<C>(p.seg[0], begin0, len0, key0_of(u));
+    return LoadTileSlot<C>(p.seg[1], begin1, len1, key0_of(u));
+  };
+  auto issue = [&](int u, int32_t slot, int stage) {
+    IssueTile<C>(seg_of(u) == 0 ? p.seg[0] : p.seg[1], slot, stages + stage * p.stage_bytes,
+                 valid_s + stage * C::kKeys);
   };
 
   float acc[C::kNTiles][4];
@@ -307,10 +363,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   // Two stages: tile t+1 is in flight while tile t is used. One stage (when two do not fit in
   // shared memory): each tile is gathered, then used. Slots are always loaded a tile ahead.
   const bool pipelined = p.num_stages == 2;
-  int32_t next_slot = load_slot(t_begin);
-  if (pipelined && t_begin < t_end) {
-    issue(t_begin, next_slot, 0);
-    next_slot = load_slot(t_begin + 1);
+  int32_t next_slot = load_slot(u_begin);
+  if (pipelined && u_begin < u_end) {
+    issue(u_begin, next_slot, 0);
+    next_slot = load_slot(u_begin + 1);
   }
   AsyncCommit();
   __syncthreads();  // Q staged
@@ -323,14 +379,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     for (int kk = 0; kk < C::kKSteps; ++kk) LoadMatrixX4(qf[kk], a_row + kk * 16);
   }
 
-  for (int t = t_begin; t < t_end; ++t) {
-    const int stage = pipelined ? (t - t_begin) & 1 : 0;
+  for (int u = u_begin; u < u_end; ++u) {
+    const int stage = pipelined ? (u - u_begin) & 1 : 0;
     if (!pipelined) {
-      issue(t, next_slot, 0);
-      next_slot = load_slot(t + 1);
-    } else if (t + 1 < t_end) {
-      issue(t + 1, next_slot, stage ^ 1);
-      next_slot = load_slot(t + 2);
+      issue(u, next_slot, 0);
+      next_slot = load_slot(u + 1);
+    } else if (u + 1 < u_end) {
+      issue(u + 1, next_slot, stage ^ 1);
+      next_slot = load_slot(u + 2);
     }
     AsyncCommit();
     if (pipelined) {
@@ -339,14 +395,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       AsyncWait<0>();
     }
     __syncthreads();
-    const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
+    const SegmentArgs& s = seg_of(u) == 0 ? p.seg[0] : p.seg[1];
     const uint16_t* kv = reinterpret_cast<const uint16_t*>(stages + stage * p.stage_bytes);
     if (s.format != static_cast<int>(KvFormat::kBf16)) {
       ConvertTile<C>(s.format, stages + stage * p.stage_bytes, tile);
       __syncthreads();
       kv = tile;
     }
-    const int32_t* valid = valid_s + stage * kTileKeys;
+    const int32_t* valid = valid_s + stage * C::kKeys;
 
     // S = Q K^T for 16 heads x this warp's keys.
     float sc[C::kSTiles][4];
@@ -484,7 +540,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       const uint16_t* b_row = kv + (((lane / 8) % 2) * 8 + (lane % 8)) * C::kKvStride +
                               wg * C::kColsPerWarp + (lane / 16) * 8;
 #pragma unroll
-      for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+      for (int ks = 0; ks < C::kKeys / 16; ++ks) {
         uint32_t a[4];
         LoadMatrixX4(a, a_row + ks * 16);
 #pragma unroll

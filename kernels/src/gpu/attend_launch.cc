@@ -52,17 +52,21 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   in.compute_units = device.compute_units;
   l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
 
-  int32_t stage = StageBytes(params.main.cache.format, l.qk_width);
+  const bool mixed = params.has_extra;
   bool use_tile = params.main.cache.format != KvFormat::kBf16;
-  if (params.has_extra) {
-    stage = std::max(stage, StageBytes(params.extra.cache.format, l.qk_width));
-    use_tile = use_tile || params.extra.cache.format != KvFormat::kBf16;
-  }
+  if (mixed) use_tile = use_tile || params.extra.cache.format != KvFormat::kBf16;
+  auto stage_for = [&](int keys) {
+    int32_t b = StageBytes(params.main.cache.format, l.qk_width, keys);
+    if (mixed) b = std::max(b, StageBytes(params.extra.cache.format, l.qk_width, keys));
+    return b;
+  };
   // Stages that fit a head block in shared memory: 2 when possible, else 1, else 0.
   auto stages_for = [&](int hb) {
-    if (!AttendVariantExists(l.qk_width, hb)) return 0;
+    const int keys = AttendVariantKeys(l.qk_width, hb);
+    if (keys == 0) return 0;
     for (int n : {2, 1}) {
-      if (AttendSharedBytes(l.qk_width, hb, stage, n, use_tile) <= device.shared_memory_per_block) {
+      if (AttendSharedBytes(l.qk_width, hb, stage_for(keys), n, use_tile, keys) <=
+          device.shared_memory_per_block) {
         return n;
       }
     }
@@ -86,7 +90,10 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
   }
   const int num_stages = stages_for(l.plan.head_block);
-  l.shared_bytes = AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile);
+  const int keys = AttendVariantKeys(l.qk_width, l.plan.head_block);
+  const int32_t stage = stage_for(keys);
+  l.shared_bytes =
+      AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile, keys);
 
   // Workspace layout.
   int64_t off = 0;

@@ -18,21 +18,23 @@ struct Variant {
   int head_block;
   KernelFn fn;
   int threads;
+  int keys;
 };
 
-template <int kQk, int kHb, int kW, bool kQInRegs>
+template <int kQk, int kHb, int kW, bool kQInRegs, int kKeys, int kMinBlocks>
 constexpr Variant MakeVariant() {
-  using C = AttendConfig<kQk, kHb, kW, kQInRegs>;
-  return {kQk, kHb, &SparseMlaAttendKernel<C>, C::kThreads};
+  using C = AttendConfig<kQk, kHb, kW, kQInRegs, kKeys, kMinBlocks>;
+  return {kQk, kHb, &SparseMlaAttendKernel<C>, C::kThreads, kKeys};
 }
 
-// 16 heads: 8 warps with Q in registers (256 threads, up to 255 registers each). 32 heads:
-// 8 warps per 16 heads, Q read from shared memory. 64 heads: 4 warps per 16 heads (512 threads
-// keep 128 registers for the accumulators).
+// All on 64-key tiles, one program per SM (measured on the H200: 32-key tiles with two
+// programs per SM were slower). 16 heads: 8 warps with Q in registers (256 threads, up to 255
+// registers each). 32 heads: 8 warps per 16 heads, Q read from shared memory. 64 heads: 4 warps
+// per 16 heads (512 threads keep 128 registers for the accumulators).
 constexpr std::array kVariants = {
-    MakeVariant<512, 16, 8, true>(), MakeVariant<512, 32, 8, false>(),
-    MakeVariant<512, 64, 4, false>(), MakeVariant<576, 16, 8, true>(),
-    MakeVariant<576, 32, 8, false>(), MakeVariant<576, 64, 4, false>(),
+    MakeVariant<512, 16, 8, true, 64, 1>(),  MakeVariant<512, 32, 8, false, 64, 1>(),
+    MakeVariant<512, 64, 4, false, 64, 1>(), MakeVariant<576, 16, 8, true, 64, 1>(),
+    MakeVariant<576, 32, 8, false, 64, 1>(), MakeVariant<576, 64, 4, false, 64, 1>(),
 };
 
 const Variant* Find(int qk_width, int head_block) {
@@ -44,28 +46,33 @@ const Variant* Find(int qk_width, int head_block) {
 
 }  // namespace
 
-int32_t StageBytes(KvFormat format, int qk_width) {
+int32_t StageBytes(KvFormat format, int qk_width, int keys) {
   switch (format) {
     case KvFormat::kBf16:
-      return kTileKeys * (qk_width + 8) * 2;
+      return keys * (qk_width + 8) * 2;
     case KvFormat::kFp8PerTensor:
-      return kTileKeys * qk_width;
+      return keys * qk_width;
     case KvFormat::kFp8DsMla:
-      return kTileKeys * kDsMlaRowBytes;
+      return keys * kDsMlaRowBytes;
     case KvFormat::kFp8Dsv4:
-      return kTileKeys * (kDsv4DataBytes + kDsv4ScaleBytes);
+      return keys * (kDsv4DataBytes + kDsv4ScaleBytes);
   }
   return 0;
 }
 
 int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
-                          bool use_tile) {
+                          bool use_tile, int keys) {
   const int64_t q = int64_t{head_block} * (qk_width + 8) * 2;
-  const int64_t pm = int64_t{head_block} * (kTileKeys + 8) * 2;
+  const int64_t pm = int64_t{head_block} * (keys + 8) * 2;
   const int64_t red = int64_t{head_block} * kMaxWarpsPer16Heads * 4 * 2;
-  const int64_t valid = 2 * kTileKeys * 4;
-  const int64_t tile = use_tile ? int64_t{kTileKeys} * (qk_width + 8) * 2 : 0;
+  const int64_t valid = 2 * keys * 4;
+  const int64_t tile = use_tile ? int64_t{keys} * (qk_width + 8) * 2 : 0;
   return q + pm + red + valid + num_stages * int64_t{stage_bytes} + tile;
+}
+
+int AttendVariantKeys(int qk_width, int head_block) {
+  const Variant* v = Find(qk_width, head_block);
+  return v == nullptr ? 0 : v->keys;
 }
 
 bool AttendVariantExists(int qk_width, int head_block) {

@@ -84,13 +84,15 @@ struct WriteRowsKernelParams {
   float scale = 1;
 };
 
-// Shared memory one attention program needs (bytes).
+// Shared memory one attention program needs (bytes), with `keys`-key tiles.
 int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
-                          bool use_tile);
-// Bytes of one gather stage for a segment format.
-int32_t StageBytes(KvFormat format, int qk_width);
+                          bool use_tile, int keys);
+// Bytes of one gather stage of `keys` rows for a segment format.
+int32_t StageBytes(KvFormat format, int qk_width, int keys);
 
-// Whether a (QK width, head block) variant is compiled in; the list lives in attend_variants.cu.
+// Keys per tile of the compiled (QK width, head block) variant; 0 when it is not compiled in.
+// The list lives in attend_variants.cu.
+int AttendVariantKeys(int qk_width, int head_block);
 bool AttendVariantExists(int qk_width, int head_block);
 // Raises every variant's dynamic shared-memory limit to `max_bytes` (once, at start-up).
 absl::Status PrepareAttendVariants(int64_t max_bytes);

@@ -54,6 +54,11 @@ __device__ __forceinline__ void AsyncCopy16(uint32_t smem, const void* gmem, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_bytes));
 }
+__device__ __forceinline__ void AsyncCopy8(uint32_t smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void AsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `n` committed groups are still in flight.
 template <int n>
