@@ -154,17 +154,24 @@ std::vector<std::string> Cluster::LiveServers() const {
   return out;
 }
 
-bool Cluster::Probe(Client& client) const {
-  // A health call with its own short deadline (the client's default is for steps); a dead
-  // peer fails it at connect.
-  auto stub = grpc::health::v1::Health::NewStub(client.channel());
+std::unique_ptr<Client> Cluster::Probe(const std::string& server) const {
+  // A fresh channel each time: a channel that failed before sits in reconnect backoff and
+  // would fail the probe without trying, or keep a returned server waiting for minutes.
+  ClientOptions o = options_.client;
+  o.target = server;
+  auto client = Client::Connect(o);
+  if (!client.ok()) return nullptr;
+  auto stub = grpc::health::v1::Health::NewStub((*client)->channel());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    absl::ToChronoMicroseconds(options_.probe_timeout));
   grpc::health::v1::HealthCheckRequest req;
   grpc::health::v1::HealthCheckResponse resp;
-  return stub->Check(&ctx, req, &resp).ok() &&
-         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  if (!stub->Check(&ctx, req, &resp).ok() ||
+      resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return nullptr;
+  }
+  return *std::move(client);
 }
 
 absl::Status Cluster::LostStatus(const std::string& key, const std::string& server) const {
@@ -184,14 +191,11 @@ void Cluster::MarkDown(const std::string& server) {
 }
 
 bool Cluster::ReportFailure(const std::string& server) {
-  Client* client = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    auto it = nodes_.find(server);
-    if (it == nodes_.end()) return false;
-    client = it->second.client.get();
+    if (!nodes_.contains(server)) return false;
   }
-  if (Probe(*client)) return true;
+  if (Probe(server) != nullptr) return true;
   MarkDown(server);
   return false;
 }
@@ -223,17 +227,23 @@ absl::Status Cluster::Refresh() {
       for (const std::string& s : *resolved) AddServerLocked(s);
     }
   }
-  std::vector<std::pair<std::string, Client*>> down;
+  std::vector<std::string> down;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [s, n] : nodes_) {
-      if (!n.live) down.emplace_back(s, n.client.get());
+      if (!n.live) down.push_back(s);
     }
   }
-  for (auto& [server, client] : down) {
-    if (!Probe(*client) || !ReplayTables(*client).ok()) continue;
+  for (const std::string& server : down) {
+    std::unique_ptr<Client> client = Probe(server);
+    if (client == nullptr || !ReplayTables(*client).ok()) continue;
     absl::MutexLock lock(&mu_);
-    nodes_[server].live = true;
+    Node& node = nodes_[server];
+    // The probe's channel is fresh; the old one may still be in reconnect backoff. Callers
+    // may hold the old client (ClientFor), so it is kept.
+    retired_.push_back(std::move(node.client));
+    node.client = std::move(client);
+    node.live = true;
   }
   return absl::OkStatus();
 }

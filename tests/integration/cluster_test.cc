@@ -53,7 +53,9 @@ TEST(HashRingTest, BalancedAndMovesOnlyToANewServer) {
     const std::string skip =
         ring.Find(Id(i), [](const std::string& s) { return s != "10.0.0.2:50051"; });
     EXPECT_NE(skip, "10.0.0.2:50051");
-    if (ring.Find(Id(i)) != "10.0.0.2:50051") EXPECT_EQ(skip, ring.Find(Id(i)));
+    if (ring.Find(Id(i)) != "10.0.0.2:50051") {
+      EXPECT_EQ(skip, ring.Find(Id(i)));
+    }
   }
   ring.Remove("10.0.0.4:50051");
   for (int i = 0; i < kKeys; ++i) EXPECT_EQ(ring.Find(Id(i)), before[i]);

@@ -149,8 +149,8 @@ class Cluster {
   absl::Status LostStatus(const std::string& key, const std::string& server) const;
   // Adds a server (down until probed). Requires mu_.
   void AddServerLocked(const std::string& server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SERVING within probe_timeout.
-  bool Probe(Client& client) const;
+  // A new client of `server` when it answers SERVING within probe_timeout, else null.
+  std::unique_ptr<Client> Probe(const std::string& server) const;
   // Marks `server` down and every sequence on it lost.
   void MarkDown(const std::string& server);
   // Replays the recorded tables to `client`.
@@ -166,8 +166,10 @@ class Cluster {
   const ClusterOptions options_;
   mutable absl::Mutex mu_;
   HashRing ring_ ABSL_GUARDED_BY(mu_);
-  // Nodes are never erased, so Client pointers handed out stay valid.
+  // Nodes are never erased and replaced clients are retired, not destroyed, so Client
+  // pointers handed out stay valid.
   std::map<std::string, Node> nodes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Client>> retired_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Placement> placements_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table> rope_tables_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table> sinks_ ABSL_GUARDED_BY(mu_);
