@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc grpc-proto   # gRPC's CMake config; health.proto
   libcpp-httplib-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-yaml                              # tests/deploy
 )
 
 sudo_cmd=()
