@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int j = 0; j < C::kNTiles; ++j) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) x[j][i] = RoundToBf16((acc[j][2 * r + i] * w) * inv + 0.0f);
+      for (int i = 0; i < 2; ++i) x[j][i] = RoundToBf16Fast((acc[j][2 * r + i] * w) * inv + 0.0f);
       const int col = col_base + 8 * j;
       if (cs != nullptr && col >= kNopeWidth) {
         const int k = (col - kNopeWidth) / 2;
@@ -628,11 +628,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         amax = WarpXorMax(amax, 1);
         amax = WarpXorMax(amax, 2);
         const uint8_t sb = MxScaleByte(amax);
+        const float inv_scale = Pow2(127 - static_cast<int>(sb));
         if (live) {
 #pragma unroll
           for (int j = 4 * q; j < 4 * q + 4; ++j) {
-            const uint16_t two = static_cast<uint16_t>(MxEncodeLane(x[j][0], sb)) |
-                                 static_cast<uint16_t>(MxEncodeLane(x[j][1], sb) << 8);
+            const uint16_t two = MxEncodePair(x[j][0], x[j][1], inv_scale);
             *reinterpret_cast<uint16_t*>(p.mx_data + out_row * kValueWidth + col_base + 8 * j) =
                 two;
           }

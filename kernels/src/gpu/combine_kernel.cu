@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     for (int i = 0; i < 4; ++i) x[i] = x[i] * inv + 0.0f;
     lse = (m + log2f(z)) * kLn2;
   }
-  for (int i = 0; i < 4; ++i) x[i] = RoundToBf16(x[i]);
+  for (int i = 0; i < 4; ++i) x[i] = RoundToBf16Fast(x[i]);
   if (p.positions != nullptr && col >= kNopeWidth) {
     const float* cs = p.cos_sin + int64_t{p.positions[row]} * 64;
     for (int i = 0; i < 4; i += 2) {
@@ -66,8 +66,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     amax = WarpXorMax(amax, 2);
     amax = WarpXorMax(amax, 4);
     const uint8_t sb = MxScaleByte(amax);
-    uint32_t codes = 0;
-    for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(MxEncodeLane(x[i], sb)) << (8 * i);
+    const float inv_scale = Pow2(127 - static_cast<int>(sb));
+    const uint32_t codes = MxEncodePair(x[0], x[1], inv_scale) |
+            (static_cast<uint32_t>(MxEncodePair(x[2], x[3], inv_scale)) << 16);
     *reinterpret_cast<uint32_t*>(p.mx_data + rh * kValueWidth + col) = codes;
     if (threadIdx.x % 8 == 0) p.mx_scales[rh * kMxGroupsPerHead + col / kMxGroup] = sb;
   }

@@ -127,6 +127,21 @@ __device__ __forceinline__ __nv_bfloat162 E8m0ToBf16x2(uint32_t byte) {
   return __halves2bfloat162(v, v);
 }
 
+// f32 -> bf16 (nearest even) -> f32 with the conversion instruction; equals the codec's
+// RoundToBf16 for every non-NaN input.
+__device__ __forceinline__ float RoundToBf16Fast(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// Two MXFP8 lanes under a group's scale byte: e4m3 codes (nearest even, saturating at +-448)
+// of x * 2^(127 - scale_byte) with the paired conversion instruction; low byte = first lane.
+// Equals the codec's MxEncodeLane for every non-NaN input.
+__device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_scale) {
+  const __nv_fp8x2_storage_t v = __nv_cvt_float2_to_fp8x2(
+      make_float2(x0 * inv_scale, x1 * inv_scale), __NV_SATFINITE, __NV_E4M3);
+  return static_cast<uint16_t>(v);
+}
+
 #else
 #error "smla GPU primitives: only the CUDA (sm_90a) implementation exists so far"
 #endif
