@@ -123,8 +123,8 @@ RopeTable MakeRope(int32_t positions) {
   return r;
 }
 
-absl::StatusOr<StepResult> Reference(kernels::Backend& b, const ModelConfig& config,
-                                     int32_t layer, const HostLayer& host, const SpanData& span,
+absl::StatusOr<StepResult> Reference(kernels::Backend& b, const ModelConfig& config, int32_t layer,
+                                     const HostLayer& host, const SpanData& span,
                                      const ReferenceOptions& o) {
   const ModelProfile& profile = *FindProfile(config.profile);
   const LayerSpec& spec = profile.layers[layer];
@@ -176,11 +176,14 @@ absl::StatusOr<StepResult> Reference(kernels::Backend& b, const ModelConfig& con
   for (const auto* k : keys) rows.insert(rows.end(), k->begin(), k->end());
   absl::StatusOr<kernels::Buffer> rows_dev = Upload(b, s, rows.data(), rows.size() * 2);
   if (!rows_dev.ok()) return rows_dev.status();
-  kernels::MutableCacheView cache{pool->data(), config.kv_format, profile.geometry, pages, 1,
-                                  pitch,
-                                  config.kv_format == kernels::KvFormat::kFp8PerTensor
-                                      ? config.kv_scale
-                                      : 1.0f};
+  kernels::MutableCacheView cache{
+      pool->data(),
+      config.kv_format,
+      profile.geometry,
+      pages,
+      1,
+      pitch,
+      config.kv_format == kernels::KvFormat::kFp8PerTensor ? config.kv_scale : 1.0f};
   std::vector<int64_t> slots(keys.size());
   std::iota(slots.begin(), slots.end(), 0);
   if (!keys.empty()) {

@@ -81,12 +81,13 @@ class ControlledBackend : public kernels::Backend {
   void WaitAttends(int n);
 
   const kernels::DeviceInfo& device() const override { return inner_->device(); }
-  absl::StatusOr<kernels::Buffer> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
+  absl::StatusOr<kernels::Buffer> Allocate(size_t bytes) override {
+    return inner_->Allocate(bytes);
+  }
   absl::StatusOr<std::unique_ptr<kernels::Stream>> CreateStream() override {
     return inner_->CreateStream();
   }
-  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes,
-                            kernels::Stream& s) override {
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, kernels::Stream& s) override {
     return inner_->CopyToDevice(dst, src, bytes, s);
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes, kernels::Stream& s) override {

@@ -14,7 +14,8 @@ using ::testing::HasSubstr;
 class KvStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateCpuBackend({.cpu_threads = 1});
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> b =
+        kernels::CreateCpuBackend({.cpu_threads = 1});
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = *std::move(b);
   }
@@ -101,7 +102,7 @@ TEST_F(KvStoreTest, SlotsFollowPageTables) {
   std::set<int64_t> slots;
   for (int64_t pos = 0; pos < 6; ++pos) slots.insert((*p)->MainSlot(0, pos));
   for (int64_t pos = 0; pos < 3; ++pos) slots.insert((*p)->MainSlot(1, pos));
-  EXPECT_EQ(slots.size(), 9u);  // distinct slots for distinct rows
+  EXPECT_EQ(slots.size(), 9u);                                // distinct slots for distinct rows
   EXPECT_EQ((*p)->MainSlot(0, 1), (*p)->MainSlot(0, 0) + 1);  // rows of a page are adjacent
   const int64_t slot5 = (*p)->MainSlot(0, 5);
   store->Commit(**p);

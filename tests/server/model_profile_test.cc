@@ -66,7 +66,8 @@ TEST(ModelProfileTest, GlmProfiles) {
 }
 
 TEST(ModelProfileTest, ParseFullSpec) {
-  absl::StatusOr<ModelConfig> c = ParseModelConfig("dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=4GiB");
+  absl::StatusOr<ModelConfig> c =
+      ParseModelConfig("dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=4GiB");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->profile, "dsv4.1-flash");
   EXPECT_EQ(c->tp, 4);
@@ -86,8 +87,8 @@ TEST(ModelProfileTest, ParseDefaultsAndOverrides) {
   EXPECT_EQ(c->kv_format, KvFormat::kFp8PerTensor);  // the profile's default
   EXPECT_EQ(c->heads_per_rank, 8);
   EXPECT_EQ(c->pool_pages, 10);
-  EXPECT_EQ(c->pool_bytes, 10 * kernels::ServingPitch(KvFormat::kFp8PerTensor,
-                                                      Geometry::kRopeAppended, 64));
+  EXPECT_EQ(c->pool_bytes,
+            10 * kernels::ServingPitch(KvFormat::kFp8PerTensor, Geometry::kRopeAppended, 64));
   EXPECT_FLOAT_EQ(c->kv_scale, 0.5f);
   EXPECT_FLOAT_EQ(c->softmax_scale, 0.1352f);
   absl::StatusOr<ModelConfig> bf16 = ParseModelConfig("dsv4.1-flash:kv=bf16:pool=1MiB");

@@ -57,7 +57,8 @@ class FakeRunner : public BatchRunner {
   std::vector<std::vector<std::string>> batches_ ABSL_GUARDED_BY(mu_);
 };
 
-StepRequest Req(const std::string& id, const std::string& seq, int32_t rows = 1, int32_t layer = 0) {
+StepRequest Req(const std::string& id, const std::string& seq, int32_t rows = 1,
+                int32_t layer = 0) {
   StepRequest r;
   r.request_id = id;
   r.tenant = "t";
@@ -95,8 +96,7 @@ TEST(SchedulerTest, WorkQueuedWhileBusyRunsAsOneBatch) {
   EXPECT_EQ(s.Stats().queue_depth, 3);
   runner.Open();
   for (Outcome* o : {&a, &b, &c, &d}) ASSERT_TRUE(o->future.get().ok());
-  EXPECT_THAT(runner.batches(),
-              ElementsAre(ElementsAre("a"), ElementsAre("b", "c", "d")));
+  EXPECT_THAT(runner.batches(), ElementsAre(ElementsAre("a"), ElementsAre("b", "c", "d")));
   const CoreStats stats = s.Stats();
   EXPECT_EQ(stats.batches, 2);
   EXPECT_EQ(stats.batched_requests, 4);
@@ -136,8 +136,8 @@ TEST(SchedulerTest, OneStepPerSequenceAndLayerPerBatchInQueueOrder) {
   ASSERT_TRUE(Submit(s, Req("e", "z"), e).ok());
   runner.Open();
   for (Outcome* o : {&a, &b, &c, &d, &e}) ASSERT_TRUE(o->future.get().ok());
-  EXPECT_THAT(runner.batches(), ElementsAre(ElementsAre("a"), ElementsAre("b", "c"),
-                                            ElementsAre("d", "e")));
+  EXPECT_THAT(runner.batches(),
+              ElementsAre(ElementsAre("a"), ElementsAre("b", "c"), ElementsAre("d", "e")));
 }
 
 TEST(SchedulerTest, BatchLimitsAndFormatsSplitBatches) {
@@ -150,7 +150,7 @@ TEST(SchedulerTest, BatchLimitsAndFormatsSplitBatches) {
   ASSERT_TRUE(Submit(s, Req("a", "s0", 1), a).ok());
   runner.WaitEntered(1);
   ASSERT_TRUE(Submit(s, Req("b", "s1", 6), b).ok());
-  ASSERT_TRUE(Submit(s, Req("c", "s2", 6), c).ok());  // 12 rows > 10: next batch
+  ASSERT_TRUE(Submit(s, Req("c", "s2", 6), c).ok());       // 12 rows > 10: next batch
   ASSERT_TRUE(Submit(s, Req("d", "s3", 4), d, 950).ok());  // 10 rows, 1050 bytes: next batch
   StepRequest mx = Req("e", "s4", 1);
   mx.output_format = kernels::OutputFormat::kMxfp8;  // another output format: next batch

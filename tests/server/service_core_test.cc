@@ -16,8 +16,8 @@
 namespace smla::server {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::ControlledBackend;
+using ::testing::HasSubstr;
 using testing::HostLayer;
 using testing::SpanData;
 
@@ -32,7 +32,8 @@ struct StepOptions {
 class CoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> ref = kernels::CreateCpuBackend({.cpu_threads = 2});
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> ref =
+        kernels::CreateCpuBackend({.cpu_threads = 2});
     ASSERT_TRUE(ref.ok()) << ref.status();
     ref_backend_ = *std::move(ref);
   }
@@ -41,7 +42,8 @@ class CoreTest : public ::testing::Test {
   std::unique_ptr<ServiceCore> Start(const std::vector<std::string>& specs, Limits limits = {},
                                      ControlledBackend** controlled = nullptr,
                                      bool upload_sinks = true) {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend({.cpu_threads = 2});
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
+        kernels::CreateCpuBackend({.cpu_threads = 2});
     EXPECT_TRUE(cpu.ok()) << cpu.status();
     auto backend = std::make_unique<ControlledBackend>(*std::move(cpu));
     if (controlled != nullptr) *controlled = backend.get();
@@ -144,9 +146,9 @@ class CoreTest : public ::testing::Test {
     absl::StatusOr<StepResult> got = testing::RunStep(core, Request(model, layer, spans, o));
     ASSERT_TRUE(got.ok()) << got.status();
     Mirror(model, layer, spans);
-    ExpectSame(*got, Expected(model, layer, spans, o),
-               model + " layer " + std::to_string(layer) + " from " +
-                   std::to_string(spans[0]->first));
+    ExpectSame(
+        *got, Expected(model, layer, spans, o),
+        model + " layer " + std::to_string(layer) + " from " + std::to_string(spans[0]->first));
   }
 
   std::mt19937 rng_{20261130};
@@ -170,8 +172,8 @@ TEST_F(CoreTest, InfoDescribesModelsPoolsAndSequences) {
   EXPECT_EQ(info.models[1].kv_format, kernels::KvFormat::kFp8PerTensor);
   ASSERT_EQ(info.pools.size(), 2u);
   EXPECT_EQ(info.pools[0].pages_total, 32);
-  EXPECT_EQ(info.pools[0].page_bytes, kernels::ServingPitch(kernels::KvFormat::kFp8Dsv4,
-                                                            kernels::Geometry::kRopeInside, 16));
+  EXPECT_EQ(info.pools[0].page_bytes,
+            kernels::ServingPitch(kernels::KvFormat::kFp8Dsv4, kernels::Geometry::kRopeInside, 16));
   EXPECT_EQ(info.pools[1].pages_used, 0);
   EXPECT_EQ(info.sequences, 1);
   EXPECT_TRUE(core->Healthy());
@@ -243,7 +245,8 @@ TEST_F(CoreTest, GlmChosenPositions) {
     SpanData p = Span(model, 0, "g", 0, 200, 64);
     StepAndCheck(*core, model, 0, {&p});
     SpanData d = Span(model, 0, "g", 200, 6, 64);
-    StepAndCheck(*core, model, 0, {&d}, {.format = kernels::OutputFormat::kMxfp8, .want_lse = true});
+    StepAndCheck(*core, model, 0, {&d},
+                 {.format = kernels::OutputFormat::kMxfp8, .want_lse = true});
     SpanData r = Span(model, 0, "g", 202, 6, 64);
     StepAndCheck(*core, model, 0, {&r});
   }
@@ -274,15 +277,17 @@ TEST_F(CoreTest, BatchedResultsEqualUnbatchedOnes) {
   }
   // Decode steps: one request per sequence, the last one with two spans.
   std::vector<SpanData> decode;
-  for (int i = 0; i < kSeqs; ++i) decode.push_back(Span(model, kLayer, prefill[i].sequence,
-                                                        prefill[i].first + prefill[i].rows, 6));
+  for (int i = 0; i < kSeqs; ++i)
+    decode.push_back(
+        Span(model, kLayer, prefill[i].sequence, prefill[i].first + prefill[i].rows, 6));
   std::vector<std::vector<const SpanData*>> requests;
   for (int i = 0; i < kSeqs - 2; ++i) requests.push_back({&decode[i]});
   requests.push_back({&decode[kSeqs - 2], &decode[kSeqs - 1]});
 
   std::vector<StepResult> want;
   for (const auto& spans : requests) {
-    absl::StatusOr<StepResult> r = testing::RunStep(*alone, Request(model, kLayer, spans, {.want_lse = true}));
+    absl::StatusOr<StepResult> r =
+        testing::RunStep(*alone, Request(model, kLayer, spans, {.want_lse = true}));
     ASSERT_TRUE(r.ok()) << r.status();
     want.push_back(*r);
   }
@@ -291,8 +296,9 @@ TEST_F(CoreTest, BatchedResultsEqualUnbatchedOnes) {
   gate->Close();
   std::vector<std::promise<absl::StatusOr<StepResult>>> promises(requests.size());
   auto submit = [&](size_t i) {
-    batched->Submit(Request(model, kLayer, requests[i], {.want_lse = true}),
-                    [&promises, i](absl::StatusOr<StepResult> r) { promises[i].set_value(std::move(r)); });
+    batched->Submit(
+        Request(model, kLayer, requests[i], {.want_lse = true}),
+        [&promises, i](absl::StatusOr<StepResult> r) { promises[i].set_value(std::move(r)); });
   };
   submit(0);
   gate->WaitAttends(1 + kSeqs + 1);  // warm-up, prefills, this one
@@ -309,7 +315,8 @@ TEST_F(CoreTest, BatchedResultsEqualUnbatchedOnes) {
   }
   const CoreStats after = batched->Stats();
   EXPECT_EQ(after.batches - before.batches, 2);
-  EXPECT_EQ(after.batched_requests - before.batched_requests, static_cast<int64_t>(requests.size()));
+  EXPECT_EQ(after.batched_requests - before.batched_requests,
+            static_cast<int64_t>(requests.size()));
   EXPECT_EQ(after.rows - before.rows, 6 * kSeqs);
   // And both equal the reference.
   for (const SpanData& d : decode) Mirror(model, kLayer, {&d});
@@ -350,27 +357,22 @@ TEST_F(CoreTest, InvalidStepsChangeNothing) {
        absl::StatusCode::kInvalidArgument, "spans[0].topk[0][5]: entry -7 is invalid"},
       {"topk width", [](StepRequest& r, SpanData&) { r.spans[0].topk_width = 600; },
        absl::StatusCode::kInvalidArgument, "spans[0].topk_width: 600 outside [1, 512]"},
-      {"nan kv",
-       [](StepRequest&, SpanData& s) { s.kv[2 * 512 + 9] = 0x7fc0; },
+      {"nan kv", [](StepRequest&, SpanData& s) { s.kv[2 * 512 + 9] = 0x7fc0; },
        absl::StatusCode::kInvalidArgument, "spans[0].kv_rows[2][9]: nan"},
-      {"inf compressed",
-       [](StepRequest&, SpanData& s) { s.compressed[512 + 3] = 0xff80; },
+      {"inf compressed", [](StepRequest&, SpanData& s) { s.compressed[512 + 3] = 0xff80; },
        absl::StatusCode::kInvalidArgument, "spans[0].compressed_rows[1][3]: -inf"},
       {"roles", [](StepRequest& r, SpanData&) { r.spans[0].roles.assign(2, RowRole::kDraft); },
        absl::StatusCode::kInvalidArgument, "spans[0].roles: 2 roles for 6 rows"},
-      {"gap",
-       [](StepRequest& r, SpanData&) { r.spans[0].first_position = 141; },
+      {"gap", [](StepRequest& r, SpanData&) { r.spans[0].first_position = 141; },
        absl::StatusCode::kInvalidArgument,
        "spans[0].first_position 141 leaves a gap after stored length 140"},
       {"negative position", [](StepRequest& r, SpanData&) { r.spans[0].first_position = -1; },
        absl::StatusCode::kInvalidArgument, "spans[0].first_position: -1 is negative"},
       {"unknown sequence", [](StepRequest& r, SpanData&) { r.spans[0].sequence_id = "zz"; },
        absl::StatusCode::kNotFound, "spans[0].sequence_id: sequence 'zz'"},
-      {"other tenant's sequence",
-       [](StepRequest& r, SpanData&) { r.spans[0].sequence_id = "b"; },
+      {"other tenant's sequence", [](StepRequest& r, SpanData&) { r.spans[0].sequence_id = "b"; },
        absl::StatusCode::kNotFound, "sequence 'b' of model dsv4.1-flash not found"},
-      {"repeated sequence",
-       [](StepRequest& r, SpanData&) { r.spans.push_back(r.spans[0]); },
+      {"repeated sequence", [](StepRequest& r, SpanData&) { r.spans.push_back(r.spans[0]); },
        absl::StatusCode::kInvalidArgument, "spans[1].sequence_id 'a' repeats spans[0]"},
       {"unknown model", [](StepRequest& r, SpanData&) { r.model = "gpt"; },
        absl::StatusCode::kNotFound, "model 'gpt' not found"},
@@ -451,7 +453,8 @@ TEST_F(CoreTest, QueueFullCancelAndDeadlineWhileQueued) {
   ControlledBackend* gate = nullptr;
   auto core = Start({"glm-5.3-flash:tp=8:page_rows=16:pool_pages=16"}, limits, &gate);
   ASSERT_NE(core, nullptr);
-  for (const char* id : {"a", "b", "c", "d"}) ASSERT_TRUE(core->CreateSequence(kTenant, model, id).ok());
+  for (const char* id : {"a", "b", "c", "d"})
+    ASSERT_TRUE(core->CreateSequence(kTenant, model, id).ok());
   SpanData sa = Span(model, 0, "a", 0, 3, 4), sb = Span(model, 0, "b", 0, 3, 4),
            sc = Span(model, 0, "c", 0, 3, 4), sd = Span(model, 0, "d", 0, 3, 4);
   gate->Close();
@@ -568,7 +571,8 @@ TEST_F(CoreTest, SinksAndRopeTablePreconditions) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core->SetRopeTable(model, rope_.cos_sin, rope_.positions + 1).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(core->SetRopeTable(model, std::span<const float>(rope_.cos_sin.data(), 64 * 3), 3).ok());
+  ASSERT_TRUE(
+      core->SetRopeTable(model, std::span<const float>(rope_.cos_sin.data(), 64 * 3), 3).ok());
   StepRequest r = Request(model, 0, {&s}, {.inverse_rope = true});
   got = testing::RunStep(*core, std::move(r));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
@@ -583,7 +587,8 @@ TEST_F(CoreTest, SinksAndRopeTablePreconditions) {
 }
 
 TEST_F(CoreTest, CreateRejectsBadConfigurations) {
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend({.cpu_threads = 1});
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
+      kernels::CreateCpuBackend({.cpu_threads = 1});
   ASSERT_TRUE(cpu.ok());
   ServerConfig config;
   EXPECT_EQ(ServiceCore::Create(config, *std::move(cpu)).status().code(),

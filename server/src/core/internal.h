@@ -3,29 +3,28 @@
 
 #include <cstdio>
 #include <cstdlib>
-
-// Invariants (not input checks): a failure is a bug, so the process stops with the location.
-#define SMLA_CHECK(cond, msg)                                                          \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   msg);                                                               \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (0)
-
-#define SMLA_RETURN_IF_ERROR(expr)              \
-  do {                                          \
-    ::absl::Status smla_status_ = (expr);       \
-    if (!smla_status_.ok()) return smla_status_; \
-  } while (0)
-
 #include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+
+// Invariants (not input checks): a failure is a bug, so the process stops with the location.
+#define SMLA_CHECK(cond, msg)                                                                 \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, msg); \
+      std::abort();                                                                           \
+    }                                                                                         \
+  } while (0)
+
+#define SMLA_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status smla_status_ = (expr);        \
+    if (!smla_status_.ok()) return smla_status_; \
+  } while (0)
+
 
 namespace smla::server {
 

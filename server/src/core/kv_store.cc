@@ -54,8 +54,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& conf
   const int64_t bytes = config.pool_pages * PageBytes(config, *profile);
   absl::StatusOr<kernels::Buffer> arena = backend.Allocate(static_cast<size_t>(bytes));
   if (!arena.ok()) {
-    return absl::ResourceExhaustedError(Cat(config.profile, ": cannot allocate a pool of ",
-                                                     bytes, " bytes: ", arena.status().message()));
+    return absl::ResourceExhaustedError(Cat(config.profile, ": cannot allocate a pool of ", bytes,
+                                            " bytes: ", arena.status().message()));
   }
   std::unique_ptr<KvStore> store(new KvStore(config, *profile, *std::move(arena)));
   store->max_sequences_ = max_sequences;
@@ -90,8 +90,8 @@ absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view i
         Cat("sequence '", id, "' of model ", config_.profile, " already exists"));
   }
   if (static_cast<int64_t>(sequences_.size()) >= max_sequences_) {
-    return absl::ResourceExhaustedError(Cat(
-        "model ", config_.profile, " holds the most sequences allowed (", max_sequences_, ")"));
+    return absl::ResourceExhaustedError(
+        Cat("model ", config_.profile, " holds the most sequences allowed (", max_sequences_, ")"));
   }
   auto seq = std::make_unique<Sequence>();
   seq->layers.resize(profile_->num_layers());
@@ -112,8 +112,8 @@ absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view 
   absl::Status status;
   auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
   if (it == sequences_.end()) {
-    status = absl::NotFoundError(
-        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    status =
+        absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   } else {
     for (LayerPages& layer : it->second->layers) FreeLayer(layer);
     sequences_.erase(it);
@@ -132,8 +132,8 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
   Sequence* seq = Find(tenant, id);
   const int32_t B = config_.page_rows;
   if (seq == nullptr) {
-    status = absl::NotFoundError(
-        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    status =
+        absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   }
   // Check every layer first, so that a refusal changes nothing.
   for (int32_t l = 0; status.ok() && l < profile_->num_layers(); ++l) {
@@ -183,14 +183,13 @@ absl::StatusOr<int64_t> KvStore::Length(std::string_view tenant, std::string_vie
 absl::StatusOr<LayerPages> KvStore::Pages(std::string_view tenant, std::string_view id,
                                           int32_t layer) const {
   if (layer < 0 || layer >= profile_->num_layers()) {
-    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile,
-                                            " has ", profile_->num_layers(), " layers)"));
+    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
+                                   profile_->num_layers(), " layers)"));
   }
   absl::MutexLock lock(&mu_);
   const Sequence* seq = Find(tenant, id);
   if (seq == nullptr) {
-    return absl::NotFoundError(
-        Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   }
   return seq->layers[layer];
 }
@@ -207,8 +206,8 @@ void KvStore::EndBatch() {
 }
 
 void KvStore::TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const {
-  const int64_t keep_from = std::max<int64_t>(
-      0, pages.length - config_.swa_rollback - (profile_->swa_window - 1));
+  const int64_t keep_from =
+      std::max<int64_t>(0, pages.length - config_.swa_rollback - (profile_->swa_window - 1));
   const int64_t first_page = keep_from / config_.page_rows;
   while (pages.main_first_page < first_page && !pages.main.empty()) {
     release.push_back(pages.main.front());
@@ -221,8 +220,8 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
                                                                int32_t layer,
                                                                std::span<const SpanWrite> spans) {
   if (layer < 0 || layer >= profile_->num_layers()) {
-    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile,
-                                            " has ", profile_->num_layers(), " layers)"));
+    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
+                                   profile_->num_layers(), " layers)"));
   }
   const LayerSpec& spec = profile_->layers[layer];
   const int32_t B = config_.page_rows;
@@ -240,16 +239,15 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
     const SpanWrite& s = spans[i];
     Sequence* seq = Find(tenant, s.sequence_id);
     if (seq == nullptr) {
-      return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '",
-                                              s.sequence_id, "' of model ", config_.profile,
-                                              " not found"));
+      return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '", s.sequence_id,
+                                     "' of model ", config_.profile, " not found"));
     }
     SMLA_CHECK(!seq->busy[layer], "two steps of one (sequence, layer) in one batch");
     const LayerPages& cur = seq->layers[layer];
     if (s.first_position > cur.length) {
-      return absl::InvalidArgumentError(Cat(
-          "spans[", i, "].first_position ", s.first_position, " leaves a gap after stored length ",
-          cur.length, " (layer ", layer, ")"));
+      return absl::InvalidArgumentError(Cat("spans[", i, "].first_position ", s.first_position,
+                                            " leaves a gap after stored length ", cur.length,
+                                            " (layer ", layer, ")"));
     }
     if (spec.has_window()) {
       const int64_t need_from = std::max<int64_t>(0, s.first_position - (profile_->swa_window - 1));
@@ -257,8 +255,8 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
         return absl::InvalidArgumentError(Cat(
             "spans[", i, "].first_position ", s.first_position, " needs window rows from position ",
             need_from, " but layer ", layer, " keeps positions from ", cur.main_first_page * B,
-            " on (stored length ", cur.length, "; steps may restart at most ",
-            config_.swa_rollback, " positions back)"));
+            " on (stored length ", cur.length, "; steps may restart at most ", config_.swa_rollback,
+            " positions back)"));
       }
     }
     const int64_t end = s.first_position + s.num_rows;

@@ -120,7 +120,8 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const ModelConfig& config) {
   const ModelProfile* profile = FindProfile(config.profile);
   if (profile == nullptr) {
     std::string names;
-    for (const ModelProfile& p : Profiles()) absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
+    for (const ModelProfile& p : Profiles())
+      absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
     return absl::InvalidArgumentError(
         Cat("unknown model profile '", config.profile, "' (known: ", names, ")"));
   }
@@ -131,13 +132,14 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const ModelConfig& config) {
   }
   out.heads_per_rank = profile->num_heads / out.tp;
   if (!kernels::FormatSupports(out.kv_format, profile->geometry)) {
-    return absl::InvalidArgumentError(Cat(
-        config.profile, ": kv format ", kernels::KvFormatName(out.kv_format), " cannot store ",
-        kernels::GeometryName(profile->geometry), " rows"));
+    return absl::InvalidArgumentError(Cat(config.profile, ": kv format ",
+                                          kernels::KvFormatName(out.kv_format), " cannot store ",
+                                          kernels::GeometryName(profile->geometry), " rows"));
   }
   if (!IsPowerOfTwo(out.page_rows) || out.page_rows > 1024) {
-    return absl::InvalidArgumentError(Cat(
-        config.profile, ": page_rows must be a power of two in [1, 1024] (got ", out.page_rows, ")"));
+    return absl::InvalidArgumentError(Cat(config.profile,
+                                          ": page_rows must be a power of two in [1, 1024] (got ",
+                                          out.page_rows, ")"));
   }
   if (!std::isfinite(out.kv_scale) || out.kv_scale <= 0) {
     return absl::InvalidArgumentError(
@@ -145,8 +147,9 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const ModelConfig& config) {
   }
   if (out.softmax_scale == 0) out.softmax_scale = profile->softmax_scale;
   if (!std::isfinite(out.softmax_scale) || out.softmax_scale <= 0) {
-    return absl::InvalidArgumentError(Cat(
-        config.profile, ": softmax_scale must be positive and finite (got ", out.softmax_scale, ")"));
+    return absl::InvalidArgumentError(Cat(config.profile,
+                                          ": softmax_scale must be positive and finite (got ",
+                                          out.softmax_scale, ")"));
   }
   if (out.swa_rollback < 0) {
     return absl::InvalidArgumentError(
@@ -160,12 +163,12 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const ModelConfig& config) {
   }
   if (out.pool_pages < 1) {
     return absl::InvalidArgumentError(Cat(config.profile, ": pool of ", out.pool_bytes,
-                                                   " bytes holds no page of ", page_bytes, " bytes"));
+                                          " bytes holds no page of ", page_bytes, " bytes"));
   }
   if (out.pool_pages * out.page_rows > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(Cat(
-        config.profile, ": pool of ", out.pool_pages, " pages x ", out.page_rows,
-        " rows has more slots than int32 slot ids reach"));
+    return absl::InvalidArgumentError(Cat(config.profile, ": pool of ", out.pool_pages, " pages x ",
+                                          out.page_rows,
+                                          " rows has more slots than int32 slot ids reach"));
   }
   out.pool_bytes = out.pool_pages * page_bytes;
   return out;
@@ -176,8 +179,10 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
     std::string_view name;
     int64_t factor;
   };
-  static constexpr Suffix kSuffixes[] = {{"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30},
-                                         {"MiB", int64_t{1} << 20}, {"KiB", int64_t{1} << 10},
+  static constexpr Suffix kSuffixes[] = {{"TiB", int64_t{1} << 40},
+                                         {"GiB", int64_t{1} << 30},
+                                         {"MiB", int64_t{1} << 20},
+                                         {"KiB", int64_t{1} << 10},
                                          {"B", 1}};
   absl::string_view number = absl::StripAsciiWhitespace(Sv(text));
   int64_t factor = 1;

@@ -15,8 +15,7 @@ bool IsCancelled(const StepRequest& r) {
 
 }  // namespace
 
-Scheduler::Scheduler(const Limits& limits, BatchRunner& runner)
-    : limits_(limits), runner_(runner) {
+Scheduler::Scheduler(const Limits& limits, BatchRunner& runner) : limits_(limits), runner_(runner) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -42,14 +41,14 @@ absl::Status Scheduler::Submit(StepRequest&& request, StepCallback&& done, int64
   if (slot == nullptr) slot = std::make_unique<Queue>();
   Queue& q = *slot;
   if (static_cast<int64_t>(q.steps.size()) >= limits_.max_queued_requests) {
-    return absl::ResourceExhaustedError(Cat(
-        "queue of ", request.model, " layer ", request.layer, " is full (",
-        limits_.max_queued_requests, " steps queued)"));
+    return absl::ResourceExhaustedError(Cat("queue of ", request.model, " layer ", request.layer,
+                                            " is full (", limits_.max_queued_requests,
+                                            " steps queued)"));
   }
   if (q.rows + rows > limits_.max_queued_rows) {
-    return absl::ResourceExhaustedError(Cat(
-        "queue of ", request.model, " layer ", request.layer, " is full (", q.rows,
-        " rows queued, the step adds ", rows, ", at most ", limits_.max_queued_rows, ")"));
+    return absl::ResourceExhaustedError(Cat("queue of ", request.model, " layer ", request.layer,
+                                            " is full (", q.rows, " rows queued, the step adds ",
+                                            rows, ", at most ", limits_.max_queued_rows, ")"));
   }
   auto item = std::make_unique<Queued>();
   item->request = std::move(request);
@@ -67,9 +66,8 @@ void Scheduler::Drain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
   mu_.Await(absl::Condition(
-      +[](Scheduler* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-        return s->queued_ == 0 && !s->running_batch_;
-      },
+      +[](Scheduler* s)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->queued_ == 0 && !s->running_batch_; },
       this));
 }
 
@@ -98,9 +96,9 @@ void Scheduler::SweepLocked(
       if (IsCancelled(r)) {
         why = absl::CancelledError("step cancelled while queued; nothing was written");
       } else if (r.deadline <= now) {
-        why = absl::DeadlineExceededError(Cat(
-            "deadline passed after ", absl::FormatDuration(now - steps[i]->admitted),
-            " in the queue; nothing was written"));
+        why = absl::DeadlineExceededError(Cat("deadline passed after ",
+                                              absl::FormatDuration(now - steps[i]->admitted),
+                                              " in the queue; nothing was written"));
       }
       if (why.ok()) {
         steps[kept++] = std::move(steps[i]);
@@ -165,9 +163,8 @@ void Scheduler::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](Scheduler* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return s->queued_ > 0 || s->stop_;
-          },
+          +[](Scheduler* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->queued_ > 0 || s->stop_; },
           this));
       if (queued_ == 0 && stop_) return;
       SweepLocked(absl::Now(), dropped);
@@ -179,14 +176,13 @@ void Scheduler::Loop() {
           Scheduler* s;
           Queue* q;
         } ready{this, queue};
-        mu_.AwaitWithDeadline(
-            absl::Condition(
-                +[](Ready* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                  return r->q->rows >= r->s->limits_.max_batch_rows || r->s->draining_ ||
-                         r->s->stop_;
-                },
-                &ready),
-            until);
+        mu_.AwaitWithDeadline(absl::Condition(
+                                  +[](Ready* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    return r->q->rows >= r->s->limits_.max_batch_rows ||
+                                           r->s->draining_ || r->s->stop_;
+                                  },
+                                  &ready),
+                              until);
         SweepLocked(absl::Now(), dropped);
         queue = OldestLocked();
       }

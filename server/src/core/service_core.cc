@@ -151,8 +151,7 @@ class ServiceCoreImpl : public ServiceCore {
       for (const ModelRuntime* m : order_) {
         absl::StrAppend(&served, served.empty() ? "" : ", ", m->config().profile);
       }
-      return absl::NotFoundError(
-          Cat("model '", model, "' not found (served: ", served, ")"));
+      return absl::NotFoundError(Cat("model '", model, "' not found (served: ", served, ")"));
     }
     return it->second.get();
   }

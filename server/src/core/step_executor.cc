@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
-#include "spdlog/spdlog.h"
 #include "smla/server/step_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace smla::server {
 namespace {
@@ -23,20 +23,19 @@ bool AllFinite(std::span<const float> v) {
 absl::Status ModelRuntime::SetSinks(std::span<const float> sinks) {
   const ModelProfile& p = profile();
   if (!p.has_sink) {
-    return absl::FailedPreconditionError(
-        Cat("model ", config_.profile, " has no attention sinks"));
+    return absl::FailedPreconditionError(Cat("model ", config_.profile, " has no attention sinks"));
   }
   const int64_t want = int64_t{p.num_layers()} * config_.heads_per_rank;
   if (static_cast<int64_t>(sinks.size()) != want) {
     return absl::InvalidArgumentError(Cat("sinks: ", p.num_layers(), " layers x ",
-                                                   config_.heads_per_rank, " heads = ", want,
-                                                   " values expected, got ", sinks.size()));
+                                          config_.heads_per_rank, " heads = ", want,
+                                          " values expected, got ", sinks.size()));
   }
   for (size_t i = 0; i < sinks.size(); ++i) {
     if (!std::isfinite(sinks[i])) {
-      return absl::InvalidArgumentError(Cat(
-          "sinks[", i / config_.heads_per_rank, "][", i % config_.heads_per_rank, "]: ", sinks[i],
-          " is not finite"));
+      return absl::InvalidArgumentError(Cat("sinks[", i / config_.heads_per_rank, "][",
+                                            i % config_.heads_per_rank, "]: ", sinks[i],
+                                            " is not finite"));
     }
   }
   absl::MutexLock lock(&mu_);
@@ -47,24 +46,23 @@ absl::Status ModelRuntime::SetSinks(std::span<const float> sinks) {
 absl::Status ModelRuntime::SetRopeTable(kernels::Backend& backend, kernels::Stream& stream,
                                         std::span<const float> cos_sin, int32_t num_positions) {
   if (profile().geometry != kernels::Geometry::kRopeInside) {
-    return absl::FailedPreconditionError(Cat(
-        "model ", config_.profile, " stores ", kernels::GeometryName(profile().geometry),
-        " rows: inverse RoPE applies only to rope_inside"));
+    return absl::FailedPreconditionError(Cat("model ", config_.profile, " stores ",
+                                             kernels::GeometryName(profile().geometry),
+                                             " rows: inverse RoPE applies only to rope_inside"));
   }
   if (num_positions < 1) {
-    return absl::InvalidArgumentError(
-        Cat("num_positions: ", num_positions, " (at least 1)"));
+    return absl::InvalidArgumentError(Cat("num_positions: ", num_positions, " (at least 1)"));
   }
   if (static_cast<int64_t>(cos_sin.size()) != int64_t{num_positions} * 64) {
     return absl::InvalidArgumentError(Cat("cos_sin: ", num_positions,
-                                                   " positions x 64 values expected, got ",
-                                                   cos_sin.size(), " values"));
+                                          " positions x 64 values expected, got ", cos_sin.size(),
+                                          " values"));
   }
   if (!AllFinite(cos_sin)) {
     for (size_t i = 0; i < cos_sin.size(); ++i) {
       if (!std::isfinite(cos_sin[i])) {
-        return absl::InvalidArgumentError(Cat("cos_sin[", i / 64, "][", i % 64, "]: ",
-                                                       cos_sin[i], " is not finite"));
+        return absl::InvalidArgumentError(
+            Cat("cos_sin[", i / 64, "][", i % 64, "]: ", cos_sin[i], " is not finite"));
       }
     }
   }
@@ -147,8 +145,8 @@ absl::Status StepExecutor::WarmUp() {
 
 std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
     std::span<const StepRequest* const> steps) {
-  std::vector<absl::StatusOr<StepResult>> results(
-      steps.size(), absl::InternalError("step was not run"));
+  std::vector<absl::StatusOr<StepResult>> results(steps.size(),
+                                                  absl::InternalError("step was not run"));
   auto it = models_.find(steps[0]->model);
   SMLA_CHECK(it != models_.end(), "batch for a model the executor does not serve");
   ModelRuntime& model = *it->second;
@@ -168,9 +166,9 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
       for (size_t s = 0; s < r.spans.size() && rope_status.ok(); ++s) {
         const SpanInput& span = r.spans[s];
         if (span.first_position + span.num_rows > rope.positions) {
-          rope_status = absl::InvalidArgumentError(Cat(
-              "spans[", s, "]: positions up to ", span.first_position + span.num_rows - 1,
-              " outside the cos/sin table (", rope.positions, " positions)"));
+          rope_status = absl::InvalidArgumentError(
+              Cat("spans[", s, "]: positions up to ", span.first_position + span.num_rows - 1,
+                  " outside the cos/sin table (", rope.positions, " positions)"));
         }
       }
       if (!rope_status.ok()) {
@@ -263,7 +261,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
       SMLA_RETURN_IF_ERROR(
           backend_.CopyToDevice(rows_base + row_off, s.kv_rows.data(), s.kv_rows.size(), *stream_));
       row_off += s.kv_rows.size();
-      for (int32_t t = 0; t < s.num_rows; ++t) slots.push_back(p.MainSlot(si, s.first_position + t));
+      for (int32_t t = 0; t < s.num_rows; ++t)
+        slots.push_back(p.MainSlot(si, s.first_position + t));
       if (spec.has_compressed() && !s.compressed_rows.empty()) {
         SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(rows_base + row_off, s.compressed_rows.data(),
                                                    s.compressed_rows.size(), *stream_));

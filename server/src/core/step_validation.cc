@@ -64,33 +64,34 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
   const Limits& limits = *ctx.limits;
   if (r.layer < 0 || r.layer >= profile.num_layers()) {
     return absl::NotFoundError(Cat("layer ", r.layer, " not found (model ", config.profile,
-                                            " has layers 0..", profile.num_layers() - 1, ")"));
+                                   " has layers 0..", profile.num_layers() - 1, ")"));
   }
   const LayerSpec& spec = profile.layers[r.layer];
   if (r.output_format != kernels::OutputFormat::kBf16 &&
       r.output_format != kernels::OutputFormat::kMxfp8) {
-    return absl::InvalidArgumentError(Cat(
-        "output_format: unknown value ", static_cast<int>(r.output_format)));
+    return absl::InvalidArgumentError(
+        Cat("output_format: unknown value ", static_cast<int>(r.output_format)));
   }
   if (profile.has_sink && !ctx.sinks_uploaded) {
-    return absl::FailedPreconditionError(Cat(
-        "model ", config.profile, " has attention sinks and they have not been uploaded (SetSinks)"));
+    return absl::FailedPreconditionError(
+        Cat("model ", config.profile,
+            " has attention sinks and they have not been uploaded (SetSinks)"));
   }
   if (r.inverse_rope) {
     if (profile.geometry != Geometry::kRopeInside) {
-      return absl::InvalidArgumentError(Cat(
-          "inverse_rope: model ", config.profile, " stores ", kernels::GeometryName(profile.geometry),
-          " rows; inverse RoPE applies only to rope_inside"));
+      return absl::InvalidArgumentError(Cat("inverse_rope: model ", config.profile, " stores ",
+                                            kernels::GeometryName(profile.geometry),
+                                            " rows; inverse RoPE applies only to rope_inside"));
     }
     if (ctx.rope_positions <= 0) {
-      return absl::FailedPreconditionError(Cat(
-          "inverse_rope: model ", config.profile, " has no cos/sin table (SetRopeTable)"));
+      return absl::FailedPreconditionError(
+          Cat("inverse_rope: model ", config.profile, " has no cos/sin table (SetRopeTable)"));
     }
   }
   if (r.spans.empty()) return absl::InvalidArgumentError("spans: a step needs at least one span");
   if (static_cast<int64_t>(r.spans.size()) > limits.max_spans_per_step) {
-    return absl::InvalidArgumentError(Cat("spans: ", r.spans.size(),
-                                                   " spans, at most ", limits.max_spans_per_step));
+    return absl::InvalidArgumentError(
+        Cat("spans: ", r.spans.size(), " spans, at most ", limits.max_spans_per_step));
   }
   const int qk = kernels::QkWidth(profile.geometry);
   const int64_t row_bytes = int64_t{qk} * 2;
@@ -105,17 +106,16 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     }
     auto [it, inserted] = seen.emplace(s.sequence_id, i);
     if (!inserted) {
-      return absl::InvalidArgumentError(Cat(field, ".sequence_id '", s.sequence_id,
-                                                     "' repeats spans[", it->second, "]"));
+      return absl::InvalidArgumentError(
+          Cat(field, ".sequence_id '", s.sequence_id, "' repeats spans[", it->second, "]"));
     }
     if (s.num_rows < 1) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".num_rows: ", s.num_rows, " (at least 1)"));
+      return absl::InvalidArgumentError(Cat(field, ".num_rows: ", s.num_rows, " (at least 1)"));
     }
     total_rows += s.num_rows;
     if (total_rows > limits.max_rows_per_step) {
-      return absl::InvalidArgumentError(Cat(field, ".num_rows: the step's rows exceed ",
-                                                     limits.max_rows_per_step));
+      return absl::InvalidArgumentError(
+          Cat(field, ".num_rows: the step's rows exceed ", limits.max_rows_per_step));
     }
     if (s.first_position < 0) {
       return absl::InvalidArgumentError(
@@ -124,84 +124,80 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     const int64_t end = s.first_position + s.num_rows;
     if (end > limits.max_context) {
       return absl::InvalidArgumentError(Cat(field, ": positions up to ", end - 1,
-                                                     " exceed the longest context (",
-                                                     limits.max_context, ")"));
+                                            " exceed the longest context (", limits.max_context,
+                                            ")"));
     }
     if (!s.roles.empty() && static_cast<int64_t>(s.roles.size()) != s.num_rows) {
-      return absl::InvalidArgumentError(Cat(field, ".roles: ", s.roles.size(),
-                                                     " roles for ", s.num_rows, " rows"));
+      return absl::InvalidArgumentError(
+          Cat(field, ".roles: ", s.roles.size(), " roles for ", s.num_rows, " rows"));
     }
     for (size_t j = 0; j < s.roles.size(); ++j) {
       if (s.roles[j] != RowRole::kVerify && s.roles[j] != RowRole::kDraft) {
-        return absl::InvalidArgumentError(Cat(field, ".roles[", j, "]: unknown role ",
-                                                       static_cast<int>(s.roles[j])));
+        return absl::InvalidArgumentError(
+            Cat(field, ".roles[", j, "]: unknown role ", static_cast<int>(s.roles[j])));
       }
     }
     const int64_t want_kv = s.num_rows * row_bytes;
     if (static_cast<int64_t>(s.kv_rows.size()) != want_kv) {
-      return absl::InvalidArgumentError(Cat(field, ".kv_rows: ", s.num_rows, " rows x ",
-                                                     row_bytes, " bytes expected, got ",
-                                                     s.kv_rows.size(), " bytes"));
+      return absl::InvalidArgumentError(Cat(field, ".kv_rows: ", s.num_rows, " rows x ", row_bytes,
+                                            " bytes expected, got ", s.kv_rows.size(), " bytes"));
     }
     const int64_t want_q = s.num_rows * heads * row_bytes;
     if (static_cast<int64_t>(s.q.size()) != want_q) {
       return absl::InvalidArgumentError(Cat(field, ".q: ", s.num_rows, " rows x ", heads,
-                                                     " heads x ", row_bytes, " bytes expected, got ",
-                                                     s.q.size(), " bytes"));
+                                            " heads x ", row_bytes, " bytes expected, got ",
+                                            s.q.size(), " bytes"));
     }
     if (spec.has_compressed()) {
       const int64_t n = CompressedEntriesAdded(s.first_position, s.num_rows, spec.ratio);
       if (static_cast<int64_t>(s.compressed_rows.size()) != n * row_bytes) {
-        return absl::InvalidArgumentError(Cat(
-            field, ".compressed_rows: ", n, " entries x ", row_bytes, " bytes expected (entries ",
-            s.first_position / spec.ratio, "..", end / spec.ratio - 1, " of the 1/", spec.ratio,
-            " cache for positions ", s.first_position, "..", end - 1, "), got ",
-            s.compressed_rows.size(), " bytes"));
+        return absl::InvalidArgumentError(
+            Cat(field, ".compressed_rows: ", n, " entries x ", row_bytes,
+                " bytes expected (entries ", s.first_position / spec.ratio, "..",
+                end / spec.ratio - 1, " of the 1/", spec.ratio, " cache for positions ",
+                s.first_position, "..", end - 1, "), got ", s.compressed_rows.size(), " bytes"));
       }
     } else if (!s.compressed_rows.empty()) {
-      return absl::InvalidArgumentError(Cat(
-          field, ".compressed_rows: layer ", r.layer, " (", LayerKindName(spec.kind),
-          ") has no compressed cache, got ", s.compressed_rows.size(), " bytes"));
+      return absl::InvalidArgumentError(
+          Cat(field, ".compressed_rows: layer ", r.layer, " (", LayerKindName(spec.kind),
+              ") has no compressed cache, got ", s.compressed_rows.size(), " bytes"));
     }
     int64_t bad_row = 0, bad_col = 0;
     float bad = 0;
     if (FindNonFinite(s.kv_rows, qk, bad_row, bad_col, bad)) {
       return absl::InvalidArgumentError(Cat(field, ".kv_rows[", bad_row, "][", bad_col,
-                                                     "]: ", FloatText(bad), " (KV rows must be finite)"));
+                                            "]: ", FloatText(bad), " (KV rows must be finite)"));
     }
     if (FindNonFinite(s.compressed_rows, qk, bad_row, bad_col, bad)) {
-      return absl::InvalidArgumentError(Cat(field, ".compressed_rows[", bad_row, "][",
-                                                     bad_col, "]: ", FloatText(bad),
-                                                     " (KV rows must be finite)"));
+      return absl::InvalidArgumentError(Cat(field, ".compressed_rows[", bad_row, "][", bad_col,
+                                            "]: ", FloatText(bad), " (KV rows must be finite)"));
     }
     if (spec.client_chooses()) {
       if (s.topk_width < 1 || s.topk_width > spec.topk) {
-        return absl::InvalidArgumentError(Cat(field, ".topk_width: ", s.topk_width,
-                                                       " outside [1, ", spec.topk, "] for layer ",
-                                                       r.layer, " (", LayerKindName(spec.kind), ")"));
+        return absl::InvalidArgumentError(Cat(field, ".topk_width: ", s.topk_width, " outside [1, ",
+                                              spec.topk, "] for layer ", r.layer, " (",
+                                              LayerKindName(spec.kind), ")"));
       }
       if (static_cast<int64_t>(s.topk.size()) != int64_t{s.num_rows} * s.topk_width) {
         return absl::InvalidArgumentError(Cat(field, ".topk: ", s.num_rows, " rows x ",
-                                                       s.topk_width, " entries expected, got ",
-                                                       s.topk.size(), " entries"));
+                                              s.topk_width, " entries expected, got ",
+                                              s.topk.size(), " entries"));
       }
       for (int32_t t = 0; t < s.num_rows; ++t) {
         const int64_t p = s.first_position + t;
         // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
-        const int64_t visible =
-            spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
+        const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
         for (int32_t k = 0; k < s.topk_width; ++k) {
           const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
           if (e == -1) continue;
           if (e < -1) {
-            return absl::InvalidArgumentError(Cat(field, ".topk[", t, "][", k,
-                                                           "]: entry ", e,
-                                                           " is invalid (-1 means none)"));
+            return absl::InvalidArgumentError(
+                Cat(field, ".topk[", t, "][", k, "]: entry ", e, " is invalid (-1 means none)"));
           }
           if (e >= visible) {
-            return absl::InvalidArgumentError(Cat(
-                field, ".topk[", t, "][", k, "]: entry ", e, " not visible at position ", p,
-                " (sequence has ", visible, " visible entries)"));
+            return absl::InvalidArgumentError(Cat(field, ".topk[", t, "][", k, "]: entry ", e,
+                                                  " not visible at position ", p, " (sequence has ",
+                                                  visible, " visible entries)"));
           }
         }
       }
@@ -212,9 +208,9 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     }
     if (r.inverse_rope && end > ctx.rope_positions) {
       const int64_t bad_pos = std::max<int64_t>(s.first_position, ctx.rope_positions);
-      return absl::InvalidArgumentError(Cat(
-          field, " row ", bad_pos - s.first_position, ": position ", bad_pos,
-          " outside the cos/sin table (", ctx.rope_positions, " positions)"));
+      return absl::InvalidArgumentError(Cat(field, " row ", bad_pos - s.first_position,
+                                            ": position ", bad_pos, " outside the cos/sin table (",
+                                            ctx.rope_positions, " positions)"));
     }
   }
   return absl::OkStatus();

@@ -49,9 +49,9 @@ struct SpanWrite {
 
 // Page tables of one (sequence, layer).
 struct LayerPages {
-  int64_t length = 0;           // positions stored
-  int64_t main_first_page = 0;  // logical page index of main[0] (> 0 once a window has slid)
-  std::deque<int32_t> main;     // physical pages of logical pages main_first_page, ...
+  int64_t length = 0;               // positions stored
+  int64_t main_first_page = 0;      // logical page index of main[0] (> 0 once a window has slid)
+  std::deque<int32_t> main;         // physical pages of logical pages main_first_page, ...
   std::vector<int32_t> compressed;  // physical pages of compressed entries 0, B, 2B, ...
 };
 
@@ -107,8 +107,7 @@ class KvStore {
   // Drops positions >= length on every layer. All or nothing: FAILED_PRECONDITION when a
   // window layer no longer holds the W - 1 positions before `length` (0 is always allowed).
   absl::Status Truncate(std::string_view tenant, std::string_view id, int64_t length);
-  absl::StatusOr<int64_t> Length(std::string_view tenant, std::string_view id,
-                                 int32_t layer) const;
+  absl::StatusOr<int64_t> Length(std::string_view tenant, std::string_view id, int32_t layer) const;
   // A copy of one layer's page tables (for tests and diagnostics).
   absl::StatusOr<LayerPages> Pages(std::string_view tenant, std::string_view id,
                                    int32_t layer) const;

@@ -17,10 +17,10 @@ namespace smla::server {
 // What one layer attends. The main segment is either a sliding window over the layer's own
 // cache (DeepSeek-V4.x) or positions chosen by the client's indexer from the full cache (GLM).
 enum class LayerKind : uint8_t {
-  kSwaOnly = 0,    // main: SWA window; no extra segment
-  kSwaTopK = 1,    // main: SWA window; extra: client-chosen entries of a 1/r compressed cache
-  kSwaDense = 2,   // main: SWA window; extra: every visible entry of a 1/r compressed cache
-  kChosen = 3,     // main: client-chosen positions of the full cache; no extra segment
+  kSwaOnly = 0,   // main: SWA window; no extra segment
+  kSwaTopK = 1,   // main: SWA window; extra: client-chosen entries of a 1/r compressed cache
+  kSwaDense = 2,  // main: SWA window; extra: every visible entry of a 1/r compressed cache
+  kChosen = 3,    // main: client-chosen positions of the full cache; no extra segment
 };
 
 std::string_view LayerKindName(LayerKind kind);
@@ -31,7 +31,9 @@ struct LayerSpec {
   int32_t topk = 0;   // most entries a row may choose (kSwaTopK, kChosen), else 0
 
   bool has_window() const { return kind != LayerKind::kChosen; }
-  bool has_compressed() const { return kind == LayerKind::kSwaTopK || kind == LayerKind::kSwaDense; }
+  bool has_compressed() const {
+    return kind == LayerKind::kSwaTopK || kind == LayerKind::kSwaDense;
+  }
   bool client_chooses() const { return kind == LayerKind::kSwaTopK || kind == LayerKind::kChosen; }
 };
 

@@ -79,7 +79,8 @@ class Scheduler {
 
   void Loop();
   // Removes cancelled and expired steps of every queue into `dropped`.
-  void SweepLocked(absl::Time now, std::vector<std::pair<std::unique_ptr<Queued>, absl::Status>>& dropped)
+  void SweepLocked(absl::Time now,
+                   std::vector<std::pair<std::unique_ptr<Queued>, absl::Status>>& dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Queue* OldestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::unique_ptr<Queued>> TakeBatchLocked(Queue& queue)

@@ -66,8 +66,8 @@ class ModelRuntime {
 class StepExecutor : public BatchRunner {
  public:
   // `models` outlive the executor; the executor owns its stream and staging buffers.
-  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
-      kernels::Backend& backend, std::vector<ModelRuntime*> models);
+  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(kernels::Backend& backend,
+                                                              std::vector<ModelRuntime*> models);
 
   // One empty-row Attend per model, so that the first real step pays no start-up cost.
   absl::Status WarmUp();
@@ -87,8 +87,7 @@ class StepExecutor : public BatchRunner {
   // Runs the launch for the prepared steps (indices into `steps`), filling their results.
   // `rope` is the table the steps were checked against.
   absl::Status Launch(ModelRuntime& model, int32_t layer, const ModelRuntime::Rope& rope,
-                      std::span<const StepRequest* const> steps,
-                      std::span<const size_t> included,
+                      std::span<const StepRequest* const> steps, std::span<const size_t> included,
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
 
