@@ -586,6 +586,69 @@ TEST_F(CoreTest, SinksAndRopeTablePreconditions) {
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("applies only to rope_inside"));
 }
 
+TEST_F(CoreTest, PipelinedStepsOfOneSequenceApplyInOrder) {
+  // Steps t and t+1 of one sequence submitted without waiting: the second is checked against
+  // the stored length when it is launched, after the first has been applied.
+  const std::string model = "glm-5.2";
+  auto core = Start({"glm-5.2:tp=8:page_rows=16:pool_pages=32"});
+  ASSERT_NE(core, nullptr);
+  ASSERT_TRUE(core->CreateSequence(kTenant, model, "p").ok());
+  SpanData s0 = Span(model, 3, "p", 0, 40, 8), s1 = Span(model, 3, "p", 40, 6, 8),
+           s2 = Span(model, 3, "p", 44, 6, 8);
+  std::vector<std::promise<absl::StatusOr<StepResult>>> done(3);
+  const std::vector<const SpanData*> spans = {&s0, &s1, &s2};
+  for (int i = 0; i < 3; ++i) {
+    core->Submit(Request(model, 3, {spans[i]}),
+                 [&done, i](absl::StatusOr<StepResult> r) { done[i].set_value(std::move(r)); });
+  }
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<StepResult> r = done[i].get_future().get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    Mirror(model, 3, {spans[i]});
+    ExpectSame(*r, Expected(model, 3, {spans[i]}, {}), "pipelined step " + std::to_string(i));
+  }
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "p", 3), 50);
+  // The example of service.md's error table, on 576-wide rows.
+  SpanData bad = Span(model, 3, "p", 50, 5, 8);
+  StepRequest r = Request(model, 3, {&bad});
+  r.spans[0].kv_rows = r.spans[0].kv_rows.subspan(0, 5000);
+  absl::StatusOr<StepResult> got = testing::RunStep(*core, std::move(r));
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("spans[0].kv_rows: 5 rows x 1152 bytes expected, got 5000 bytes"));
+}
+
+TEST_F(CoreTest, ReleaseWaitsForTheRunningBatch) {
+  // A sequence released while its step runs keeps its pages until the launch is done, so no
+  // other step can be handed (and overwrite) a page the running launch reads.
+  const std::string model = "glm-5.3-flash";
+  ControlledBackend* gate = nullptr;
+  auto core = Start({"glm-5.3-flash:tp=8:page_rows=16:pool_pages=4"}, Limits{}, &gate);
+  ASSERT_NE(core, nullptr);
+  ASSERT_TRUE(core->CreateSequence(kTenant, model, "a").ok());
+  SpanData s = Span(model, 0, "a", 0, 48, 8);
+  gate->Close();
+  std::promise<absl::StatusOr<StepResult>> done;
+  core->Submit(Request(model, 0, {&s}),
+               [&done](absl::StatusOr<StepResult> r) { done.set_value(std::move(r)); });
+  gate->WaitAttends(2);  // warm-up + the step
+  std::atomic<bool> released{false};
+  std::thread releaser([&] {
+    EXPECT_TRUE(core->ReleaseSequence(kTenant, model, "a").ok());
+    released = true;
+  });
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(released.load());
+  EXPECT_EQ(core->Info().pools[0].pages_used, 3);
+  gate->Open();
+  releaser.join();
+  absl::StatusOr<StepResult> r = done.get_future().get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  Mirror(model, 0, {&s});
+  ExpectSame(*r, Expected(model, 0, {&s}, {}), "step of a sequence released meanwhile");
+  EXPECT_EQ(core->Info().pools[0].pages_used, 0);
+  EXPECT_EQ(core->Info().sequences, 0);
+}
+
 TEST_F(CoreTest, CreateRejectsBadConfigurations) {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
       kernels::CreateCpuBackend({.cpu_threads = 1});
