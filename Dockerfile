@@ -6,6 +6,8 @@
 #   docker run --device /dev/kfd --device /dev/dri --group-add video --group-add render \
 #     -p 50051:50051 -p 9464:9464 smla:rocm7-gfx950
 ARG ROCM_IMAGE=rocm/dev-ubuntu-24.04:7.0-complete
+# The runtime image must be the build image's Ubuntu release: the build script lists that
+# release's package names.
 ARG RUNTIME_IMAGE=ubuntu:24.04
 
 FROM ${ROCM_IMAGE} AS build

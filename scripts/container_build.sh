@@ -21,7 +21,7 @@ src="$(pwd)"
 backend=none
 arch=""
 prefix=/opt/smla
-build=build-container
+build="build-container"
 jobs="$(nproc)"
 skip_deps=0
 install_only=0
@@ -71,16 +71,22 @@ install -d "$prefix/bin" "$prefix/lib" "$prefix/share/smla"
 install -m 0755 "$server_bin" "$client_bin" "$prefix/bin/"
 install -m 0644 deploy/server.textproto "$prefix/share/smla/server.textproto"
 
-# Runtime libraries: those of a distribution package become a package name; those outside
-# any package (a vendor toolkit under /opt or /usr/local) are copied into lib/.
+# Runtime libraries: those of a distribution package become a package name; vendor
+# toolkits' (under /opt or /usr/local: ROCm, CUDA) are copied into lib/, since their packages
+# come from the vendor's repository, which the runtime image does not have.
 packages_file="$prefix/share/smla/runtime-packages.txt"
 declare -A packages=()
 while read -r lib; do
   pkg=""
-  for candidate in "$lib" "$(readlink -f "$lib")" "/usr$lib" "${lib#/usr}"; do
-    pkg="$(dpkg-query -S "$candidate" 2>/dev/null | head -n1 | cut -d: -f1 || true)"
-    [ -n "$pkg" ] && break
-  done
+  case "$(readlink -f "$lib")" in
+    /opt/* | /usr/local/*) ;;
+    *)
+      for candidate in "$lib" "$(readlink -f "$lib")" "/usr$lib" "${lib#/usr}"; do
+        pkg="$(dpkg-query -S "$candidate" 2>/dev/null | head -n1 | cut -d: -f1 || true)"
+        [ -n "$pkg" ] && break
+      done
+      ;;
+  esac
   if [ -n "$pkg" ]; then
     packages["$pkg"]=1
   else
