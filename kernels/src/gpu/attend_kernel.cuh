@@ -75,7 +75,7 @@ struct AttendSmem {
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
   static constexpr int kValid = kRedSum + C::kHeadBlock * kMaxWarpsPer16Heads * 4;
-  static constexpr int kStages = kValid + 2 * C::kKeys * 4;  // then 1-2 stages, then the tile
+  static constexpr int kStages = kValid + kMaxStages * C::kKeys * 4;  // then the stages, the tile
   static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
 };
 
@@ -360,15 +360,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float l_run[2] = {0.0f, 0.0f};
   const int qrow = 16 * group;  // first head (in the block) of this warp's group
 
-  // Two stages: tile t+1 is in flight while tile t is used. One stage (when two do not fit in
-  // shared memory): each tile is gathered, then used. Slots are always loaded a tile ahead.
-  const bool pipelined = p.num_stages == 2;
+  // N gather stages (1-3, as many as fit in shared memory): tiles u+1 .. u+N-1 are in flight
+  // while tile u is used, one commit group per tile. Slots are loaded one issue ahead.
+  const int n_stages = p.num_stages;
   int32_t next_slot = load_slot(u_begin);
-  if (pipelined && u_begin < u_end) {
-    issue(u_begin, next_slot, 0);
-    next_slot = load_slot(u_begin + 1);
+  for (int v = u_begin; v < u_begin + n_stages - 1; ++v) {
+    if (v < u_end) {
+      issue(v, next_slot, v - u_begin);
+      next_slot = load_slot(v + 1);
+    }
+    AsyncCommit();
   }
-  AsyncCommit();
   __syncthreads();  // Q staged
 
   // Q fragments of this warp's group, kept in registers when the config says so.
@@ -380,16 +382,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   for (int u = u_begin; u < u_end; ++u) {
-    const int stage = pipelined ? (u - u_begin) & 1 : 0;
-    if (!pipelined) {
-      issue(u, next_slot, 0);
-      next_slot = load_slot(u + 1);
-    } else if (u + 1 < u_end) {
-      issue(u + 1, next_slot, stage ^ 1);
-      next_slot = load_slot(u + 2);
+    const int stage = (u - u_begin) % n_stages;
+    const int v = u + n_stages - 1;  // the stage it refills held tile u-1, done last iteration
+    if (v < u_end) {
+      issue(v, next_slot, (v - u_begin) % n_stages);
+      next_slot = load_slot(v + 1);
     }
     AsyncCommit();
-    if (pipelined) {
+    if (n_stages == 3) {
+      AsyncWait<2>();
+    } else if (n_stages == 2) {
       AsyncWait<1>();
     } else {
       AsyncWait<0>();

@@ -60,11 +60,11 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     if (mixed) b = std::max(b, StageBytes(params.extra.cache.format, l.qk_width, keys));
     return b;
   };
-  // Stages that fit a head block in shared memory: 2 when possible, else 1, else 0.
+  // Gather stages that fit a head block in shared memory: as many as possible up to 3, else 0.
   auto stages_for = [&](int hb) {
     const int keys = AttendVariantKeys(l.qk_width, hb);
     if (keys == 0) return 0;
-    for (int n : {2, 1}) {
+    for (int n : {3, 2, 1}) {
       if (AttendSharedBytes(l.qk_width, hb, stage_for(keys), n, use_tile, keys) <=
           device.shared_memory_per_block) {
         return n;

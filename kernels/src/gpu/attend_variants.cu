@@ -65,7 +65,7 @@ int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num
   const int64_t q = int64_t{head_block} * (qk_width + 8) * 2;
   const int64_t pm = int64_t{head_block} * (keys + 8) * 2;
   const int64_t red = int64_t{head_block} * kMaxWarpsPer16Heads * 4 * 2;
-  const int64_t valid = 2 * keys * 4;
+  const int64_t valid = int64_t{kMaxStages} * keys * 4;
   const int64_t tile = use_tile ? int64_t{keys} * (qk_width + 8) * 2 : 0;
   return q + pm + red + valid + num_stages * int64_t{stage_bytes} + tile;
 }

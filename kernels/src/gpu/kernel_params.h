@@ -14,6 +14,7 @@ namespace smla::kernels::gpu {
 
 inline constexpr int kTileKeys = 64;      // keys gathered per tile
 inline constexpr int kMaxWarpsPer16Heads = 8;  // a 16-head group has 4 or 8 warps
+inline constexpr int kMaxStages = 3;           // gather stages in flight per program
 
 // One CSR segment as the kernel reads it.
 struct SegmentArgs {
@@ -40,7 +41,7 @@ struct AttendKernelParams {
   int32_t splits = 1;
   int32_t tiles_per_split = 1;  // tiles of the longest row / splits, rounded up
   int32_t stage_bytes = 0;      // one gather stage in shared memory
-  int32_t num_stages = 2;       // 2: gather the next tile while using this one; 1: no overlap
+  int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
   const float* sink = nullptr;        // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
