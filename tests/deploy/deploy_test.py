@@ -402,7 +402,8 @@ class ContainerTest(unittest.TestCase):
     def test_cuda_dockerfile(self):
         text = self.check_dockerfile("deploy/cuda/Dockerfile", "cuda", "CUDA_ARCH", "90a")
         self.assertRegex(text, r"ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13\.0\.\d+-devel-ubuntu24\.04")
-        self.assertRegex(text, r"ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13\.0\.\d+-runtime-ubuntu24\.04")
+        self.assertRegex(text,
+                         r"ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13\.0\.\d+-runtime-ubuntu24\.04")
 
     def test_compose(self):
         def load(name):
