@@ -17,11 +17,11 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr int32_t kHeavyBase = 256;
-constexpr int32_t kHeavyRows = 1024;
+constexpr int32_t kHeavyRows = 1536;
 
 // Prefills "heavy" with kHeavyBase positions and returns a request that appends kHeavyRows
-// more, each choosing up to 2,048 earlier positions: a step that runs for about a second on
-// the CPU backend, so other calls queue behind it.
+// more, each choosing up to 2,048 earlier positions: a step that runs for one to two seconds
+// on the CPU backend, so other calls queue behind it.
 v1::StepRequest PrepareHeavy(Harness& h) {
   EXPECT_TRUE(h.client->CreateSequence(h.ModelName(), "heavy").ok());
   h.StepAndCheck(h.Make(0, {{"heavy", 0, kHeavyBase, 0}}));
@@ -69,17 +69,17 @@ TEST(LifecycleTest, CancelAndDeadlineWhileQueued) {
   auto timed = h.client->OpenStream();
   ASSERT_TRUE(timed.ok());
   v1::StepRequest r = h.Make(0, {{"q", 8, 6, 5}});
-  r.set_timeout_us(20000);
+  r.set_timeout_us(150000);
   ASSERT_TRUE((*timed)->Write(r));
   // The client's own deadline.
-  auto late = h.client->Step(h.Make(0, {{"q", 8, 6, 5}}), absl::Milliseconds(30));
+  auto late = h.client->Step(h.Make(0, {{"q", 8, 6, 5}}), absl::Milliseconds(150));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   // A stream cancelled by its client while its request waits.
   {
     auto stream = h.client->OpenStream();
     ASSERT_TRUE(stream.ok());
     ASSERT_TRUE((*stream)->Write(h.Make(0, {{"q", 8, 6, 5}})));
-    std::this_thread::sleep_for(milliseconds(30));
+    std::this_thread::sleep_for(milliseconds(150));
     (*stream)->Cancel();
     EXPECT_EQ((*stream)->Finish().code(), absl::StatusCode::kCancelled);
   }

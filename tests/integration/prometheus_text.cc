@@ -1,8 +1,8 @@
 #include "prometheus_text.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -11,9 +11,13 @@
 namespace smla::testing {
 namespace {
 
+// [a-zA-Z_:][a-zA-Z0-9_:]*
 bool ValidName(const std::string& s) {
-  static const std::regex re("[a-zA-Z_:][a-zA-Z0-9_:]*");
-  return std::regex_match(s, re);
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') return false;
+  }
+  return true;
 }
 
 bool ParseValue(const std::string& s, double* v) {

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -55,14 +54,16 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     }
     close(fd);
   }).detach();
-  std::smatch m;
-  static const std::regex re(
-      R"(smla-server listening on 127\.0\.0\.1:(\d+) \(metrics 127\.0\.0\.1:(\d+), backend (\w+)\))");
-  if (!std::regex_search(line, m, re)) {
+  // "smla-server listening on 127.0.0.1:PORT (metrics 127.0.0.1:MPORT, backend NAME)"
+  int port = 0, metrics_port = 0;
+  char backend[32] = {0};
+  if (std::sscanf(line.c_str(),
+                  "smla-server listening on 127.0.0.1:%d (metrics 127.0.0.1:%d, backend %31[a-z])",
+                  &port, &metrics_port, backend) != 3) {
     return absl::InternalError(absl::StrCat("server did not start; first line: '", line, "'"));
   }
-  p->port_ = std::stoi(m[1]);
-  p->metrics_port_ = std::stoi(m[2]);
+  p->port_ = port;
+  p->metrics_port_ = metrics_port;
   return p;
 }
 
