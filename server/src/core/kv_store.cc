@@ -79,7 +79,35 @@ int64_t KvStore::num_sequences() const {
 
 KvStore::Sequence* KvStore::Find(std::string_view tenant, std::string_view id) const {
   auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
-  return it == sequences_.end() ? nullptr : it->second.get();
+  if (it == sequences_.end()) return nullptr;
+  it->second->last_used = absl::Now();
+  return it->second.get();
+}
+
+void KvStore::SetTenantQuota(int32_t max_sequences, int64_t max_pages) {
+  absl::MutexLock lock(&mu_);
+  tenant_max_sequences_ = max_sequences;
+  tenant_max_pages_ = max_pages;
+}
+
+int64_t KvStore::tenant_pages(std::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tenants_.find(std::string(tenant));
+  return it == tenants_.end() ? 0 : it->second.pages;
+}
+
+int64_t KvStore::tenant_sequences(std::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tenants_.find(std::string(tenant));
+  return it == tenants_.end() ? 0 : it->second.sequences;
+}
+
+void KvStore::Charge(std::string_view tenant, int64_t pages) {
+  if (pages == 0) return;
+  auto it = tenants_.find(std::string(tenant));
+  SMLA_CHECK(it != tenants_.end(), "pages charged to a tenant without sequences");
+  it->second.pages += pages;
+  SMLA_CHECK(it->second.pages >= 0, "tenant page count below zero");
 }
 
 absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view id) {
@@ -93,17 +121,47 @@ absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view i
     return absl::ResourceExhaustedError(
         Cat("model ", config_.profile, " holds the most sequences allowed (", max_sequences_, ")"));
   }
+  TenantUsage& usage = tenants_[std::string(tenant)];
+  if (tenant_max_sequences_ > 0 && usage.sequences >= tenant_max_sequences_) {
+    return absl::ResourceExhaustedError(Cat("tenant quota of sequences reached: the tenant holds ",
+                                            usage.sequences, " of ", tenant_max_sequences_,
+                                            " sequences of model ", config_.profile));
+  }
+  ++usage.sequences;
   auto seq = std::make_unique<Sequence>();
   seq->layers.resize(profile_->num_layers());
   seq->busy.assign(profile_->num_layers(), false);
+  seq->last_used = absl::Now();
   sequences_.emplace(Key(std::string(tenant), std::string(id)), std::move(seq));
   return absl::OkStatus();
 }
 
-void KvStore::FreeLayer(LayerPages& pages) {
+void KvStore::FreeLayer(std::string_view tenant, LayerPages& pages) {
   for (int32_t p : pages.main) allocator_.Free(p);
   allocator_.Free(pages.compressed);
+  Charge(tenant, -static_cast<int64_t>(pages.main.size() + pages.compressed.size()));
   pages = LayerPages();
+}
+
+std::vector<std::pair<std::string, std::string>> KvStore::ReleaseIdle(absl::Time cutoff) {
+  std::vector<std::pair<std::string, std::string>> released;
+  mu_.LockWhen(absl::Condition(
+      +[](bool* active) { return !*active; }, &batch_active_));
+  for (auto it = sequences_.begin(); it != sequences_.end();) {
+    if (it->second->last_used >= cutoff) {
+      ++it;
+      continue;
+    }
+    const Key key = it->first;
+    for (LayerPages& layer : it->second->layers) FreeLayer(key.first, layer);
+    if (--tenants_[key.first].sequences == 0 && tenants_[key.first].pages == 0) {
+      tenants_.erase(key.first);
+    }
+    sequences_.erase(it++);
+    released.push_back(key);
+  }
+  mu_.Unlock();
+  return released;
 }
 
 absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view id) {
@@ -115,8 +173,10 @@ absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view 
     status =
         absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   } else {
-    for (LayerPages& layer : it->second->layers) FreeLayer(layer);
+    for (LayerPages& layer : it->second->layers) FreeLayer(tenant, layer);
     sequences_.erase(it);
+    auto usage = tenants_.find(std::string(tenant));
+    if (--usage->second.sequences == 0 && usage->second.pages == 0) tenants_.erase(usage);
   }
   mu_.Unlock();
   return status;
@@ -151,7 +211,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
     LayerPages& p = seq->layers[l];
     if (length >= p.length) continue;
     if (length == 0) {
-      FreeLayer(p);
+      FreeLayer(tenant, p);
       continue;
     }
     p.length = length;
@@ -159,6 +219,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
     while (static_cast<int64_t>(p.main.size()) > keep_main) {
       allocator_.Free(p.main.back());
       p.main.pop_back();
+      Charge(tenant, -1);
     }
     const LayerSpec& spec = profile_->layers[l];
     if (spec.has_compressed()) {
@@ -166,6 +227,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
       while (static_cast<int64_t>(p.compressed.size()) > keep) {
         allocator_.Free(p.compressed.back());
         p.compressed.pop_back();
+        Charge(tenant, -1);
       }
     }
   }
@@ -274,8 +336,19 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
         "KV pool of model ", config_.profile, " is full: the step needs ", pages_needed,
         " new pages, ", allocator_.pages_free(), " of ", allocator_.pages_total(), " are free"));
   }
+  if (tenant_max_pages_ > 0) {
+    const int64_t held = tenants_[std::string(tenant)].pages;
+    if (held + pages_needed > tenant_max_pages_) {
+      return absl::ResourceExhaustedError(
+          Cat("tenant quota of pages reached: the step needs ", pages_needed,
+              " new pages of model ", config_.profile, ", the tenant holds ", held, " of ",
+              tenant_max_pages_));
+    }
+  }
   SMLA_CHECK(allocator_.Allocate(static_cast<int32_t>(pages_needed), step->new_pages_),
              "allocator refused pages it reported free");
+  step->tenant_ = std::string(tenant);
+  Charge(tenant, pages_needed);
   // Pass 2: build each span's tables as they will be after the step.
   size_t next_page = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -318,6 +391,7 @@ void KvStore::Commit(PreparedStep& step) {
     seq->layers[step.layer_] = std::move(s.next);
     seq->busy[step.layer_] = false;
     allocator_.Free(s.release);
+    Charge(step.tenant_, -static_cast<int64_t>(s.release.size()));
   }
 }
 
@@ -329,6 +403,7 @@ void KvStore::Abort(PreparedStep& step) {
     static_cast<Sequence*>(s.sequence)->busy[step.layer_] = false;
   }
   allocator_.Free(step.new_pages_);
+  Charge(step.tenant_, -static_cast<int64_t>(step.new_pages_.size()));
 }
 
 }  // namespace smla::server

@@ -3,16 +3,19 @@
 #include "smla/server/service_core.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "internal.h"
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/scheduler.h"
 #include "smla/server/step_executor.h"
 #include "smla/server/step_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace smla::server {
 namespace {
@@ -23,6 +26,8 @@ class ServiceCoreImpl : public ServiceCore {
       : config_(config), backend_(std::move(backend)) {}
 
   ~ServiceCoreImpl() override {
+    stop_sweeper_.Notify();
+    if (sweeper_.joinable()) sweeper_.join();
     // The scheduler drains and joins before the executor and the stores go.
     scheduler_.reset();
   }
@@ -41,6 +46,8 @@ class ServiceCoreImpl : public ServiceCore {
       absl::StatusOr<std::unique_ptr<KvStore>> store =
           KvStore::Create(*resolved, *backend_, config_.limits.max_sequences);
       if (!store.ok()) return store.status();
+      (*store)->SetTenantQuota(config_.limits.tenant_max_sequences,
+                               config_.limits.tenant_max_pages);
       auto runtime = std::make_unique<ModelRuntime>(*resolved, *std::move(store));
       order_.push_back(runtime.get());
       models_[resolved->profile] = std::move(runtime);
@@ -54,7 +61,27 @@ class ServiceCoreImpl : public ServiceCore {
     executor_ = *std::move(executor);
     SMLA_RETURN_IF_ERROR(executor_->WarmUp());
     scheduler_ = std::make_unique<Scheduler>(config_.limits, *executor_);
+    const absl::Duration idle = config_.limits.sequence_idle_timeout;
+    if (idle <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("sequence_idle_timeout: must be positive");
+    }
+    if (idle != absl::InfiniteDuration()) sweeper_ = std::thread([this, idle] { Sweep(idle); });
     return absl::OkStatus();
+  }
+
+  // Leases: a frontend that dies without releasing its sequences does not hold the pool.
+  void Sweep(absl::Duration idle) {
+    const absl::Duration period =
+        std::clamp(idle / 4, absl::Milliseconds(10), absl::Seconds(1));
+    while (!stop_sweeper_.WaitForNotificationWithTimeout(period)) {
+      const absl::Time cutoff = absl::Now() - idle;
+      for (ModelRuntime* m : order_) {
+        for (const auto& [tenant, id] : m->store().ReleaseIdle(cutoff)) {
+          spdlog::info("lease: released sequence '{}' of tenant '{}', model {} ({} idle)", id,
+                       tenant, m->config().profile, absl::FormatDuration(idle));
+        }
+      }
+    }
   }
 
   ServerInfo Info() const override {
@@ -164,6 +191,8 @@ class ServiceCoreImpl : public ServiceCore {
   std::unique_ptr<kernels::Stream> upload_stream_ ABSL_PT_GUARDED_BY(upload_mu_);
   std::unique_ptr<StepExecutor> executor_;
   std::unique_ptr<Scheduler> scheduler_;
+  absl::Notification stop_sweeper_;
+  std::thread sweeper_;
 };
 
 }  // namespace

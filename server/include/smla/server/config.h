@@ -39,6 +39,14 @@ struct Limits {
   absl::Duration batch_wait = absl::ZeroDuration();  // optional wait for more work
   int32_t max_sequences = 4096;           // per served model
   int64_t max_context = 262144 + 16384;
+  // Per-tenant quotas (0 = no quota beyond the server's own limits); exceeding one is
+  // RESOURCE_EXHAUSTED naming the quota, with nothing written.
+  int32_t tenant_max_sequences = 0;  // live sequences per tenant, per served model
+  int64_t tenant_max_pages = 0;      // KV pool pages per tenant, per served model
+  int32_t tenant_max_streams = 0;    // open StepStream calls per tenant (the edge counts them)
+  // Sequences not used (created, stepped, truncated or read) for this long are released on
+  // every layer by a background sweeper; InfiniteDuration = never.
+  absl::Duration sequence_idle_timeout = absl::InfiniteDuration();
 };
 
 struct ServerConfig {

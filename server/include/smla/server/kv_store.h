@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/config.h"
 #include "smla/server/model_profile.h"
@@ -79,6 +80,7 @@ class PreparedStep {
   int32_t rows_per_page_ = 1;
   std::vector<Span> spans_;
   std::vector<int32_t> new_pages_;
+  std::string tenant_;  // whose quota the pages are charged to
   bool done_ = false;
 };
 
@@ -99,6 +101,18 @@ class KvStore {
   int64_t pages_used() const;
   int64_t page_bytes() const { return cache_.pitch_bytes; }
   int64_t num_sequences() const;
+
+  // Per-tenant quotas of this model (0 = none): live sequences and pool pages (pages held in
+  // page tables plus pages reserved by a running step). Exceeding one is RESOURCE_EXHAUSTED
+  // naming the quota. Set before serving.
+  void SetTenantQuota(int32_t max_sequences, int64_t max_pages);
+  int64_t tenant_pages(std::string_view tenant) const;
+  int64_t tenant_sequences(std::string_view tenant) const;
+
+  // Leases: releases (on every layer) the sequences last used before `cutoff`; waits for a
+  // running batch. Creating, stepping, truncating or reading a sequence uses it. Returns the
+  // (tenant, id) of each released sequence.
+  std::vector<std::pair<std::string, std::string>> ReleaseIdle(absl::Time cutoff);
 
   // Sequences belong to a tenant: (tenant, id) is the key, and naming a sequence of another
   // tenant is the same as naming one that does not exist (NOT_FOUND), so existence never leaks.
@@ -129,6 +143,11 @@ class KvStore {
   struct Sequence {
     std::vector<LayerPages> layers;
     std::vector<bool> busy;  // layer prepared in the running batch
+    mutable absl::Time last_used;
+  };
+  struct TenantUsage {
+    int64_t sequences = 0;
+    int64_t pages = 0;
   };
   using Key = std::pair<std::string, std::string>;
 
@@ -136,7 +155,8 @@ class KvStore {
 
   Sequence* Find(std::string_view tenant, std::string_view id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void FreeLayer(LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLayer(std::string_view tenant, LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Charge(std::string_view tenant, int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const;
 
   const ModelConfig config_;
@@ -149,6 +169,9 @@ class KvStore {
   PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Key, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
   bool batch_active_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t tenant_max_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t tenant_max_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace smla::server
