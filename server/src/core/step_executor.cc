@@ -361,19 +361,37 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     res.num_rows = static_cast<int32_t>(n);
     res.num_heads = heads;
     res.output_format = format;
-    res.out.resize(n * out_row);
-    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(res.out.data(), out_.as<uint8_t>() + row0 * out_row,
-                                             res.out.size(), *stream_));
+    // Each tensor goes to the caller's destination when it named one, else to the result.
+    const OutputDestination& dst = r.destination;
+    uint8_t* out_dst = dst.out.data();
+    if (dst.out.empty()) {
+      res.out.resize(n * out_row);
+      out_dst = res.out.data();
+    }
+    SMLA_CHECK(dst.out.empty() || dst.out.size() == n * out_row, "output destination size");
+    SMLA_RETURN_IF_ERROR(
+        backend_.CopyToHost(out_dst, out_.as<uint8_t>() + row0 * out_row, n * out_row, *stream_));
     if (format == OutputFormat::kMxfp8) {
-      res.mx_scales.resize(n * scale_row);
-      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(res.mx_scales.data(),
-                                               scales_.as<uint8_t>() + row0 * scale_row,
-                                               res.mx_scales.size(), *stream_));
+      uint8_t* sc_dst = dst.mx_scales.data();
+      if (dst.mx_scales.empty()) {
+        res.mx_scales.resize(n * scale_row);
+        sc_dst = res.mx_scales.data();
+      }
+      SMLA_CHECK(dst.mx_scales.empty() || dst.mx_scales.size() == n * scale_row,
+                 "scale destination size");
+      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(sc_dst, scales_.as<uint8_t>() + row0 * scale_row,
+                                               n * scale_row, *stream_));
     }
     if (r.want_lse) {
-      res.lse.resize(n * heads);
-      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(res.lse.data(), lse_.as<float>() + row0 * heads,
-                                               res.lse.size() * sizeof(float), *stream_));
+      void* lse_dst = dst.lse.data();
+      if (dst.lse.empty()) {
+        res.lse.resize(n * heads);
+        lse_dst = res.lse.data();
+      }
+      SMLA_CHECK(dst.lse.empty() || dst.lse.size() == n * heads * sizeof(float),
+                 "LSE destination size");
+      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(lse_dst, lse_.as<float>() + row0 * heads,
+                                               n * heads * sizeof(float), *stream_));
     }
     // Moving keeps the vectors' storage, which the copies above may still be filling.
     results[i] = std::move(res);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shm_region.h"
 
 namespace smla::server::edge {
 namespace {
@@ -29,13 +30,43 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes.
+absl::Status RegionsOff(const std::string& field) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": shared-memory regions are not enabled on this server"));
+}
+
+bool RegionsOn(const RegionContext* regions) {
+  return regions != nullptr && regions->registry != nullptr;
+}
+
+// Resolves a region reference of `want` bytes of elements of `align` bytes, keeping the
+// mapping alive in `storage`.
+absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const std::string& field,
+                                              int64_t want, int64_t align,
+                                              const RegionContext* regions,
+                                              ParseStorage* storage) {
+  if (!RegionsOn(regions)) return RegionsOff(field);
+  if (ref.size() != static_cast<uint64_t>(want)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", ref.region(), "' size ",
+                                                   ref.size(), ", the tensor needs ", want,
+                                                   " bytes"));
+  }
+  auto r = regions->registry->Resolve(regions->tenant, field, ref.region(), ref.offset(),
+                                      ref.size(), static_cast<uint64_t>(align));
+  if (!r.ok()) return r.status();
+  storage->regions.push_back(std::move(r->keep_alive));
+  return r->bytes;
+}
+
+// Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes
+// of the named region.
 absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const std::string& field,
                                                      v1::DType dtype,
-                                                     const std::vector<int64_t>& shape) {
-  if (t.data_case() == v1::Tensor::kRegion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": shared-memory regions are not enabled on this server"));
+                                                     const std::vector<int64_t>& shape,
+                                                     const RegionContext* regions = nullptr,
+                                                     ParseStorage* storage = nullptr) {
+  if (t.data_case() == v1::Tensor::kRegion && (!RegionsOn(regions) || storage == nullptr)) {
+    return RegionsOff(field);
   }
   if (t.dtype() != dtype) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": dtype ", v1::DType_Name(t.dtype()),
@@ -65,6 +96,11 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
     }
   }
   const int64_t want = elements * DTypeBytes(dtype);
+  if (t.data_case() == v1::Tensor::kRegion) {
+    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage);
+    if (!r.ok()) return r.status();
+    return std::span<const uint8_t>(r->data(), r->size());
+  }
   const auto& data = t.inline_data();
   if (static_cast<int64_t>(data.size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(t.shape()),
@@ -73,9 +109,11 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size());
 }
 
-std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage) {
+// `always_copy`: copy even aligned data (ids in a client's region could change after they were validated).
+std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage,
+                                 bool always_copy) {
   const size_t n = bytes.size() / 4;
-  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
+  if (!always_copy && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
     return {reinterpret_cast<const int32_t*>(bytes.data()), n};
   }
   auto& copy = storage->int32_copies.emplace_back(n);
@@ -83,11 +121,55 @@ std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* s
   return copy;
 }
 
+// Output regions: all or nothing (out, plus mx_scales for MXFP8 and lse when asked), each of
+// exactly the tensor's size.
+absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* model,
+                                int64_t total_rows, StepRequest* out, ParseStorage* storage,
+                                const RegionContext* regions) {
+  const bool mx = out->output_format == kernels::OutputFormat::kMxfp8;
+  if (!pb.has_out_region()) {
+    if (pb.has_mx_scales_region()) {
+      return absl::InvalidArgumentError("mx_scales_region: set without out_region");
+    }
+    if (pb.has_lse_region()) return absl::InvalidArgumentError("lse_region: set without out_region");
+    return absl::OkStatus();
+  }
+  if (!RegionsOn(regions)) return RegionsOff("out_region");
+  if (mx != pb.has_mx_scales_region()) {
+    return absl::InvalidArgumentError(mx ? "mx_scales_region: needed for MXFP8 output"
+                                         : "mx_scales_region: set for bf16 output");
+  }
+  if (out->want_lse != pb.has_lse_region()) {
+    return absl::InvalidArgumentError(out->want_lse ? "lse_region: needed when want_lse"
+                                                    : "lse_region: set without want_lse");
+  }
+  // An unknown model is the core's NOT_FOUND; without its heads no size can be checked.
+  if (model == nullptr) return absl::OkStatus();
+  const int64_t cells = total_rows * model->heads;
+  auto o = ResolveRef(pb.out_region(), "out_region", cells * kernels::kValueWidth * (mx ? 1 : 2),
+                      mx ? 1 : 2, regions, storage);
+  if (!o.ok()) return o.status();
+  out->destination.out = *o;
+  if (mx) {
+    auto sc = ResolveRef(pb.mx_scales_region(), "mx_scales_region",
+                         cells * kernels::kMxGroupsPerHead, 1, regions, storage);
+    if (!sc.ok()) return sc.status();
+    out->destination.mx_scales = *sc;
+  }
+  if (out->want_lse) {
+    auto l = ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage);
+    if (!l.ok()) return l.status();
+    out->destination.lse = *l;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               int32_t max_rows_per_step, int32_t max_spans_per_step,
-                              StepRequest* out, ParseStorage* storage) {
+                              StepRequest* out, ParseStorage* storage,
+                              const RegionContext* regions) {
   out->request_id = pb.request_id();
   out->model = pb.model();
   out->layer = pb.layer();
@@ -153,31 +235,34 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
         span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
       }
     }
-    auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w});
+    auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w}, regions, storage);
     if (!kv.ok()) return kv.status();
     span.kv_rows = *kv;
-    auto q = CheckTensor(s.q(), f + ".q", v1::DTYPE_BF16, {n, h, w});
+    auto q = CheckTensor(s.q(), f + ".q", v1::DTYPE_BF16, {n, h, w}, regions, storage);
     if (!q.ok()) return q.status();
     span.q = *q;
     if (s.has_compressed_rows()) {
       // Width of compressed entries equals the row width; their count is the core's to check.
       const int64_t cw = w >= 0 ? w : (s.kv_rows().shape_size() == 2 ? s.kv_rows().shape(1) : -1);
-      auto c = CheckTensor(s.compressed_rows(), f + ".compressed_rows", v1::DTYPE_BF16, {-1, cw});
+      auto c = CheckTensor(s.compressed_rows(), f + ".compressed_rows", v1::DTYPE_BF16, {-1, cw},
+                           regions, storage);
       if (!c.ok()) return c.status();
       span.compressed_rows = *c;
     }
     if (s.has_topk()) {
-      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1});
+      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage);
       if (!t.ok()) return t.status();
-      span.topk = AsInt32(*t, storage);
+      span.topk = AsInt32(*t, storage, s.topk().data_case() == v1::Tensor::kRegion);
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));
     }
     out->spans.push_back(std::move(span));
   }
-  return absl::OkStatus();
+  return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
 }
 
-void FillStepResponse(const StepResult& result, v1::StepResponse* pb) {
+void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
+                      const v1::StepRequest* request) {
+  const bool to_regions = request != nullptr && request->has_out_region();
   const int64_t t = result.num_rows;
   const int64_t h = result.num_heads;
   v1::Tensor* out = pb->mutable_out();
@@ -189,15 +274,29 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb) {
     sc->set_dtype(v1::DTYPE_E8M0);
     sc->add_shape(t);
     sc->add_shape(h * kernels::kMxGroupsPerHead);
-    sc->set_inline_data(result.mx_scales.data(), result.mx_scales.size());
+    if (to_regions) {
+      *sc->mutable_region() = request->mx_scales_region();
+    } else {
+      sc->set_inline_data(result.mx_scales.data(), result.mx_scales.size());
+    }
   } else {
     out->set_dtype(v1::DTYPE_BF16);
     out->add_shape(t);
     out->add_shape(h);
     out->add_shape(kernels::kValueWidth);
   }
-  out->set_inline_data(result.out.data(), result.out.size());
-  if (!result.lse.empty()) {
+  if (to_regions) {
+    *out->mutable_region() = request->out_region();
+  } else {
+    out->set_inline_data(result.out.data(), result.out.size());
+  }
+  if (to_regions && request->want_lse()) {
+    v1::Tensor* lse = pb->mutable_lse();
+    lse->set_dtype(v1::DTYPE_F32);
+    lse->add_shape(t);
+    lse->add_shape(h);
+    *lse->mutable_region() = request->lse_region();
+  } else if (!result.lse.empty()) {
     v1::Tensor* lse = pb->mutable_lse();
     lse->set_dtype(v1::DTYPE_F32);
     lse->add_shape(t);

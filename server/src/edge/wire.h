@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,21 +22,36 @@ struct WireModel {
   int32_t qk_width = 0;  // 512 or 576
 };
 
-// Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned); must live
-// as long as the StepRequest.
+// Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned, or that sit
+// in a client's region where the client could change them after validation) and the region
+// mappings the request's views point into; must live as long as the StepRequest.
 struct ParseStorage {
   std::vector<std::vector<int32_t>> int32_copies;
+  std::vector<std::shared_ptr<const void>> regions;
+};
+
+class RegionRegistry;
+
+// Lets tensors name (region, offset, size) of the tenant's registered regions (shm_region.h).
+struct RegionContext {
+  const RegionRegistry* registry = nullptr;
+  std::string tenant;
 };
 
 // Fills `out` (all but tenant, deadline and cancel flag) from `pb`. `model` may be null when
 // the model is unknown: shapes are then checked only for internal consistency and the core
-// answers NOT_FOUND. `pb` and `storage` must outlive `out`.
+// answers NOT_FOUND. `pb` and `storage` must outlive `out`. Without `regions` (or with a null
+// registry) a tensor naming a region is INVALID_ARGUMENT; with it, region references are
+// resolved for the context's tenant and output regions become `out->destination`.
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               int32_t max_rows_per_step, int32_t max_spans_per_step,
-                              StepRequest* out, ParseStorage* storage);
+                              StepRequest* out, ParseStorage* storage,
+                              const RegionContext* regions = nullptr);
 
-// Copies a result into a response (tensors, timings); code and message stay OK.
-void FillStepResponse(const StepResult& result, v1::StepResponse* pb);
+// Copies a result into a response (tensors, timings); code and message stay OK. Tensors the
+// request sent to its output regions (`request` may be null) are answered with those regions.
+void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
+                      const v1::StepRequest* request = nullptr);
 
 // Checks a whole f32 tensor of the given shape (rank and every dimension; -1 = any) and
 // returns its values, e.g. the rope table or sinks. `field` names it in errors.

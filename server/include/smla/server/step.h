@@ -37,6 +37,16 @@ struct SpanInput {
   int32_t topk_width = 0;  // K
 };
 
+// Where a step's output goes instead of StepResult's vectors (e.g. a client's shared-memory
+// region, so the output is copied once, from the batch buffer straight to the client). Each
+// span is empty (use the result vector) or exactly the byte size of its tensor; the memory
+// must stay valid until `done` runs.
+struct OutputDestination {
+  std::span<uint8_t> out;        // bf16 [rows, H, 512] or e4m3 [rows, H*512]
+  std::span<uint8_t> mx_scales;  // [rows, H*16] for MXFP8
+  std::span<uint8_t> lse;        // f32 [rows, H] when want_lse
+};
+
 // A cancellation flag the edge raises when the client cancels; queued work checks it.
 using CancelFlag = std::shared_ptr<std::atomic<bool>>;
 
@@ -51,6 +61,7 @@ struct StepRequest {
   bool inverse_rope = false;  // rope_inside only; needs the model's cos/sin table
   absl::Time deadline = absl::InfiniteFuture();
   CancelFlag cancelled;  // may be null
+  OutputDestination destination;
 };
 
 struct StepTimings {
@@ -64,6 +75,7 @@ struct StepResult {
   int32_t num_rows = 0;  // total over spans, in span order
   int32_t num_heads = 0;
   kernels::OutputFormat output_format = kernels::OutputFormat::kBf16;
+  // Empty where the request named an OutputDestination for them.
   std::vector<uint8_t> out;        // bf16 [rows, H, 512] or e4m3 [rows, H*512]
   std::vector<uint8_t> mx_scales;  // [rows, H*16] for MXFP8
   std::vector<float> lse;          // [rows, H] when asked

@@ -1,0 +1,191 @@
+#include "shm_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace smla::server::edge {
+namespace {
+
+constexpr char kPrefix[] = "/smla-";
+constexpr size_t kMaxNameChars = 200;
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+}  // namespace
+
+absl::Status CheckRegionName(const std::string& name) {
+  const size_t prefix = sizeof(kPrefix) - 1;
+  if (name.size() <= prefix || name.compare(0, prefix, kPrefix) != 0 ||
+      name.size() - prefix > kMaxNameChars) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region name '", name, "': must be \"/smla-\" followed by 1..200 of [A-Za-z0-9._-]"));
+  }
+  for (size_t i = prefix; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region name '", name, "': character ", i, " is not [A-Za-z0-9._-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
+                                                             uint64_t size) {
+  if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
+  if (size == 0) return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size 0"));
+  std::shared_ptr<ShmMapping> m(new ShmMapping());
+  m->name_ = name;
+  m->fd_ = shm_open(name.c_str(), O_RDWR, 0);
+  if (m->fd_ < 0) {
+    const int err = errno;
+    const std::string msg = absl::StrCat("region ", name, ": shm_open: ", ErrnoText(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
+  struct stat st {};
+  if (fstat(m->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("region ", name, ": not a shared-memory file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size ", size,
+                                                   " but the object holds ", st.st_size, " bytes"));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd_, 0);
+  if (p == MAP_FAILED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", name, ": mmap of ", size, " bytes: ", ErrnoText(errno)));
+  }
+  m->data_ = static_cast<uint8_t*>(p);
+  m->size_ = size;
+  return m;
+}
+
+ShmMapping::~ShmMapping() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status ShmMapping::CheckStillBacked() const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < size_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", name_, ": the object was shrunk below its registered size ", size_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t session,
+                                      const std::string& name, uint64_t size, EndSession end) {
+  if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(name);
+    if (it != regions_.end()) {
+      if (it->second.tenant != tenant) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("region ", name, ": registered by another tenant"));
+      }
+      return absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
+    }
+  }
+  // Mapping happens outside the lock; a racing registration of the same name is caught below.
+  auto mapping = ShmMapping::Open(name, size);
+  if (!mapping.ok()) return mapping.status();
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = regions_.try_emplace(name);
+  if (!inserted) {
+    return it->second.tenant != tenant
+               ? absl::PermissionDeniedError(
+                     absl::StrCat("region ", name, ": registered by another tenant"))
+               : absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
+  }
+  it->second = Entry{tenant, session, *std::move(mapping), std::move(end)};
+  return absl::OkStatus();
+}
+
+absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::string& name) {
+  EndSession end;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("region ", name, ": not registered"));
+    }
+    if (it->second.tenant != tenant) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("region ", name, ": registered by another tenant"));
+    }
+    end = std::move(it->second.end);
+    regions_.erase(it);
+  }
+  if (end) end();
+  return absl::OkStatus();
+}
+
+void RegionRegistry::DropSession(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    it = it->second.session == session ? regions_.erase(it) : std::next(it);
+  }
+}
+
+void RegionRegistry::CloseAll() {
+  std::vector<EndSession> ends;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : regions_) {
+      if (e.end) ends.push_back(std::move(e.end));
+    }
+    regions_.clear();
+  }
+  for (auto& end : ends) end();
+}
+
+absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
+                                                    const std::string& field,
+                                                    const std::string& name, uint64_t offset,
+                                                    uint64_t size, uint64_t align) const {
+  std::shared_ptr<ShmMapping> mapping;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat(field, ": region '", name, "' is not registered"));
+    }
+    if (it->second.tenant != tenant) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(field, ": region '", name, "' belongs to another tenant"));
+    }
+    mapping = it->second.mapping;
+  }
+  // offset + size <= region size, written so that it cannot overflow.
+  if (offset > mapping->size() || size > mapping->size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + size ", size,
+                                                   " is outside region '", name, "' of ",
+                                                   mapping->size(), " bytes"));
+  }
+  if (align > 1 && offset % align != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset,
+                                                   " is not a multiple of ", align,
+                                                   " (the element size)"));
+  }
+  if (absl::Status st = mapping->CheckStillBacked(); !st.ok()) return st;
+  return RegionBytes{std::span<uint8_t>(mapping->data() + offset, size), std::move(mapping)};
+}
+
+int64_t RegionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(regions_.size());
+}
+
+}  // namespace smla::server::edge

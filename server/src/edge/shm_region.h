@@ -1,0 +1,110 @@
+// Registered shared-memory regions (service.md "Transport"): a client on the server's host
+// creates a POSIX shared-memory object, registers it, and then names (region, offset, size)
+// for step inputs and outputs instead of inline bytes. The server maps each region once,
+// read/write, and hands the core views of the mapping, so inputs are read in place and outputs
+// are written straight into it.
+//
+// Rules:
+// - Names are "/smla-" followed by 1..200 of [A-Za-z0-9._-], so a client can only make the
+//   server open objects meant for it.
+// - A region belongs to the tenant that registered it (naming another tenant's region is
+//   PERMISSION_DENIED) and to the session (the registering call) that keeps it alive; it is
+//   unmapped when it is unregistered or its session ends, and not before the last step that
+//   uses it has finished (steps hold a reference to the mapping).
+// - A reference must lie within the registered size (overflow-safe), and its offset must be a
+//   multiple of the element size of its tensor's dtype.
+//
+// Trust: the server re-checks the object's size on every lookup, but a client that shrinks
+// its own object while a step reads it can still fault the server (SIGBUS); --allow_shm is for
+// frontends the operator trusts, on the same host.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace smla::server::edge {
+
+// One mapped POSIX shared-memory object. Unmapped (and its descriptor closed) on destruction.
+class ShmMapping {
+ public:
+  // Opens `name` read/write and maps its first `size` bytes; the object must hold at least
+  // that many.
+  static absl::StatusOr<std::shared_ptr<ShmMapping>> Open(const std::string& name, uint64_t size);
+  ~ShmMapping();
+  ShmMapping(const ShmMapping&) = delete;
+  ShmMapping& operator=(const ShmMapping&) = delete;
+
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // OK while the object still holds the mapped size (a shrunk object would fault on access).
+  absl::Status CheckStillBacked() const;
+
+ private:
+  ShmMapping() = default;
+  std::string name_;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// A resolved reference: the bytes and the mapping that keeps them valid.
+struct RegionBytes {
+  std::span<uint8_t> bytes;
+  std::shared_ptr<ShmMapping> keep_alive;
+};
+
+// Checks a shared-memory object name against the rules above.
+absl::Status CheckRegionName(const std::string& name);
+
+// Registered regions of all tenants; thread-safe.
+class RegionRegistry {
+ public:
+  // Ends a session from the registry's side (unregister, shutdown); runs without the lock.
+  using EndSession = std::function<void()>;
+
+  // Maps and records `name` for `tenant`; `end` is called once when the region is dropped by
+  // Unregister or CloseAll (not by DropSession, which the session itself calls). Errors:
+  // INVALID_ARGUMENT (name, size 0), ALREADY_EXISTS (registered by this tenant),
+  // PERMISSION_DENIED (registered by another tenant), NOT_FOUND / INVALID_ARGUMENT from
+  // opening or mapping it.
+  absl::Status Register(const std::string& tenant, uint64_t session, const std::string& name,
+                        uint64_t size, EndSession end);
+  // Drops a region of `tenant`: NOT_FOUND if none, PERMISSION_DENIED if another tenant's.
+  absl::Status Unregister(const std::string& tenant, const std::string& name);
+  // Drops what `session` registered (the registering call ended).
+  void DropSession(uint64_t session);
+  // Drops every region and ends every session (server shutdown).
+  void CloseAll();
+
+  // Resolves (name, offset, size) for `tenant`. `field` names the reference in errors;
+  // `align` is the element size its offset must be a multiple of.
+  absl::StatusOr<RegionBytes> Resolve(const std::string& tenant, const std::string& field,
+                                      const std::string& name, uint64_t offset, uint64_t size,
+                                      uint64_t align) const;
+
+  int64_t size() const;
+  uint64_t NewSession() { return next_session_.fetch_add(1); }
+
+ private:
+  struct Entry {
+    std::string tenant;
+    uint64_t session = 0;
+    std::shared_ptr<ShmMapping> mapping;
+    EndSession end;
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_session_{1};
+};
+
+}  // namespace smla::server::edge
