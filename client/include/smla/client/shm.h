@@ -1,0 +1,68 @@
+// The zero-copy transport on the client side (service.md "Transport"): a POSIX shared-memory
+// object this process creates and registers with a server on the same host, and the helpers
+// that make a step use it. After Place, a step request carries only (region, offset, size)
+// references: the server reads the inputs from the region and writes the output (and MXFP8
+// scales, LSE) into it, so a decode step moves a few hundred bytes over gRPC.
+//
+// Lifetime: the registration lasts while the ShmRegion lives (its registering call stays
+// open); Unregister ends it explicitly, destruction cancels the call, unmaps and unlinks.
+// One step at a time per region: Place reuses the region from offset 0, so a caller with
+// several steps in flight uses one region per step (or per stream with one step in flight).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "smla/client/client.h"
+#include "smla/v1/service.grpc.pb.h"
+
+namespace smla::client {
+
+class ShmRegion {
+ public:
+  // Creates "/smla-<name_suffix>" (exclusive) of `size` bytes, maps it and registers it with
+  // the server behind `client` (which must outlive the region). The server must run with
+  // --allow_shm and on this host.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(Client* client,
+                                                           const std::string& name_suffix,
+                                                           uint64_t size);
+  ~ShmRegion();
+  ShmRegion(const ShmRegion&) = delete;
+  ShmRegion& operator=(const ShmRegion&) = delete;
+
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+  // Ends the registration; later steps naming the region fail with NOT_FOUND.
+  absl::Status Unregister();
+
+  // Bytes Place needs for `request` (inputs and outputs, each 64-byte aligned).
+  static uint64_t BytesFor(const v1::StepRequest& request);
+  // Moves every inline input tensor of `request` into the region from `offset` (a multiple of
+  // 64) on and points the outputs (out, and mx_scales / lse when the request asks for them)
+  // at it; returns the end of what it used. `request` must be fully inline; OUT_OF_RANGE when
+  // the region is too small. Several requests can live side by side at different offsets.
+  absl::StatusOr<uint64_t> Place(v1::StepRequest* request, uint64_t offset = 0) const;
+  // The bytes of a tensor that names this region (bounds checked).
+  absl::StatusOr<std::span<const uint8_t>> Bytes(const v1::Tensor& tensor) const;
+  // Replaces the response's region tensors by inline copies of their bytes, e.g. to compare
+  // with an inline response.
+  absl::Status Inline(v1::StepResponse* response) const;
+
+ private:
+  ShmRegion() = default;
+  Client* client_ = nullptr;
+  std::string name_;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::unique_ptr<grpc::ClientContext> lease_context_;
+  std::unique_ptr<grpc::ClientReader<v1::RegisterRegionResponse>> lease_;
+};
+
+}  // namespace smla::client

@@ -1,0 +1,346 @@
+#include "bench_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace smla::bench {
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          o += absl::StrFormat("\\u%04x", c);
+        } else {
+          o += c;
+        }
+    }
+  }
+  return o + "\"";
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.6g", v);
+}
+
+std::string JsonPercentiles(const Percentiles& p) {
+  return absl::StrCat("{\"p50\": ", Num(p.p50), ", \"p90\": ", Num(p.p90), ", \"p95\": ",
+                      Num(p.p95), ", \"p99\": ", Num(p.p99), ", \"max\": ", Num(p.max),
+                      ", \"mean\": ", Num(p.mean), "}");
+}
+
+std::string Html(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') {
+      o += "&lt;";
+    } else if (c == '>') {
+      o += "&gt;";
+    } else if (c == '&') {
+      o += "&amp;";
+    } else if (c == '"') {
+      o += "&quot;";
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+struct Series {
+  std::string name, color;
+  std::vector<double> y;
+};
+
+// A line chart of series against the runs' concurrency (category axis), y from 0.
+std::string LineChart(const std::string& title, const std::string& y_label,
+                      const std::vector<double>& x, const std::vector<Series>& series) {
+  const double w = 560, h = 300, l = 70, r = 20, t = 30, b = 50;
+  double ymax = 0;
+  for (const auto& s : series)
+    for (double v : s.y) ymax = std::max(ymax, v);
+  if (ymax <= 0) ymax = 1;
+  ymax *= 1.1;
+  const size_t n = x.size();
+  auto px = [&](size_t i) { return l + (n <= 1 ? (w - l - r) / 2 : (w - l - r) * i / (n - 1.0)); };
+  auto py = [&](double v) { return t + (h - t - b) * (1 - v / ymax); };
+  std::string o = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      static_cast<int>(w), static_cast<int>(h), static_cast<int>(w), static_cast<int>(h));
+  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"18\" font-size=\"13\">%s</text>\n", l,
+                        Html(title));
+  absl::StrAppendFormat(&o,
+                        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n"
+                        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n",
+                        l, t, l, h - b, l, h - b, w - r, h - b);
+  for (int k = 0; k <= 4; ++k) {
+    const double v = ymax * k / 4;
+    absl::StrAppendFormat(&o,
+                          "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%s</text>\n"
+                          "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>\n",
+                          l - 4, py(v) + 4, Html(absl::StrFormat("%.3g", v)), l, py(v), w - r,
+                          py(v));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%s</text>\n", px(i),
+                          h - b + 16, Html(absl::StrFormat("%g", x[i])));
+  }
+  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">concurrency</text>\n",
+                        (l + w - r) / 2, h - 12);
+  absl::StrAppendFormat(&o,
+                        "<text x=\"14\" y=\"%g\" transform=\"rotate(-90 14 %g)\" "
+                        "text-anchor=\"middle\">%s</text>\n",
+                        (t + h - b) / 2, (t + h - b) / 2, Html(y_label));
+  int legend = 0;
+  for (const auto& s : series) {
+    std::string pts;
+    for (size_t i = 0; i < n && i < s.y.size(); ++i) {
+      absl::StrAppendFormat(&pts, "%s%.1f,%.1f", pts.empty() ? "" : " ", px(i), py(s.y[i]));
+    }
+    absl::StrAppendFormat(&o,
+                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
+                          "points=\"%s\"/>\n",
+                          s.color, pts);
+    for (size_t i = 0; i < n && i < s.y.size(); ++i) {
+      absl::StrAppendFormat(&o, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px(i),
+                            py(s.y[i]), s.color);
+    }
+    absl::StrAppendFormat(&o,
+                          "<rect x=\"%g\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                          "<text x=\"%g\" y=\"%d\">%s</text>\n",
+                          w - r - 130, 8 + 14 * legend, s.color, w - r - 116, 17 + 14 * legend,
+                          Html(s.name));
+    ++legend;
+  }
+  return o + "</svg>\n";
+}
+
+// Stacked bars per run: overhead, queue, kernel (p50 of each, ms).
+std::string BreakdownChart(const std::vector<RunStats>& runs) {
+  const double w = 560, h = 300, l = 70, r = 20, t = 30, b = 50;
+  double ymax = 0;
+  for (const auto& run : runs) {
+    ymax = std::max(ymax, run.overhead_ms.p50 + run.queue_ms.p50 + run.kernel_ms.p50);
+  }
+  if (ymax <= 0) ymax = 1;
+  ymax *= 1.1;
+  std::string o = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      static_cast<int>(w), static_cast<int>(h), static_cast<int>(w), static_cast<int>(h));
+  absl::StrAppendFormat(&o,
+                        "<text x=\"%g\" y=\"18\" font-size=\"13\">Time of a call (p50 of each "
+                        "part, ms)</text>\n",
+                        l);
+  absl::StrAppendFormat(&o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n", l,
+                        h - b, w - r, h - b);
+  for (int k = 0; k <= 4; ++k) {
+    const double v = ymax * k / 4;
+    const double y = t + (h - t - b) * (1 - v / ymax);
+    absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%s</text>\n", l - 4,
+                          y + 4, Html(absl::StrFormat("%.3g", v)));
+  }
+  const size_t n = std::max<size_t>(runs.size(), 1);
+  const double slot = (w - l - r) / static_cast<double>(n);
+  const char* colors[3] = {"#e8a33d", "#7a7ad8", "#3aa45b"};
+  const char* names[3] = {"transport + service overhead", "queue", "kernel (batch)"};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const double parts[3] = {runs[i].overhead_ms.p50, runs[i].queue_ms.p50, runs[i].kernel_ms.p50};
+    double base = 0;
+    const double x = l + slot * i + slot * 0.2;
+    for (int k = 0; k < 3; ++k) {
+      const double y0 = t + (h - t - b) * (1 - base / ymax);
+      const double y1 = t + (h - t - b) * (1 - (base + parts[k]) / ymax);
+      absl::StrAppendFormat(&o,
+                            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                            "fill=\"%s\"/>\n",
+                            x, y1, slot * 0.6, std::max(0.0, y0 - y1), colors[k]);
+      base += parts[k];
+    }
+    absl::StrAppendFormat(&o, "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">N=%d</text>\n",
+                          x + slot * 0.3, h - b + 16, runs[i].concurrency);
+  }
+  for (int k = 0; k < 3; ++k) {
+    absl::StrAppendFormat(&o,
+                          "<rect x=\"%g\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                          "<text x=\"%g\" y=\"%d\">%s</text>\n",
+                          w - r - 190, 8 + 14 * k, colors[k], w - r - 176, 17 + 14 * k, names[k]);
+  }
+  return o + "</svg>\n";
+}
+
+std::string HistogramChart(const RunStats& run) {
+  const double w = 560, h = 240, l = 50, r = 20, t = 30, b = 40;
+  int64_t most = 1;
+  for (const auto& bin : run.histogram) most = std::max(most, bin.count);
+  std::string o = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      static_cast<int>(w), static_cast<int>(h), static_cast<int>(w), static_cast<int>(h));
+  absl::StrAppendFormat(&o,
+                        "<text x=\"%g\" y=\"18\" font-size=\"13\">Call latency histogram, "
+                        "N=%d (bins of x1.25, upper bound in ms)</text>\n",
+                        l, run.concurrency);
+  const size_t n = std::max<size_t>(run.histogram.size(), 1);
+  const double slot = (w - l - r) / static_cast<double>(n);
+  for (size_t i = 0; i < run.histogram.size(); ++i) {
+    const auto& bin = run.histogram[i];
+    const double bh = (h - t - b) * static_cast<double>(bin.count) / static_cast<double>(most);
+    absl::StrAppendFormat(&o,
+                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                          "fill=\"#4a7fc1\"><title>&lt;= %.4g ms: %d</title></rect>\n",
+                          l + slot * i, h - b - bh, std::max(1.0, slot - 1), bh, bin.upper_ms,
+                          static_cast<int>(bin.count));
+    if (i % std::max<size_t>(1, n / 6) == 0) {
+      absl::StrAppendFormat(&o, "<text x=\"%.1f\" y=\"%g\">%.3g</text>\n", l + slot * i, h - b + 14,
+                            bin.upper_ms);
+    }
+  }
+  absl::StrAppendFormat(&o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n", l,
+                        h - b, w - r, h - b);
+  return o + "</svg>\n";
+}
+
+}  // namespace
+
+std::string TextSummary(const RunStats& r) {
+  std::string o = absl::StrFormat(
+      "N=%d%s: %.2fs, %lld calls, %lld steps, %.1f calls/s, %.2f steps/s, %.0f rows/s\n"
+      "  call latency ms: p50 %.3f p90 %.3f p95 %.3f p99 %.3f max %.3f mean %.3f\n"
+      "  step latency ms: p50 %.3f p99 %.3f\n"
+      "  per call p50 ms: overhead %.3f, queue %.3f, kernel %.3f; e2e-kernel %.3f; mean batch "
+      "%.2f requests\n",
+      r.concurrency, r.rate > 0 ? absl::StrFormat(" rate %.1f/s", r.rate) : "", r.seconds,
+      static_cast<long long>(r.calls), static_cast<long long>(r.steps), r.calls_per_s,
+      r.steps_per_s, r.rows_per_s, r.call_ms.p50, r.call_ms.p90, r.call_ms.p95, r.call_ms.p99,
+      r.call_ms.max, r.call_ms.mean, r.step_ms.p50, r.step_ms.p99, r.overhead_ms.p50,
+      r.queue_ms.p50, r.kernel_ms.p50, r.e2e_minus_kernel_ms.p50, r.mean_batch_requests);
+  absl::StrAppendFormat(&o, "  goodput: %.2f steps/s, %.0f rows/s%s\n", r.goodput_steps_per_s,
+                        r.goodput_rows_per_s, r.slo_met ? "" : " (SLO broken)");
+  if (!r.errors.empty()) {
+    o += "  errors:";
+    for (const auto& [code, n] : r.errors) absl::StrAppend(&o, " ", code, "=", n);
+    o += "\n";
+  }
+  return o;
+}
+
+std::string ToJson(const Report& rep) {
+  std::string o = "{\n";
+  absl::StrAppend(&o, "  \"tool\": \"smla-bench\",\n  \"cell\": ", JsonString(rep.cell),
+                  ",\n  \"transport\": ", JsonString(rep.transport), ",\n  \"mode\": ",
+                  JsonString(rep.mode), ",\n  \"loop\": ", JsonString(rep.loop),
+                  ",\n  \"device\": ", JsonString(rep.device), ",\n  \"date\": ",
+                  JsonString(rep.date), ",\n  \"servers\": [");
+  for (size_t i = 0; i < rep.servers.size(); ++i) {
+    absl::StrAppend(&o, i ? ", " : "", JsonString(rep.servers[i]));
+  }
+  absl::StrAppend(&o, "],\n  \"connections\": ", rep.connections, ",\n  \"slo_ms\": ",
+                  Num(rep.slo_ms), ",\n  \"stop_reason\": ", JsonString(rep.stop_reason),
+                  ",\n  \"totals\": {\"unary_ok\": ", rep.total_unary_ok,
+                  ", \"stream_ok\": ", rep.total_stream_ok, ", \"rows_ok\": ", rep.total_rows_ok,
+                  ", \"failed\": ", rep.total_failed, "},\n  \"runs\": [\n");
+  for (size_t i = 0; i < rep.runs.size(); ++i) {
+    const RunStats& r = rep.runs[i];
+    absl::StrAppend(&o, "    {\"concurrency\": ", r.concurrency, ", \"rate\": ", Num(r.rate),
+                    ", \"seconds\": ", Num(r.seconds), ", \"calls\": ", r.calls,
+                    ", \"steps\": ", r.steps, ", \"rows\": ", r.rows,
+                    ",\n     \"calls_per_s\": ", Num(r.calls_per_s), ", \"steps_per_s\": ",
+                    Num(r.steps_per_s), ", \"rows_per_s\": ", Num(r.rows_per_s),
+                    ",\n     \"call_ms\": ", JsonPercentiles(r.call_ms),
+                    ",\n     \"step_ms\": ", JsonPercentiles(r.step_ms),
+                    ",\n     \"overhead_ms\": ", JsonPercentiles(r.overhead_ms),
+                    ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
+                    ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
+                    ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),
+                    ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
+                    ", \"good_steps\": ", r.good_steps, ", \"goodput_steps_per_s\": ",
+                    Num(r.goodput_steps_per_s), ", \"goodput_rows_per_s\": ",
+                    Num(r.goodput_rows_per_s), ", \"slo_met\": ", r.slo_met ? "true" : "false",
+                    ",\n     \"errors\": {");
+    bool first = true;
+    for (const auto& [code, n] : r.errors) {
+      absl::StrAppend(&o, first ? "" : ", ", JsonString(code), ": ", n);
+      first = false;
+    }
+    o += "},\n     \"histogram\": [";
+    for (size_t k = 0; k < r.histogram.size(); ++k) {
+      absl::StrAppend(&o, k ? ", " : "", "[", Num(r.histogram[k].upper_ms), ", ",
+                      r.histogram[k].count, "]");
+    }
+    absl::StrAppend(&o, "]}", i + 1 < rep.runs.size() ? "," : "", "\n");
+  }
+  o += "  ]\n}\n";
+  return o;
+}
+
+std::string ToHtml(const Report& rep) {
+  std::string o =
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>smla-bench: " +
+      Html(rep.cell) +
+      "</title>\n<style>\nbody { font-family: sans-serif; margin: 24px; }\n"
+      "table { border-collapse: collapse; font-size: 13px; }\n"
+      "td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }\n"
+      "th { background: #f0f0f0; }\n</style>\n</head>\n<body>\n";
+  absl::StrAppend(&o, "<h1>smla-bench</h1>\n<p>", Html(rep.cell), "<br>\ntransport ",
+                  Html(rep.transport), ", ", Html(rep.mode), ", ", Html(rep.loop),
+                  " loop, device ", Html(rep.device), ", ", rep.connections,
+                  " connection(s) per server, ", Html(rep.date), "</p>\n");
+  if (!rep.stop_reason.empty()) {
+    absl::StrAppend(&o, "<p>Sweep ended: ", Html(rep.stop_reason), "</p>\n");
+  }
+  o += "<table>\n<tr><th>N</th><th>rate</th><th>calls</th><th>calls/s</th><th>steps/s</th>"
+       "<th>rows/s</th><th>p50 ms</th><th>p90 ms</th><th>p95 ms</th><th>p99 ms</th>"
+       "<th>max ms</th><th>overhead p50</th><th>queue p50</th><th>kernel p50</th>"
+       "<th>e2e-kernel p50</th><th>goodput rows/s</th><th>errors</th></tr>\n";
+  for (const RunStats& r : rep.runs) {
+    std::string errors;
+    for (const auto& [code, n] : r.errors) absl::StrAppend(&errors, code, "=", n, " ");
+    absl::StrAppendFormat(&o,
+                          "<tr><td>%d</td><td>%.4g</td><td>%lld</td><td>%.4g</td><td>%.4g</td>"
+                          "<td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
+                          "<td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
+                          "<td>%.4g</td><td>%s</td></tr>\n",
+                          r.concurrency, r.rate, static_cast<long long>(r.calls), r.calls_per_s,
+                          r.steps_per_s, r.rows_per_s, r.call_ms.p50, r.call_ms.p90, r.call_ms.p95,
+                          r.call_ms.p99, r.call_ms.max, r.overhead_ms.p50, r.queue_ms.p50,
+                          r.kernel_ms.p50, r.e2e_minus_kernel_ms.p50, r.goodput_rows_per_s,
+                          Html(errors));
+  }
+  o += "</table>\n";
+  std::vector<double> x;
+  Series p50{"call p50 ms", "#3a6fc4", {}}, p99{"call p99 ms", "#c43a3a", {}};
+  Series rows{"rows/s", "#3aa45b", {}}, good{"goodput rows/s", "#e8a33d", {}};
+  for (const RunStats& r : rep.runs) {
+    x.push_back(r.concurrency);
+    p50.y.push_back(r.call_ms.p50);
+    p99.y.push_back(r.call_ms.p99);
+    rows.y.push_back(r.rows_per_s);
+    good.y.push_back(r.goodput_rows_per_s);
+  }
+  o += "<div>\n";
+  o += LineChart("Latency against concurrency", "ms", x, {p50, p99});
+  o += LineChart("Throughput against concurrency", "rows/s", x, {rows, good});
+  o += BreakdownChart(rep.runs);
+  if (!rep.runs.empty()) o += HistogramChart(rep.runs.back());
+  o += "</div>\n</body>\n</html>\n";
+  return o;
+}
+
+}  // namespace smla::bench

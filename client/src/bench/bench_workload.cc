@@ -1,0 +1,289 @@
+#include "bench_workload.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "smla/client/workload.h"
+
+namespace smla::bench {
+namespace {
+
+// "128K" -> 131072; false when not a size.
+bool ParseK(const std::string& s, int64_t* out) {
+  if (s.size() < 2 || (s.back() != 'K' && s.back() != 'k')) return false;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(s.substr(0, s.size() - 1), &v) || v <= 0) return false;
+  *out = v * 1024;
+  return true;
+}
+
+}  // namespace
+
+std::string WorkloadSpec::Name() const {
+  std::string s = model;
+  if (!format.empty()) absl::StrAppend(&s, " ", format);
+  if (tp > 0) absl::StrAppend(&s, " TP", tp);
+  if (shape == "prefill") {
+    absl::StrAppend(&s, " prefill ", prefill_rows % 1024 == 0 ? absl::StrCat(prefill_rows / 1024, "K")
+                                                          : absl::StrCat(prefill_rows));
+  } else {
+    absl::StrAppend(&s, " ", shape, " C=", requests);
+  }
+  absl::StrAppend(&s, " ", context % 1024 == 0 ? absl::StrCat(context / 1024, "K")
+                                               : absl::StrCat(context));
+  absl::StrAppend(&s, layer < 0 ? " (model step)" : absl::StrCat(" (layer ", layer, ")"));
+  return s;
+}
+
+absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell) {
+  std::vector<std::string> tok = absl::StrSplit(cell, ' ', absl::SkipEmpty());
+  if (tok.empty()) return absl::InvalidArgumentError("--cell: empty");
+  WorkloadSpec w;
+  w.model = tok[0];
+  for (size_t i = 1; i < tok.size(); ++i) {
+    const std::string& t = tok[i];
+    int64_t k = 0;
+    if (t == "bf16" || t.rfind("fp8", 0) == 0) {
+      w.format = t;
+    } else if (t.size() > 2 && (t.rfind("TP", 0) == 0 || t.rfind("tp", 0) == 0)) {
+      if (!absl::SimpleAtoi(t.substr(2), &w.tp) || w.tp <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--cell: bad TP '", t, "'"));
+      }
+    } else if (t == "decode" || t == "decode1") {
+      w.shape = t;
+    } else if (t == "prefill") {
+      w.shape = t;
+      if (i + 1 < tok.size() && ParseK(tok[i + 1], &k)) {
+        w.prefill_rows = static_cast<int>(k);
+        ++i;
+      }
+    } else if (t.rfind("C=", 0) == 0) {
+      if (!absl::SimpleAtoi(t.substr(2), &w.requests) || w.requests <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--cell: bad '", t, "'"));
+      }
+    } else if (ParseK(t, &k)) {
+      w.context = k;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--cell: unknown part '", t, "' in '", cell,
+                                                     "'"));
+    }
+  }
+  return w;
+}
+
+absl::StatusOr<v1::ModelInfo> FindModel(const v1::ServerInfo& info, const WorkloadSpec& spec) {
+  std::string served;
+  for (const v1::ModelInfo& m : info.models()) {
+    absl::StrAppend(&served, served.empty() ? "" : ", ", m.profile(), " TP", m.tp(), " ",
+                    m.kv_format());
+    if (m.profile() != spec.model) continue;
+    if (spec.tp > 0 && m.tp() != spec.tp) continue;
+    if (!spec.format.empty() && m.kv_format() != spec.format) continue;
+    return m;
+  }
+  return absl::NotFoundError(absl::StrCat("the server does not serve ", spec.Name(),
+                                          "; it serves: ", served));
+}
+
+absl::Status PrepareModel(client::Client* client, const v1::ModelInfo& model,
+                          const WorkloadSpec& spec, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  if (model.has_sinks()) {
+    std::uniform_real_distribution<float> u(-1.0f, 2.0f);
+    std::vector<float> sinks(int64_t{model.layers_size()} * model.heads_per_rank());
+    for (float& s : sinks) s = u(rng);
+    if (absl::Status st =
+            client->SetSinks(model.profile(), sinks, model.layers_size(), model.heads_per_rank());
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (spec.inverse_rope) {
+    const int64_t most = spec.context + (spec.shape == "prefill" ? 64 * spec.prefill_rows : 64);
+    const int32_t positions = static_cast<int32_t>(std::min<int64_t>(most, 1 << 22));
+    std::vector<float> table = client::MakeRopeTable(positions);
+    if (absl::Status st = client->SetRopeTable(model.profile(), table, positions); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+Worker::Worker(int index, const WorkloadSpec& spec, const v1::ModelInfo& model, Connection* conn,
+               Transport transport, bool streaming, CallTotals* totals)
+    : index_(index),
+      spec_(spec),
+      model_(model),
+      conn_(conn),
+      transport_(transport),
+      streaming_(streaming),
+      totals_(totals) {
+  if (spec.layer >= 0) {
+    layers_.push_back(spec.layer);
+  } else {
+    for (int l = 0; l < model.layers_size(); ++l) layers_.push_back(l);
+  }
+}
+
+Worker::~Worker() { Teardown(); }
+
+absl::Status Worker::Setup(int chunk, uint64_t seed) {
+  std::mt19937_64 rng(seed + 7919 * static_cast<uint64_t>(index_));
+  for (int j = 0; j < spec_.SequencesPerWorker(); ++j) {
+    std::string id = absl::StrCat("bench-", getpid(), "-w", index_, "-s", j);
+    auto seq = conn_->client->CreateSequence(model_.profile(), id);
+    if (!seq.ok()) return seq.status();
+    sequences_.push_back(id);
+  }
+  // The timed requests, inline first.
+  const bool prefill = spec_.shape == "prefill";
+  const int64_t call_first = prefill ? spec_.context - spec_.prefill_rows : spec_.context;
+  if (call_first < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context ", spec_.context, " is shorter than the prefill chunk"));
+  }
+  client::StepOptions o;
+  o.output_format = spec_.output_format;
+  o.want_lse = spec_.want_lse;
+  o.inverse_rope = spec_.inverse_rope;
+  const int rows = prefill ? spec_.prefill_rows : spec_.RowsPerRequest();
+  const int drafts = spec_.shape == "decode" ? 5 : 0;
+  for (int layer : layers_) {
+    std::vector<client::SpanSpec> spans;
+    for (const std::string& s : sequences_) spans.push_back({s, call_first, rows, drafts});
+    requests_.push_back(client::MakeStep(model_, layer, spans, o, rng));
+    next_position_.push_back(call_first);
+  }
+  if (transport_ == Transport::kShm) {
+    uint64_t bytes = 0;
+    for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
+    prefill_offset_ = bytes;
+    // Scratch for the largest pre-fill chunk request.
+    int64_t scratch = 0;
+    if (call_first > 0) {
+      const int c = static_cast<int>(std::min<int64_t>(chunk, call_first));
+      for (int layer : layers_) {
+        std::mt19937_64 tmp(1);
+        std::vector<client::SpanSpec> one = {{sequences_[0], 0, c, 0}};
+        scratch = std::max<int64_t>(
+            scratch, static_cast<int64_t>(client::ShmRegion::BytesFor(
+                         client::MakeStep(model_, layer, one, client::StepOptions{}, tmp))));
+      }
+    }
+    auto region = client::ShmRegion::Create(conn_->client.get(),
+                                            absl::StrCat("bench-", getpid(), "-w", index_),
+                                            bytes + static_cast<uint64_t>(scratch) + 64);
+    if (!region.ok()) return region.status();
+    region_ = *std::move(region);
+    uint64_t at = 0;
+    for (auto& r : requests_) {
+      auto end = region_->Place(&r, at);
+      if (!end.ok()) return end.status();
+      at = *end;
+    }
+  }
+  if (absl::Status st = Prefill(chunk, rng); !st.ok()) return st;
+  if (streaming_) {
+    auto s = conn_->client->OpenStream();
+    if (!s.ok()) return s.status();
+    stream_ = *std::move(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Prefill(int chunk, std::mt19937_64& rng) {
+  const int64_t upto = next_position_.empty() ? 0 : next_position_[0];
+  for (size_t slot = 0; slot < layers_.size(); ++slot) {
+    // One request per chunk length, re-aimed at each sequence and chunk: its top-k choices
+    // were drawn for the first chunk, so they stay visible later, and chunk starts are
+    // multiples of every compression ratio when the chunk is, so the compressed entry count
+    // does not change. In a region the template's tensors are placed once and reused.
+    v1::StepRequest tmpl;
+    int tmpl_rows = -1;
+    for (int64_t first = 0; first < upto; first += chunk) {
+      const int rows = static_cast<int>(std::min<int64_t>(chunk, upto - first));
+      const int64_t r = model_.layers(layers_[slot]).compression_ratio();
+      const bool aligned = r <= 0 || first % r == 0;
+      if (rows != tmpl_rows || !aligned) {
+        std::vector<client::SpanSpec> spans = {{sequences_[0], first, rows, 0}};
+        tmpl = client::MakeStep(model_, layers_[slot], spans, client::StepOptions{}, rng);
+        tmpl_rows = aligned ? rows : -1;
+        if (region_) {
+          auto end = region_->Place(&tmpl, prefill_offset_);
+          if (!end.ok()) return end.status();
+        }
+      }
+      for (const std::string& seq : sequences_) {
+        tmpl.mutable_spans(0)->set_sequence_id(seq);
+        tmpl.mutable_spans(0)->set_first_position(first);
+        auto resp = conn_->client->Step(tmpl);
+        if (!resp.ok()) {
+          totals_->failed++;
+          return absl::Status(resp.status().code(),
+                              absl::StrCat("pre-fill of layer ", layers_[slot], " at ", first,
+                                           ": ", resp.status().message()));
+        }
+        totals_->unary_ok++;
+        totals_->rows_ok += rows;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Send(v1::StepRequest& request, v1::StepResponse* response, bool count_rows) {
+  int64_t rows = 0;
+  for (const auto& s : request.spans()) rows += s.num_rows();
+  absl::Status st;
+  if (broken_) return absl::UnavailableError("step stream ended");
+  if (streaming_) {
+    if (!stream_->Write(request) || !stream_->Read(response)) {
+      st = stream_->Finish();
+      if (st.ok()) st = absl::UnavailableError("step stream ended");
+      broken_ = true;
+      totals_->failed++;
+      return st;
+    }
+    st = absl::Status(static_cast<absl::StatusCode>(response->code()), response->message());
+    if (st.ok()) totals_->stream_ok++;
+  } else {
+    auto r = conn_->client->Step(request);
+    st = r.status();
+    if (r.ok()) {
+      *response = *std::move(r);
+      totals_->unary_ok++;
+    }
+  }
+  if (st.ok() && count_rows) totals_->rows_ok += rows;
+  if (!st.ok()) totals_->failed++;
+  return st;
+}
+
+absl::Status Worker::Call(size_t layer_slot, v1::StepResponse* response) {
+  v1::StepRequest& req = requests_[layer_slot];
+  if (spec_.shape == "prefill") {
+    for (auto& s : *req.mutable_spans()) s.set_first_position(next_position_[layer_slot]);
+  }
+  absl::Status st = Send(req, response, true);
+  if (st.ok() && spec_.shape == "prefill") next_position_[layer_slot] += spec_.prefill_rows;
+  return st;
+}
+
+void Worker::Teardown() {
+  if (stream_ && !broken_) {
+    stream_->WritesDone();
+    stream_->Finish().ok();
+    stream_.reset();
+  }
+  for (const std::string& s : sequences_) {
+    conn_->client->Release({model_.profile(), s}).ok();
+  }
+  sequences_.clear();
+  region_.reset();
+}
+
+}  // namespace smla::bench

@@ -1,0 +1,115 @@
+// What smla-bench sends: a cell of the workloads.md grid ("dsv4.1-flash fp8_dsv4 TP4 decode
+// C=32 128K") on one layer or as whole model steps (every layer of the profile in order), and
+// the per-worker state that sends it (sequences pre-filled to the context, a connection, a
+// stream, a shared-memory region).
+//
+// Calls repeat at a fixed position: a decode call writes its 6 (or 1) rows at position
+// `context` of each of its C sequences and attends there, the next call replaces them (the
+// rollback of rejected drafts), so every call does the same work and request payloads are
+// generated once. A prefill call writes the next chunk of P rows after what is stored, so the
+// context grows by P per call.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "smla/client/client.h"
+#include "smla/client/shm.h"
+#include "smla/v1/info.pb.h"
+#include "smla/v1/step.pb.h"
+
+namespace smla::bench {
+
+struct WorkloadSpec {
+  std::string model;   // profile name
+  std::string format;  // KV format the server must serve ("" = whatever it serves)
+  int tp = 0;          // TP degree the server must serve (0 = whatever it serves)
+  std::string shape = "decode";  // decode | decode1 | prefill
+  int requests = 1;              // C: sequences per call (decode, decode1)
+  int prefill_rows = 8192;       // P (prefill)
+  int64_t context = 131072;      // positions stored before the timed calls
+  int layer = -1;                // -1: whole model steps
+  v1::OutputFormat output_format = v1::OUTPUT_FORMAT_BF16;
+  bool want_lse = false;
+  bool inverse_rope = false;
+
+  int RowsPerRequest() const { return shape == "decode" ? 6 : shape == "decode1" ? 1 : 0; }
+  int RowsPerCall() const { return shape == "prefill" ? prefill_rows : requests * RowsPerRequest(); }
+  int SequencesPerWorker() const { return shape == "prefill" ? 1 : requests; }
+  std::string Name() const;  // the cell's name
+};
+
+// Parses a cell name: model, then any of format, "TP<n>", shape ("decode C=32", "decode1
+// C=8", "prefill 8K"), context ("128K"), in any order after the model.
+absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell);
+
+enum class Transport { kInline, kShm };
+
+struct Connection {
+  std::string server;
+  std::unique_ptr<client::Client> client;
+};
+
+// Counters of every call the bench made (set-up, warm-up and measured), to compare with the
+// server's metrics.
+struct CallTotals {
+  std::atomic<int64_t> unary_ok{0}, stream_ok{0}, rows_ok{0}, failed{0};
+};
+
+// One closed-loop stream (or open-loop sender): its sequences, its requests (one per layer it
+// steps), its stream and region.
+class Worker {
+ public:
+  Worker(int index, const WorkloadSpec& spec, const v1::ModelInfo& model, Connection* conn,
+         Transport transport, bool streaming, CallTotals* totals);
+  ~Worker();
+
+  // Creates the sequences, pre-fills them to the context on every layer it steps (prefill
+  // chunks of `chunk` rows), builds the call requests and, for shm, registers a region
+  // holding all of them.
+  absl::Status Setup(int chunk, uint64_t seed);
+  // Releases the sequences and the region.
+  void Teardown();
+
+  // One call on `layer_slot` (index into Layers()); fills `response`. The status is the
+  // call's (unary) or the response's code (stream).
+  absl::Status Call(size_t layer_slot, v1::StepResponse* response);
+  const std::vector<int>& Layers() const { return layers_; }
+  const std::string& server() const { return conn_->server; }
+  // The worker's stream ended; it cannot send any more.
+  bool broken() const { return broken_; }
+
+ private:
+  absl::Status Prefill(int chunk, std::mt19937_64& rng);
+  absl::Status Send(v1::StepRequest& request, v1::StepResponse* response, bool count_rows);
+
+  const int index_;
+  const WorkloadSpec spec_;
+  const v1::ModelInfo model_;
+  Connection* const conn_;
+  const Transport transport_;
+  const bool streaming_;
+  CallTotals* const totals_;
+  std::vector<int> layers_;
+  std::vector<std::string> sequences_;
+  std::vector<v1::StepRequest> requests_;  // per layer slot, placed in the region for shm
+  std::vector<int64_t> next_position_;     // prefill: where the next call writes
+  std::unique_ptr<client::StepStream> stream_;
+  std::unique_ptr<client::ShmRegion> region_;
+  uint64_t prefill_offset_ = 0;  // start of the prefill scratch area in region_
+  bool broken_ = false;
+};
+
+// Uploads sinks (random, when the model has them) and a rope table (when asked) so steps run.
+absl::Status PrepareModel(client::Client* client, const v1::ModelInfo& model,
+                          const WorkloadSpec& spec, uint64_t seed);
+
+// The served model matching the spec (profile, TP, format), or NOT_FOUND naming what is there.
+absl::StatusOr<v1::ModelInfo> FindModel(const v1::ServerInfo& info, const WorkloadSpec& spec);
+
+}  // namespace smla::bench

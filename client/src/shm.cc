@@ -1,0 +1,191 @@
+#include "smla/client/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "smla/kernels/formats.h"
+
+namespace smla::client {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+
+uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Every inline input tensor of a request, in a fixed order.
+std::vector<v1::Tensor*> Inputs(v1::StepRequest* r) {
+  std::vector<v1::Tensor*> t;
+  for (v1::Span& s : *r->mutable_spans()) {
+    for (v1::Tensor* x : {s.mutable_kv_rows(), s.mutable_q()}) t.push_back(x);
+    if (s.has_compressed_rows()) t.push_back(s.mutable_compressed_rows());
+    if (s.has_topk()) t.push_back(s.mutable_topk());
+  }
+  return t;
+}
+
+struct OutputBytes {
+  uint64_t out = 0, scales = 0, lse = 0;
+};
+
+OutputBytes OutputsOf(const v1::StepRequest& r) {
+  int64_t rows = 0, heads = 0;
+  for (const v1::Span& s : r.spans()) {
+    rows += s.num_rows();
+    if (s.q().shape_size() == 3) heads = s.q().shape(1);
+  }
+  const uint64_t cells = static_cast<uint64_t>(rows * heads);
+  OutputBytes o;
+  const bool mx = r.output_format() == v1::OUTPUT_FORMAT_MXFP8;
+  o.out = cells * kernels::kValueWidth * (mx ? 1 : 2);
+  if (mx) o.scales = cells * kernels::kMxGroupsPerHead;
+  if (r.want_lse()) o.lse = cells * 4;
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
+                                                             const std::string& name_suffix,
+                                                             uint64_t size) {
+  std::unique_ptr<ShmRegion> r(new ShmRegion());
+  r->client_ = client;
+  r->name_ = "/smla-" + name_suffix;
+  r->fd_ = shm_open(r->name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (r->fd_ < 0) {
+    return absl::InternalError(absl::StrCat("shm_open ", r->name_, ": ", std::strerror(errno)));
+  }
+  if (ftruncate(r->fd_, static_cast<off_t>(size)) != 0) {
+    return absl::InternalError(absl::StrCat("ftruncate ", r->name_, ": ", std::strerror(errno)));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap ", r->name_, ": ", std::strerror(errno)));
+  }
+  r->data_ = static_cast<uint8_t*>(p);
+  r->size_ = size;
+  // The registration is a server-streaming call held open; its first message is the ack.
+  r->lease_context_ = std::make_unique<grpc::ClientContext>();
+  v1::RegisterRegionRequest req;
+  req.set_name(r->name_);
+  req.set_size(size);
+  r->lease_ = client->stub()->RegisterRegion(r->lease_context_.get(), req);
+  v1::RegisterRegionResponse ack;
+  if (!r->lease_->Read(&ack)) {
+    absl::Status st = FromGrpcStatus(r->lease_->Finish());
+    r->lease_.reset();
+    return st.ok() ? absl::UnavailableError("RegisterRegion ended without an answer") : st;
+  }
+  return r;
+}
+
+absl::Status ShmRegion::Unregister() {
+  if (!lease_) return absl::FailedPreconditionError(absl::StrCat(name_, ": not registered"));
+  grpc::ClientContext ctx;
+  v1::UnregisterRegionRequest req;
+  req.set_name(name_);
+  v1::UnregisterRegionResponse resp;
+  absl::Status st = FromGrpcStatus(client_->stub()->UnregisterRegion(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  v1::RegisterRegionResponse more;
+  while (lease_->Read(&more)) {
+  }
+  st = FromGrpcStatus(lease_->Finish());
+  lease_.reset();
+  return st;
+}
+
+ShmRegion::~ShmRegion() {
+  if (lease_) {
+    lease_context_->TryCancel();
+    v1::RegisterRegionResponse more;
+    while (lease_->Read(&more)) {
+    }
+    lease_->Finish().ok();
+  }
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) {
+    close(fd_);
+    shm_unlink(name_.c_str());
+  }
+}
+
+uint64_t ShmRegion::BytesFor(const v1::StepRequest& request) {
+  uint64_t n = 0;
+  for (const v1::Span& s : request.spans()) {
+    n += AlignUp(s.kv_rows().inline_data().size()) + AlignUp(s.q().inline_data().size());
+    if (s.has_compressed_rows()) n += AlignUp(s.compressed_rows().inline_data().size());
+    if (s.has_topk()) n += AlignUp(s.topk().inline_data().size());
+  }
+  const OutputBytes o = OutputsOf(request);
+  return n + AlignUp(o.out) + AlignUp(o.scales) + AlignUp(o.lse);
+}
+
+absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t offset) const {
+  uint64_t at = AlignUp(offset);
+  auto take = [&](uint64_t bytes, v1::RegionRef* ref) -> absl::Status {
+    if (bytes > size_ || at > size_ - bytes) {
+      return absl::OutOfRangeError(absl::StrCat("region ", name_, " of ", size_,
+                                                " bytes is too small for the step at offset ",
+                                                offset));
+    }
+    ref->set_region(name_);
+    ref->set_offset(at);
+    ref->set_size(bytes);
+    at = AlignUp(at + bytes);
+    return absl::OkStatus();
+  };
+  for (v1::Tensor* t : Inputs(request)) {
+    if (t->data_case() != v1::Tensor::kInlineData) {
+      return absl::InvalidArgumentError("Place: the request is not fully inline");
+    }
+    std::string bytes = std::move(*t->mutable_inline_data());
+    v1::RegionRef ref;
+    if (absl::Status st = take(bytes.size(), &ref); !st.ok()) return st;
+    if (!bytes.empty()) std::memcpy(data_ + ref.offset(), bytes.data(), bytes.size());
+    *t->mutable_region() = ref;
+  }
+  const OutputBytes o = OutputsOf(*request);
+  if (absl::Status st = take(o.out, request->mutable_out_region()); !st.ok()) return st;
+  if (o.scales > 0) {
+    if (absl::Status st = take(o.scales, request->mutable_mx_scales_region()); !st.ok()) return st;
+  }
+  if (o.lse > 0) {
+    if (absl::Status st = take(o.lse, request->mutable_lse_region()); !st.ok()) return st;
+  }
+  return at;
+}
+
+absl::StatusOr<std::span<const uint8_t>> ShmRegion::Bytes(const v1::Tensor& tensor) const {
+  if (tensor.data_case() != v1::Tensor::kRegion || tensor.region().region() != name_) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor does not name region ", name_));
+  }
+  const v1::RegionRef& r = tensor.region();
+  if (r.offset() > size_ || r.size() > size_ - r.offset()) {
+    return absl::OutOfRangeError(absl::StrCat("offset ", r.offset(), " + size ", r.size(),
+                                              " outside region ", name_, " of ", size_));
+  }
+  return std::span<const uint8_t>(data_ + r.offset(), r.size());
+}
+
+absl::Status ShmRegion::Inline(v1::StepResponse* response) const {
+  for (v1::Tensor* t :
+       {response->mutable_out(), response->mutable_mx_scales(), response->mutable_lse()}) {
+    if (t->data_case() != v1::Tensor::kRegion) continue;
+    auto b = Bytes(*t);
+    if (!b.ok()) return b.status();
+    t->set_inline_data(b->data(), b->size());
+  }
+  // mutable_* above created empty tensors for unset fields; drop them again.
+  if (response->mx_scales().dtype() == v1::DTYPE_UNSPECIFIED) response->clear_mx_scales();
+  if (response->lse().dtype() == v1::DTYPE_UNSPECIFIED) response->clear_lse();
+  return absl::OkStatus();
+}
+
+}  // namespace smla::client
