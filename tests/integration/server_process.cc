@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -25,8 +26,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& args) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  std::vector<std::string> argv_s = {SMLA_SERVER_BINARY, "--listen=127.0.0.1:0",
-                                     "--metrics_listen=127.0.0.1:0", "--backend=cpu",
+  // The environment may point the same tests at another binary or backend, e.g. a GPU build
+  // run on a GPU machine: SMLA_SERVER_BINARY=... SMLA_TEST_BACKEND=cuda.
+  const char* binary = std::getenv("SMLA_SERVER_BINARY");
+  const char* backend = std::getenv("SMLA_TEST_BACKEND");
+  std::vector<std::string> argv_s = {binary != nullptr ? binary : SMLA_SERVER_BINARY,
+                                     "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                     absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"),
                                      "--log_level=info"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -79,7 +85,7 @@ std::string ServerProcess::target() const { return absl::StrCat("127.0.0.1:", po
 std::unique_ptr<client::Client> ServerProcess::Connect() const {
   client::ClientOptions o;
   o.target = target();
-  o.timeout = absl::Seconds(60);
+  o.timeout = absl::Seconds(600);  // generous: sanitizer builds run steps 20-50x slower
   return *client::Client::Connect(o);
 }
 
