@@ -43,6 +43,8 @@ ABSL_FLAG(int32_t, max_sequences, 0, "Live sequences");
 ABSL_FLAG(int32_t, stream_max_inflight, 0, "Requests of one StepStream in flight (default 16)");
 ABSL_FLAG(int32_t, shutdown_grace_s, 0, "Seconds to wait for open calls at shutdown (default 10)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
+ABSL_FLAG(bool, allow_shm, false,
+          "Let clients on this host register shared-memory regions (zero-copy transport)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
 namespace smla::server {
@@ -188,6 +190,7 @@ int Run() {
   options.metrics_listen = config->metrics_listen;
   options.stream_max_inflight = stream_max_inflight;
   options.shutdown_grace = absl::Seconds(grace_s);
+  options.allow_shm = absl::GetFlag(FLAGS_allow_shm);
   auto server = edge::EdgeServer::Start(core->get(), config->limits, options);
   if (!server.ok()) {
     spdlog::error("edge: {}", server.status().ToString());

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.stream_max_inflight = std::max(1, options.stream_max_inflight);
   eo.limits = limits;
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
+  eo.allow_shm = options.allow_shm;
   s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -101,6 +102,7 @@ void EdgeServer::Shutdown() {
   SetServing(server_.get(), false);
   spdlog::info("shutdown: draining queued work");
   core_->Drain();
+  service_->CloseRegions();  // their registering calls would otherwise hold up the shutdown
   spdlog::info("shutdown: closing calls (grace {})", absl::FormatDuration(options_.shutdown_grace));
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoSeconds(options_.shutdown_grace));

@@ -24,6 +24,8 @@ struct EdgeServerOptions {
   int32_t stream_max_inflight = 16;
   // How long Shutdown waits for open calls (streams) after the drain before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // Registered shared-memory regions (the zero-copy transport); off by default.
+  bool allow_shm = false;
 };
 
 // The largest request or response a legal step (or rope/sink upload) can need, in bytes,

@@ -39,6 +39,7 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
   StepUnaryReactor(SmlaService* service, grpc::CallbackServerContext* ctx,
                    const v1::StepRequest* request, v1::StepResponse* response)
       : service_(service),
+        request_(request),
         response_(response),
         cancel_(std::make_shared<std::atomic<bool>>(false)),
         start_(absl::Now()),
@@ -56,7 +57,7 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
         return;
       }
       const absl::Duration server_time = absl::Now() - start_;
-      FillStepResponse(*result, response_);
+      FillStepResponse(*result, response_, request_);
       response_->set_request_id(request_id_);
       response_->mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
       service_->metrics()->ObserveStep(*result, server_time);
@@ -73,6 +74,7 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
 
  private:
   SmlaService* const service_;
+  const v1::StepRequest* const request_;
   v1::StepResponse* const response_;
   const CancelFlag cancel_;
   const absl::Time start_;
@@ -93,6 +95,7 @@ absl::Time CallDeadline(const grpc::CallbackServerContext& ctx) {
 
 SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options)
     : core_(core), metrics_(metrics), options_(std::move(options)) {
+  if (options_.allow_shm) regions_ = std::make_unique<RegionRegistry>();
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;
@@ -104,8 +107,9 @@ absl::Status SmlaService::Prepare(const v1::StepRequest& pb, absl::Time call_dea
                                   CancelFlag cancel, StepRequest* out, ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
+  const RegionContext regions{regions_.get(), options_.tenant};
   absl::Status st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
-                                     options_.limits.max_spans_per_step, out, storage);
+                                     options_.limits.max_spans_per_step, out, storage, &regions);
   if (out->request_id.empty()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
   }

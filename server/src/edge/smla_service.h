@@ -11,6 +11,7 @@
 #include <string>
 
 #include "edge_metrics.h"
+#include "shm_region.h"
 #include "smla/server/service_core.h"
 #include "smla/v1/service.grpc.pb.h"
 #include "wire.h"
@@ -25,6 +26,8 @@ struct EdgeOptions {
   std::string tenant = "default";
   Limits limits;
   int64_t max_message_bytes = 0;  // reported in ServerInfo
+  // Registered shared-memory regions (RegisterRegion, RegionRef tensors); off by default.
+  bool allow_shm = false;
 };
 
 class SmlaService final : public v1::Smla::CallbackService {
@@ -56,6 +59,17 @@ class SmlaService final : public v1::Smla::CallbackService {
                                  v1::StepResponse* response) override;
   grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
       grpc::CallbackServerContext* ctx) override;
+  // Defined in shm_region_service.cc.
+  grpc::ServerWriteReactor<v1::RegisterRegionResponse>* RegisterRegion(
+      grpc::CallbackServerContext* ctx, const v1::RegisterRegionRequest* request) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  // Ends every region's registering call and unmaps what no step still uses (shutdown).
+  void CloseRegions() {
+    if (regions_) regions_->CloseAll();
+  }
+  RegionRegistry* regions() const { return regions_.get(); }
 
   // Parses `pb` into `out` with tenant, request id, deadline and cancel flag filled in.
   absl::Status Prepare(const v1::StepRequest& pb, absl::Time call_deadline, CancelFlag cancel,
@@ -78,6 +92,7 @@ class SmlaService final : public v1::Smla::CallbackService {
   const EdgeOptions options_;
   std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
   std::atomic<uint64_t> next_request_{1};
+  std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
 };
 
 // Fills a ServerInfo message from the core (versions, device, models with layer plans and

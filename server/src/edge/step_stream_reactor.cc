@@ -93,7 +93,7 @@ void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>&
   resp.set_request_id(entry->request_id);
   if (result.ok()) {
     const absl::Duration server_time = absl::Now() - entry->start;
-    FillStepResponse(*result, &resp);
+    FillStepResponse(*result, &resp, entry->request.get());
     resp.mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
     service_->metrics()->ObserveStep(*result, server_time);
   }

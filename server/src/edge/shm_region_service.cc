@@ -1,0 +1,145 @@
+// RegisterRegion / UnregisterRegion of smla.v1.Smla: a region lives as long as its registering
+// call stays open, so a client that goes away (cancel, closed channel) cannot leave mappings
+// behind.
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "smla_service.h"
+
+namespace smla::server::edge {
+namespace {
+
+absl::Status RegionsDisabled() {
+  return absl::FailedPreconditionError(
+      "shared-memory regions are not enabled on this server (start it with --allow_shm)");
+}
+
+// Who may finish the call: the registry (unregister, shutdown), a cancel, or a failed write.
+// Whoever sets `finishing` first calls Finish; OnDone only follows Finish, so the reactor is
+// alive until then.
+struct LeaseState {
+  std::mutex mu;
+  grpc::ServerWriteReactor<v1::RegisterRegionResponse>* reactor = nullptr;
+  bool write_pending = false;
+  bool end_requested = false;
+  bool finishing = false;
+};
+
+class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterRegionResponse> {
+ public:
+  RegionLeaseReactor(SmlaService* service, const grpc::CallbackServerContext& ctx,
+                     const v1::RegisterRegionRequest* request)
+      : service_(service), state_(std::make_shared<LeaseState>()) {
+    state_->reactor = this;
+    RegionRegistry* regions = service_->regions();
+    if (regions == nullptr) {
+      FinishOnce(RegionsDisabled());
+      return;
+    }
+    const std::string tenant = service_->options().tenant;
+    session_ = regions->NewSession();
+    // The registry ends the call on unregister or shutdown; the state outlives the reactor.
+    auto end = [state = state_] {
+      bool finish = false;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (state->finishing) return;
+        if (state->write_pending) {
+          state->end_requested = true;
+        } else {
+          state->finishing = true;
+          finish = true;
+        }
+      }
+      if (finish) state->reactor->Finish(grpc::Status::OK);
+    };
+    absl::Status st = regions->Register(tenant, session_, request->name(),
+                                        request->size(), std::move(end));
+    if (!st.ok()) {
+      FinishOnce(st);
+      return;
+    }
+    response_.set_name(request->name());
+    response_.set_size(request->size());
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->finishing) return;
+      state_->write_pending = true;
+    }
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->write_pending = false;
+      if (!state_->finishing && (!ok || state_->end_requested)) {
+        state_->finishing = true;
+        finish = true;
+      }
+    }
+    if (finish) {
+      DropSession();
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  void OnCancel() override {
+    DropSession();
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->finishing && !state_->write_pending) {
+        state_->finishing = true;
+        finish = true;
+      } else if (!state_->finishing) {
+        state_->end_requested = true;  // OnWriteDone finishes
+      }
+    }
+    if (finish) Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    DropSession();
+    delete this;
+  }
+
+ private:
+  void FinishOnce(const absl::Status& st) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->finishing) return;
+      state_->finishing = true;
+    }
+    Finish(service_->Finished("RegisterRegion", "", st));
+  }
+
+  void DropSession() {
+    if (session_ != 0 && service_->regions() != nullptr) service_->regions()->DropSession(session_);
+  }
+
+  SmlaService* const service_;
+  const std::shared_ptr<LeaseState> state_;
+  uint64_t session_ = 0;
+  v1::RegisterRegionResponse response_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::RegisterRegionResponse>* SmlaService::RegisterRegion(
+    grpc::CallbackServerContext* ctx, const v1::RegisterRegionRequest* request) {
+  return new RegionLeaseReactor(this, *ctx, request);
+}
+
+grpc::ServerUnaryReactor* SmlaService::UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                                        const v1::UnregisterRegionRequest* request,
+                                                        v1::UnregisterRegionResponse*) {
+  const absl::Status st = regions_ == nullptr
+                              ? RegionsDisabled()
+                              : regions_->Unregister(options_.tenant, request->name());
+  return Reply(ctx, "UnregisterRegion", st);
+}
+
+}  // namespace smla::server::edge

@@ -1,0 +1,129 @@
+// smla-bench against the real smla-server: what the bench says it did matches the server's
+// own metrics exactly (calls by method, rows), and its reports are produced and well-formed.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "harness.h"
+#include "prometheus_text.h"
+
+namespace smla::testing {
+namespace {
+
+struct Counts {
+  double stream_ok = 0, unary_ok = 0, rows = 0;
+};
+
+Counts Scrape(const ServerProcess& server) {
+  Counts c;
+  auto text = server.ScrapeMetrics();
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return c;
+  auto e = ParsePrometheusText(*text);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return c;
+  c.stream_ok = e->Sum("smla_requests_total", {{"method", "StepStream"}, {"code", "OK"}});
+  c.unary_ok = e->Sum("smla_requests_total", {{"method", "Step"}, {"code", "OK"}});
+  c.rows = e->Sum("smla_step_rows_total");
+  return c;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The integer after "key": in the JSON text (first occurrence), or -1.
+int64_t JsonInt(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(k);
+  if (at == std::string::npos) return -1;
+  size_t end = at + k.size();
+  while (end < json.size() && (isdigit(json[end]) || json[end] == '-')) ++end;
+  int64_t v = -1;
+  if (!absl::SimpleAtoi(json.substr(at + k.size(), end - at - k.size()), &v)) return -1;
+  return v;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Runs smla-bench with `args`; returns its exit status and its stdout in `out`.
+int RunBench(const std::vector<std::string>& args, std::string* out) {
+  const std::string log = ::testing::TempDir() + "/bench_stdout.txt";
+  std::string cmd = SMLA_BENCH_BINARY;
+  for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
+  absl::StrAppend(&cmd, " > '", log, "' 2>&1");
+  const int rc = std::system(cmd.c_str());
+  *out = ReadAll(log);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::string& tag) {
+  auto server = ServerProcess::Start({kDsv41, "--allow_shm"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string json_path = ::testing::TempDir() + "/bench_" + tag + ".json";
+  const std::string html_path = ::testing::TempDir() + "/bench_" + tag + ".html";
+  std::remove(json_path.c_str());
+  std::remove(html_path.c_str());
+  const Counts before = Scrape(**server);
+  std::vector<std::string> args = {"--server=" + (*server)->target(), "--json=" + json_path,
+                                   "--html=" + html_path};
+  args.insert(args.end(), bench_args.begin(), bench_args.end());
+  std::string out;
+  ASSERT_EQ(RunBench(args, &out), 0) << out;
+  const Counts after = Scrape(**server);
+  const std::string json = ReadAll(json_path);
+  ASSERT_FALSE(json.empty()) << out;
+
+  const int64_t stream_ok = JsonInt(json, "stream_ok"), unary_ok = JsonInt(json, "unary_ok");
+  const int64_t rows_ok = JsonInt(json, "rows_ok");
+  EXPECT_EQ(JsonInt(json, "failed"), 0) << json;
+  EXPECT_GT(JsonInt(json, "calls"), 0) << json;
+  EXPECT_EQ(after.stream_ok - before.stream_ok, stream_ok) << json;
+  EXPECT_EQ(after.unary_ok - before.unary_ok, unary_ok) << json;
+  EXPECT_EQ(after.rows - before.rows, rows_ok) << json;
+  EXPECT_GT(rows_ok, 0);
+  // Every run's calls are among the calls the server counted.
+  EXPECT_LE(JsonInt(json, "calls"), stream_ok + unary_ok);
+
+  const std::string html = ReadAll(html_path);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("</html>"), std::string::npos);
+  EXPECT_GE(Count(html, "<svg"), 3u);
+  EXPECT_EQ(Count(html, "<svg"), Count(html, "</svg>"));
+  EXPECT_EQ(Count(html, "<table"), Count(html, "</table>"));
+  EXPECT_EQ(Count(html, "<tr>"), Count(html, "</tr>"));
+  EXPECT_EQ(html.find("<script"), std::string::npos) << "the report must open offline";
+  EXPECT_EQ(html.find("http://") , html.find("http://www.w3.org/2000/svg"))
+      << "no external resources besides the SVG namespace";
+  EXPECT_EQ((*server)->Terminate(), 0);
+}
+
+TEST(BenchTest, ShmStreamSweepMatchesServerMetrics) {
+  CheckAgainstServer({"--cell=dsv4.1-flash decode C=2", "--context=128", "--layer=2",
+                      "--prefill_chunk=64", "--transport=shm", "--mode=stream",
+                      "--concurrency=1,2", "--sweep_min_gain=-1", "--warmup_s=0.2",
+                      "--steps=15"},
+                     "shm");
+}
+
+TEST(BenchTest, InlineUnaryModelStepsOpenLoopMatchServerMetrics) {
+  CheckAgainstServer({"--cell=dsv4.1-flash decode1 C=1", "--context=16", "--layer=all",
+                      "--transport=inline", "--mode=unary", "--concurrency=2", "--rate=20",
+                      "--warmup_s=0.1", "--duration_s=1", "--slo_ms=10000"},
+                     "unary");
+}
+
+}  // namespace
+}  // namespace smla::testing

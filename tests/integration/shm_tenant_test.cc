@@ -1,0 +1,72 @@
+// Shared-memory regions belong to the tenant that registered them: another tenant (another
+// bearer token) naming one in a step or unregistering it is refused and changes nothing.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "harness.h"
+#include "smla/client/shm.h"
+
+namespace smla::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int32_t kLayer = 2;
+constexpr uint64_t kRegionBytes = 8 << 20;
+
+std::string Unique(const std::string& what) { return absl::StrCat(what, "-", getpid()); }
+
+TEST(ShmTenantTest, ForeignRegionIsPermissionDenied) {
+  const std::string tokens = ::testing::TempDir() + "/shm_tokens.txt";
+  std::ofstream(tokens) << "token-alice alice\ntoken-bob bob\n";
+  chmod(tokens.c_str(), 0600);
+  auto server = ServerProcess::Start({kDsv41, "--allow_shm", "--token_file=" + tokens});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions o;
+    o.target = (*server)->target();
+    o.token = token;
+    auto c = client::Client::Connect(o);
+    EXPECT_TRUE(c.ok());
+    return *std::move(c);
+  };
+  std::unique_ptr<client::Client> alice = connect("token-alice"), bob = connect("token-bob");
+  auto info = bob->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const v1::ModelInfo model = info->models(0);
+  std::vector<float> sinks(int64_t{model.layers_size()} * model.heads_per_rank(), 0.5f);
+  ASSERT_TRUE(bob->SetSinks(model.profile(), sinks, model.layers_size(), model.heads_per_rank())
+                  .ok());
+  std::mt19937_64 rng(7);
+  ASSERT_TRUE(bob->CreateSequence(model.profile(), "s").ok());
+  ASSERT_TRUE(bob->Step(client::MakeStep(model, kLayer, {{"s", 0, 64, 0}}, {}, rng)).ok());
+  auto alices = client::ShmRegion::Create(alice.get(), Unique("alice"), kRegionBytes);
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  // Bob names alice's region in a step, and tries to unregister it.
+  v1::StepRequest r = client::MakeStep(model, kLayer, {{"s", 64, 6, 5}}, {}, rng);
+  ASSERT_TRUE((*alices)->Place(&r).ok());
+  auto refused = bob->Step(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("belongs to another tenant"));
+  grpc::ClientContext ctx;
+  v1::UnregisterRegionRequest req;
+  req.set_name((*alices)->name());
+  v1::UnregisterRegionResponse resp;
+  EXPECT_EQ(bob->stub()->UnregisterRegion(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(*bob->Length({model.profile(), "s"}, kLayer), 64);
+  // Alice's region still serves alice (her own sequence), and bob's own step still runs.
+  ASSERT_TRUE(alice->CreateSequence(model.profile(), "t").ok());
+  v1::StepRequest p = client::MakeStep(model, kLayer, {{"t", 0, 64, 0}}, {}, rng);
+  ASSERT_TRUE((*alices)->Place(&p).ok());
+  EXPECT_TRUE(alice->Step(p).ok());
+  EXPECT_TRUE(bob->Step(client::MakeStep(model, kLayer, {{"s", 64, 6, 5}}, {}, rng)).ok());
+  EXPECT_EQ(*bob->Length({model.profile(), "s"}, kLayer), 70);
+}
+
+}  // namespace
+}  // namespace smla::testing

@@ -1,0 +1,268 @@
+// The zero-copy transport on the real smla-server: shared-memory steps return exactly the
+// inline results, region misuse is refused with a clear error and changes nothing, and a
+// region goes away with its registration.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "harness.h"
+#include "smla/client/shm.h"
+
+namespace smla::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int32_t kLayer = 2;  // SWA + top-512 of the 1/2 cache
+constexpr uint64_t kRegionBytes = 8 << 20;
+
+std::string Unique(const std::string& what) { return absl::StrCat(what, "-", getpid()); }
+
+class ShmTest : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {kDsv41};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_NO_FATAL_FAILURE(h_.Start(args, "dsv4.1-flash"));
+    ASSERT_NO_FATAL_FAILURE(h_.UploadTables(1024));
+  }
+  // A sequence pre-filled with 64 positions on kLayer (checked against the reference).
+  void Prefill(const std::string& id) {
+    ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), id).ok());
+    h_.StepAndCheck(h_.Make(kLayer, {{id, 0, 64, 0}}));
+  }
+  Harness h_;
+};
+
+TEST_F(ShmTest, ResultsEqualInlineBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
+  auto region = client::ShmRegion::Create(h_.client.get(), Unique("eq"), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  // Twin sequences: "a" gets every request inline, "b" the same request through the region.
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "a").ok());
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "b").ok());
+  {
+    v1::StepRequest p = h_.Make(kLayer, {{"a", 0, 64, 0}});
+    h_.StepAndCheck(p);
+    p.mutable_spans(0)->set_sequence_id("b");
+    ASSERT_TRUE((*region)->Place(&p).ok());
+    ASSERT_TRUE(h_.client->Step(p).ok());
+  }
+  const std::vector<client::StepOptions> variants = [] {
+    client::StepOptions bf16_lse;
+    bf16_lse.want_lse = true;
+    client::StepOptions mx_rope;
+    mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
+    mx_rope.inverse_rope = true;
+    mx_rope.want_lse = true;
+    return std::vector<client::StepOptions>{client::StepOptions{}, bf16_lse, mx_rope};
+  }();
+  auto stream = h_.client->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  int64_t pos = 64;
+  for (size_t v = 0; v < variants.size(); ++v, pos += 6) {
+    const v1::StepRequest inline_req = h_.Make(kLayer, {{"a", pos, 6, 5}}, variants[v]);
+    const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
+    v1::StepRequest shm_req = inline_req;
+    shm_req.mutable_spans(0)->set_sequence_id("b");
+    auto end = (*region)->Place(&shm_req);
+    ASSERT_TRUE(end.ok()) << end.status();
+    EXPECT_LT(shm_req.ByteSizeLong(), 1024u) << "a placed step should be a few hundred bytes";
+    v1::StepResponse shm_resp;
+    if (v % 2 == 0) {  // unary and stream both
+      auto r = h_.client->Step(shm_req);
+      ASSERT_TRUE(r.ok()) << r.status();
+      shm_resp = *r;
+    } else {
+      ASSERT_TRUE((*stream)->Write(shm_req));
+      ASSERT_TRUE((*stream)->Read(&shm_resp));
+      ASSERT_EQ(shm_resp.code(), 0) << shm_resp.message();
+    }
+    EXPECT_EQ(shm_resp.out().data_case(), v1::Tensor::kRegion);
+    EXPECT_LT(shm_resp.ByteSizeLong(), 1024u);
+    ASSERT_TRUE((*region)->Inline(&shm_resp).ok());
+    EXPECT_TRUE(shm_resp.out().inline_data() == inline_resp.out().inline_data())
+        << "variant " << v << ": output differs from the inline call";
+    EXPECT_TRUE(shm_resp.mx_scales().inline_data() == inline_resp.mx_scales().inline_data());
+    EXPECT_TRUE(shm_resp.lse().inline_data() == inline_resp.lse().inline_data());
+    EXPECT_EQ(shm_resp.out().shape_size(), inline_resp.out().shape_size());
+  }
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Places a valid step for `seq` and returns it; the caller breaks one reference.
+v1::StepRequest Placed(Harness& h, const client::ShmRegion& region, const std::string& seq,
+                       int64_t pos, bool lse = false) {
+  client::StepOptions o;
+  o.want_lse = lse;
+  v1::StepRequest r = h.Make(kLayer, {{seq, pos, 6, 5}}, o);
+  EXPECT_TRUE(region.Place(&r).ok());
+  return r;
+}
+
+void ExpectError(Harness& h, const v1::StepRequest& r, absl::StatusCode code,
+                 const std::string& text) {
+  auto resp = h.client->Step(r);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_EQ(resp.status().code(), code) << resp.status();
+  EXPECT_THAT(std::string(resp.status().message()), HasSubstr(text));
+}
+
+TEST_F(ShmTest, MisuseIsRefusedAndChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
+  auto region = client::ShmRegion::Create(h_.client.get(), Unique("misuse"), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_NO_FATAL_FAILURE(Prefill("s"));
+  const std::string name = (*region)->name();
+
+  {  // q past the end of the region
+    v1::StepRequest r = Placed(h_, **region, "s", 64);
+    r.mutable_spans(0)->mutable_q()->mutable_region()->set_offset(kRegionBytes - 64);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument,
+                absl::StrCat("spans[0].q.region: offset ", kRegionBytes - 64));
+  }
+  {  // offset + size overflows 64 bits
+    v1::StepRequest r = Placed(h_, **region, "s", 64);
+    r.mutable_spans(0)->mutable_kv_rows()->mutable_region()->set_offset(~uint64_t{0} - 8);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "is outside region");
+  }
+  {  // size that does not match the tensor's shape
+    v1::StepRequest r = Placed(h_, **region, "s", 64);
+    r.mutable_spans(0)->mutable_kv_rows()->mutable_region()->set_size(100);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "the tensor needs");
+  }
+  {  // int32 ids at an odd offset
+    v1::StepRequest r = Placed(h_, **region, "s", 64);
+    auto* ref = r.mutable_spans(0)->mutable_topk()->mutable_region();
+    ref->set_offset(ref->offset() + 2);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "not a multiple of 4");
+  }
+  {  // output past the end
+    v1::StepRequest r = Placed(h_, **region, "s", 64, true);
+    r.mutable_lse_region()->set_offset(kRegionBytes);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "lse_region");
+  }
+  {  // an LSE region without want_lse
+    v1::StepRequest r = Placed(h_, **region, "s", 64, true);
+    r.set_want_lse(false);
+    ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "lse_region: set without want_lse");
+  }
+  {  // a region nobody registered
+    v1::StepRequest r = Placed(h_, **region, "s", 64);
+    r.mutable_spans(0)->mutable_q()->mutable_region()->set_region("/smla-nobody");
+    ExpectError(h_, r, absl::StatusCode::kNotFound, "'/smla-nobody' is not registered");
+  }
+  {  // registering an existing name again, a bad name, a missing object
+    auto again = client::ShmRegion::Create(h_.client.get(), Unique("misuse"), 4096);
+    EXPECT_FALSE(again.ok());  // the client cannot even create it: the object exists
+    v1::RegisterRegionRequest req;
+    for (const auto& [n, code] : std::vector<std::pair<std::string, grpc::StatusCode>>{
+             {name, grpc::StatusCode::ALREADY_EXISTS},
+             {"/etc-passwd", grpc::StatusCode::INVALID_ARGUMENT},
+             {"/smla-../x", grpc::StatusCode::INVALID_ARGUMENT},
+             {"/smla-missing-object", grpc::StatusCode::NOT_FOUND}}) {
+      grpc::ClientContext ctx;
+      req.set_name(n);
+      req.set_size(4096);
+      auto reader = h_.client->stub()->RegisterRegion(&ctx, req);
+      v1::RegisterRegionResponse ack;
+      EXPECT_FALSE(reader->Read(&ack)) << n;
+      EXPECT_EQ(reader->Finish().error_code(), code) << n;
+    }
+  }
+  // Nothing was written by any of the refused calls.
+  EXPECT_EQ(h_.Length("s", kLayer), 64);
+  // After unregistering, the region is gone for steps and for a second unregister.
+  const v1::StepRequest later = Placed(h_, **region, "s", 64);
+  ASSERT_TRUE((*region)->Unregister().ok());
+  ExpectError(h_, later, absl::StatusCode::kNotFound, "is not registered");
+  {
+    grpc::ClientContext ctx;
+    v1::UnregisterRegionRequest req;
+    req.set_name(name);
+    v1::UnregisterRegionResponse resp;
+    EXPECT_EQ(h_.client->stub()->UnregisterRegion(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_EQ(h_.Length("s", kLayer), 64);
+  // A later valid step gives the right answer.
+  h_.StepAndCheck(h_.Make(kLayer, {{"s", 64, 6, 5}}));
+}
+
+TEST_F(ShmTest, ServerWithoutAllowShmRefusesRegions) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  grpc::ClientContext ctx;
+  v1::RegisterRegionRequest req;
+  req.set_name("/smla-" + Unique("off"));
+  req.set_size(4096);
+  auto reader = h_.client->stub()->RegisterRegion(&ctx, req);
+  v1::RegisterRegionResponse ack;
+  EXPECT_FALSE(reader->Read(&ack));
+  const grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("--allow_shm"));
+  auto region = client::ShmRegion::Create(h_.client.get(), Unique("off2"), 4096);
+  EXPECT_FALSE(region.ok());
+  // A step naming a region is refused naming the field.
+  ASSERT_NO_FATAL_FAILURE(Prefill("s"));
+  v1::StepRequest r = h_.Make(kLayer, {{"s", 64, 6, 5}});
+  v1::RegionRef ref;
+  ref.set_region("/smla-x");
+  ref.set_size(r.spans(0).q().inline_data().size());
+  *r.mutable_spans(0)->mutable_q()->mutable_region() = ref;
+  ExpectError(h_, r, absl::StatusCode::kInvalidArgument,
+              "spans[0].q: shared-memory regions are not enabled");
+  EXPECT_EQ(h_.Length("s", kLayer), 64);
+}
+
+TEST_F(ShmTest, RegionEndsWithItsRegisteringCall) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
+  ASSERT_NO_FATAL_FAILURE(Prefill("s"));
+  // An object this test owns, registered by a call that is then cancelled (as when the
+  // client's process or channel goes away).
+  const std::string name = "/smla-" + Unique("lease");
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kRegionBytes), 0);
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  v1::RegisterRegionRequest req;
+  req.set_name(name);
+  req.set_size(kRegionBytes);
+  auto reader = h_.client->stub()->RegisterRegion(ctx.get(), req);
+  v1::RegisterRegionResponse ack;
+  ASSERT_TRUE(reader->Read(&ack));
+  EXPECT_EQ(ack.size(), kRegionBytes);
+  // A reference past the end: INVALID_ARGUMENT while the region is registered, NOT_FOUND
+  // once it is gone, and never a write.
+  v1::StepRequest r = h_.Make(kLayer, {{"s", 64, 6, 5}});
+  v1::Tensor* q = r.mutable_spans(0)->mutable_q();
+  const uint64_t q_bytes = q->inline_data().size();
+  q->mutable_region()->set_region(name);
+  q->mutable_region()->set_offset(kRegionBytes);
+  q->mutable_region()->set_size(q_bytes);
+  ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "is outside region");
+  ctx->TryCancel();
+  EXPECT_FALSE(reader->Read(&ack));
+  reader->Finish();
+  // The server drops the region when it sees the cancel; give it a moment.
+  absl::Status st;
+  for (int i = 0; i < 100; ++i) {
+    st = h_.client->Step(r).status();
+    if (st.code() == absl::StatusCode::kNotFound) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("is not registered"));
+  EXPECT_EQ(h_.Length("s", kLayer), 64);
+  close(fd);
+  shm_unlink(name.c_str());
+}
+
+}  // namespace
+}  // namespace smla::testing
