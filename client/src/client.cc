@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "channel_auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "smla/client/tensor.h"
 
@@ -37,7 +38,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  c->channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(options, args);
+  if (!channel.ok()) return channel.status();
+  c->channel_ = *std::move(channel);
   c->stub_ = v1::Smla::NewStub(c->channel_);
   return c;
 }

@@ -2,6 +2,7 @@
 //   smla --server HOST:PORT info | health | demo [--sequences N --context T ...]
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +24,13 @@ ABSL_FLAG(int32_t, decode_steps, 6, "demo: speculative decode rounds (1 verify +
 ABSL_FLAG(bool, all_layers, false, "demo: every layer of the model (default: one per kind)");
 ABSL_FLAG(uint64_t, seed, 1, "demo: random seed");
 ABSL_FLAG(int32_t, timeout_s, 300, "Per-call deadline in seconds");
+ABSL_FLAG(bool, tls, false, "Connect with TLS (implied by --tls_ca or --tls_cert)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM roots that verify the server certificate");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mTLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM client private key (mTLS)");
+ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
+ABSL_FLAG(std::string, token_file, "",
+          "File whose first line is the bearer token (kept out of argv and shell history)");
 
 namespace smla::client {
 namespace {
@@ -95,6 +103,19 @@ int main(int argc, char** argv) {
   smla::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.tls = absl::GetFlag(FLAGS_tls);
+  options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_token_file));
+    if (!in || !std::getline(in, options.token) || options.token.empty()) {
+      std::fprintf(stderr, "--token_file: cannot read a token from %s\n",
+                   absl::GetFlag(FLAGS_token_file).c_str());
+      return 2;
+    }
+  }
   auto client = smla::client::Client::Connect(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());

@@ -15,6 +15,7 @@
 #include "edge/config_file.h"
 #include "edge/edge_metrics.h"
 #include "edge/edge_server.h"
+#include "edge/fault_backend.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/service_core.h"
@@ -45,6 +46,21 @@ ABSL_FLAG(int32_t, shutdown_grace_s, 0, "Seconds to wait for open calls at shutd
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
+ABSL_FLAG(int64_t, inject_backend_failure_after, -1,
+          "Fault tests: every Attend after this many served ones fails (INTERNAL); -1 = off");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mTLS)");
+ABSL_FLAG(std::string, token_file, "",
+          "Bearer tokens: lines \"token tenant\"; every smla.v1 call must carry one");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "Serve plaintext without tokens on a non-loopback address");
+ABSL_FLAG(int32_t, tenant_max_sequences, 0, "Live sequences per tenant and model (0 = no quota)");
+ABSL_FLAG(int64_t, tenant_max_pages, 0, "KV pool pages per tenant and model (0 = no quota)");
+ABSL_FLAG(int32_t, tenant_max_streams, 0, "Open StepStream calls per tenant (0 = no quota)");
+ABSL_FLAG(absl::Duration, sequence_idle_timeout, absl::InfiniteDuration(),
+          "Release sequences unused this long, e.g. 10m (inf = never)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
 namespace smla::server {
@@ -143,6 +159,10 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
     *stream_max_inflight = absl::GetFlag(FLAGS_stream_max_inflight);
   }
   if (absl::GetFlag(FLAGS_shutdown_grace_s) > 0) *grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  l.tenant_max_sequences = absl::GetFlag(FLAGS_tenant_max_sequences);
+  l.tenant_max_pages = absl::GetFlag(FLAGS_tenant_max_pages);
+  l.tenant_max_streams = absl::GetFlag(FLAGS_tenant_max_streams);
+  l.sequence_idle_timeout = absl::GetFlag(FLAGS_sequence_idle_timeout);
   return config;
 }
 
@@ -180,16 +200,31 @@ int Run() {
     spdlog::info("model {} tp={} heads={} kv={} page_rows={} pool={} bytes", m.profile, m.tp,
                  m.heads_per_rank, kernels::KvFormatName(m.kv_format), m.page_rows, m.pool_bytes);
   }
+  edge::FaultInjectingBackend* fault = nullptr;
+  if (absl::GetFlag(FLAGS_inject_backend_failure_after) >= 0) {
+    auto wrapped = std::make_unique<edge::FaultInjectingBackend>(
+        std::move(*backend), absl::GetFlag(FLAGS_inject_backend_failure_after));
+    fault = wrapped.get();
+    *backend = std::move(wrapped);
+    spdlog::warn("fault injection: Attend fails after {} calls",
+                 absl::GetFlag(FLAGS_inject_backend_failure_after));
+  }
   auto core = ServiceCore::Create(*config, std::move(*backend));
   if (!core.ok()) {
     spdlog::error("service core: {}", core.status().ToString());
     return 1;
   }
+  if (fault != nullptr) fault->Arm();
   edge::EdgeServerOptions options;
   options.listen = config->listen;
   options.metrics_listen = config->metrics_listen;
   options.stream_max_inflight = stream_max_inflight;
   options.shutdown_grace = absl::Seconds(grace_s);
+  options.auth.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.auth.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.auth.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth.token_file = absl::GetFlag(FLAGS_token_file);
+  options.auth.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   options.allow_shm = absl::GetFlag(FLAGS_allow_shm);
   auto server = edge::EdgeServer::Start(core->get(), config->limits, options);
   if (!server.ok()) {

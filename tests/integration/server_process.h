@@ -21,6 +21,7 @@ class ServerProcess {
   ~ServerProcess();  // SIGKILL if still running
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
   std::string target() const;
   std::unique_ptr<client::Client> Connect() const;

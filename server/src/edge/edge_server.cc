@@ -57,12 +57,24 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.limits = limits;
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
   eo.allow_shm = options.allow_shm;
+  std::shared_ptr<const TokenTable> tokens;
+  if (!options.auth.token_file.empty()) {
+    absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);
+    if (!t.ok()) return t.status();
+    tokens = *std::move(t);
+  }
+  if (tokens != nullptr || !options.auth.tls_client_ca.empty()) {
+    eo.auth = std::make_shared<Authenticator>(tokens, eo.tenant);
+  }
   s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(options.auth, options.listen, tokens);
+  if (!creds.ok()) return creds.status();
+  builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(eo.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(eo.max_message_bytes));

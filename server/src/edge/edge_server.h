@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "auth.h"
 #include "edge_metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "smla/server/service_core.h"
@@ -24,6 +25,8 @@ struct EdgeServerOptions {
   int32_t stream_max_inflight = 16;
   // How long Shutdown waits for open calls (streams) after the drain before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // TLS / mTLS and bearer tokens; none by default (plaintext, loopback only).
+  AuthOptions auth;
   // Registered shared-memory regions (the zero-copy transport); off by default.
   bool allow_shm = false;
 };

@@ -45,7 +45,12 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
         start_(absl::Now()),
         deadline_(CallDeadline(*ctx)) {
     StepRequest step;
-    absl::Status st = service_->Prepare(*request, deadline_, cancel_, &step, &storage_);
+    absl::StatusOr<std::string> tenant = service_->TenantOf(*ctx);
+    if (!tenant.ok()) {
+      Finish(service_->Finished("Step", "", tenant.status()));
+      return;
+    }
+    absl::Status st = service_->Prepare(*tenant, *request, deadline_, cancel_, &step, &storage_);
     request_id_ = step.request_id;
     if (!st.ok()) {
       Finish(service_->Finished("Step", request_id_, st));
@@ -83,6 +88,13 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
   ParseStorage storage_;
 };
 
+// A stream refused before it starts (authentication, tenant stream quota).
+class RejectedStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  explicit RejectedStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 absl::Time CallDeadline(const grpc::CallbackServerContext& ctx) {
@@ -94,7 +106,10 @@ absl::Time CallDeadline(const grpc::CallbackServerContext& ctx) {
 }
 
 SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options)
-    : core_(core), metrics_(metrics), options_(std::move(options)) {
+    : core_(core),
+      metrics_(metrics),
+      options_(std::move(options)),
+      streams_(options_.limits.tenant_max_streams) {
   if (options_.allow_shm) regions_ = std::make_unique<RegionRegistry>();
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
@@ -103,7 +118,12 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
   }
 }
 
-absl::Status SmlaService::Prepare(const v1::StepRequest& pb, absl::Time call_deadline,
+absl::StatusOr<std::string> SmlaService::TenantOf(const grpc::CallbackServerContext& ctx) const {
+  if (options_.auth == nullptr) return options_.tenant;
+  return options_.auth->TenantOf(ctx);
+}
+
+absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepRequest& pb, absl::Time call_deadline,
                                   CancelFlag cancel, StepRequest* out, ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
@@ -118,7 +138,7 @@ absl::Status SmlaService::Prepare(const v1::StepRequest& pb, absl::Time call_dea
     return absl::InvalidArgumentError(
         absl::StrCat("timeout_us: ", pb.timeout_us(), " is negative"));
   }
-  out->tenant = options_.tenant;
+  out->tenant = tenant;
   out->deadline = call_deadline;
   if (pb.timeout_us() > 0) {
     out->deadline = std::min(out->deadline, absl::Now() + absl::Microseconds(pb.timeout_us()));
@@ -149,6 +169,9 @@ grpc::ServerUnaryReactor* SmlaService::Reply(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* SmlaService::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                      const v1::ServerInfoRequest*,
                                                      v1::ServerInfo* response) {
+  if (absl::StatusOr<std::string> t = TenantOf(*ctx); !t.ok()) {
+    return Reply(ctx, "GetServerInfo", t.status());
+  }
   FillServerInfo(*core_, options_, response);
   return Reply(ctx, "GetServerInfo", absl::OkStatus());
 }
@@ -156,27 +179,32 @@ grpc::ServerUnaryReactor* SmlaService::GetServerInfo(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* SmlaService::CreateSequence(grpc::CallbackServerContext* ctx,
                                                       const v1::CreateSequenceRequest* request,
                                                       v1::CreateSequenceResponse*) {
-  absl::Status st =
-      request->sequence_id().empty()
-          ? absl::InvalidArgumentError("sequence_id: empty")
-          : core_->CreateSequence(options_.tenant, request->model(), request->sequence_id());
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  if (!tenant.ok()) return Reply(ctx, "CreateSequence", tenant.status());
+  absl::Status st = request->sequence_id().empty()
+                        ? absl::InvalidArgumentError("sequence_id: empty")
+                        : core_->CreateSequence(*tenant, request->model(), request->sequence_id());
   return Reply(ctx, "CreateSequence", st);
 }
 
 grpc::ServerUnaryReactor* SmlaService::ReleaseSequence(grpc::CallbackServerContext* ctx,
                                                        const v1::ReleaseSequenceRequest* request,
                                                        v1::ReleaseSequenceResponse*) {
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  if (!tenant.ok()) return Reply(ctx, "ReleaseSequence", tenant.status());
   return Reply(ctx, "ReleaseSequence",
-               core_->ReleaseSequence(options_.tenant, request->model(), request->sequence_id()));
+               core_->ReleaseSequence(*tenant, request->model(), request->sequence_id()));
 }
 
 grpc::ServerUnaryReactor* SmlaService::TruncateSequence(grpc::CallbackServerContext* ctx,
                                                         const v1::TruncateSequenceRequest* request,
                                                         v1::TruncateSequenceResponse*) {
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  if (!tenant.ok()) return Reply(ctx, "TruncateSequence", tenant.status());
   absl::Status st =
       request->length() < 0
           ? absl::InvalidArgumentError(absl::StrCat("length: ", request->length(), " is negative"))
-          : core_->TruncateSequence(options_.tenant, request->model(), request->sequence_id(),
+          : core_->TruncateSequence(*tenant, request->model(), request->sequence_id(),
                                     request->length());
   return Reply(ctx, "TruncateSequence", st);
 }
@@ -184,7 +212,9 @@ grpc::ServerUnaryReactor* SmlaService::TruncateSequence(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* SmlaService::GetSequence(grpc::CallbackServerContext* ctx,
                                                    const v1::GetSequenceRequest* request,
                                                    v1::GetSequenceResponse* response) {
-  auto len = core_->SequenceLength(options_.tenant, request->model(), request->sequence_id(),
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  if (!tenant.ok()) return Reply(ctx, "GetSequence", tenant.status());
+  auto len = core_->SequenceLength(*tenant, request->model(), request->sequence_id(),
                                    request->layer());
   if (len.ok()) response->set_length(*len);
   return Reply(ctx, "GetSequence", len.status());
@@ -193,6 +223,9 @@ grpc::ServerUnaryReactor* SmlaService::GetSequence(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* SmlaService::SetRopeTable(grpc::CallbackServerContext* ctx,
                                                     const v1::SetRopeTableRequest* request,
                                                     v1::SetRopeTableResponse*) {
+  if (absl::StatusOr<std::string> t = TenantOf(*ctx); !t.ok()) {
+    return Reply(ctx, "SetRopeTable", t.status());
+  }
   auto table = ParseF32Tensor(request->cos_sin(), "cos_sin", {-1, 64});
   absl::Status st = table.status();
   if (st.ok()) {
@@ -205,6 +238,9 @@ grpc::ServerUnaryReactor* SmlaService::SetRopeTable(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* SmlaService::SetSinks(grpc::CallbackServerContext* ctx,
                                                 const v1::SetSinksRequest* request,
                                                 v1::SetSinksResponse*) {
+  if (absl::StatusOr<std::string> t = TenantOf(*ctx); !t.ok()) {
+    return Reply(ctx, "SetSinks", t.status());
+  }
   std::vector<int64_t> shape = {-1, -1};
   const auto it = models_.find(request->model());
   if (it != models_.end()) {
@@ -225,7 +261,11 @@ grpc::ServerUnaryReactor* SmlaService::Step(grpc::CallbackServerContext* ctx,
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* SmlaService::StepStream(
     grpc::CallbackServerContext* ctx) {
-  return new StepStreamReactor(this, ctx);
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  absl::Status st = tenant.status();
+  if (st.ok()) st = streams_.Open(*tenant);
+  if (!st.ok()) return new RejectedStream(Finished("StepStream", "", st));
+  return new StepStreamReactor(this, ctx, *tenant);
 }
 
 void FillServerInfo(const ServiceCore& core, const EdgeOptions& options, v1::ServerInfo* out) {

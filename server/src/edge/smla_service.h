@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "auth.h"
 #include "edge_metrics.h"
 #include "shm_region.h"
 #include "smla/server/service_core.h"
@@ -24,6 +25,8 @@ struct EdgeOptions {
   int32_t stream_max_inflight = 16;
   // Every call acts for this tenant until authentication exists.
   std::string tenant = "default";
+  // Who a call acts for (tokens, mTLS); null: every call acts for `tenant`.
+  std::shared_ptr<const Authenticator> auth;
   Limits limits;
   int64_t max_message_bytes = 0;  // reported in ServerInfo
   // Registered shared-memory regions (RegisterRegion, RegionRef tensors); off by default.
@@ -71,8 +74,12 @@ class SmlaService final : public v1::Smla::CallbackService {
   }
   RegionRegistry* regions() const { return regions_.get(); }
 
+  // The tenant a call acts for, or UNAUTHENTICATED.
+  absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& ctx) const;
+  TenantStreams& streams() { return streams_; }
+
   // Parses `pb` into `out` with tenant, request id, deadline and cancel flag filled in.
-  absl::Status Prepare(const v1::StepRequest& pb, absl::Time call_deadline, CancelFlag cancel,
+  absl::Status Prepare(const std::string& tenant, const v1::StepRequest& pb, absl::Time call_deadline, CancelFlag cancel,
                        StepRequest* out, ParseStorage* storage);
 
   ServiceCore* core() const { return core_; }
@@ -92,6 +99,7 @@ class SmlaService final : public v1::Smla::CallbackService {
   const EdgeOptions options_;
   std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
   std::atomic<uint64_t> next_request_{1};
+  TenantStreams streams_;
   std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
 };
 

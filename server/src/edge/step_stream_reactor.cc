@@ -6,8 +6,10 @@
 
 namespace smla::server::edge {
 
-StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx)
+StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx,
+                                     std::string tenant)
     : service_(service),
+      tenant_(std::move(tenant)),
       call_deadline_(CallDeadline(*ctx)),
       cancel_(std::make_shared<std::atomic<bool>>(false)) {
   service_->metrics()->StreamOpened();
@@ -71,7 +73,7 @@ void StepStreamReactor::OnReadDone(bool ok) {
   if (entry != nullptr) {
     StepRequest step;
     absl::Status st =
-        service_->Prepare(*entry->request, call_deadline_, cancel_, &step, &entry->storage);
+        service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step, &entry->storage);
     entry->request_id = step.request_id;
     if (!st.ok()) {
       Complete(entry, st);
@@ -135,6 +137,7 @@ void StepStreamReactor::OnCancel() {
 
 void StepStreamReactor::OnDone() {
   service_->metrics()->StreamClosed();
+  service_->streams().Close(tenant_);
   delete this;
 }
 

@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "grpcpp/grpcpp.h"
 #include "smla/server/step.h"
@@ -22,7 +23,8 @@ class SmlaService;
 
 class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
-  StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx);
+  // `tenant` has a stream counted open in service->streams(); OnDone closes it.
+  StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx, std::string tenant);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -52,6 +54,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void Run(const Actions& a);
 
   SmlaService* const service_;
+  const std::string tenant_;
   const absl::Time call_deadline_;
   const CancelFlag cancel_;
   std::mutex mu_;

@@ -23,6 +23,14 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(120);
   // Both directions; the server reports its own limit in ServerInfo.limits.
   int max_message_bytes = 1 << 30;
+  // Security: TLS when `tls` or any PEM file is given; mTLS with tls_cert + tls_key. The
+  // bearer token, when set, goes with every call on the channel.
+  bool tls = false;
+  std::string tls_ca;           // PEM roots to verify the server (default: the system's)
+  std::string tls_cert;         // PEM client certificate chain (mTLS)
+  std::string tls_key;          // PEM client private key (mTLS)
+  std::string tls_server_name;  // name checked in the server certificate, if not the target's
+  std::string token;            // bearer token
 };
 
 // A sequence created on the server: the model it lives in and its id.

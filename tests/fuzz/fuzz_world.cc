@@ -1,0 +1,112 @@
+#include "fuzz_world.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "smla/kernels/cpu_backend.h"
+#include "smla/server/model_profile.h"
+
+namespace smla::fuzz {
+namespace {
+
+constexpr char kTenant[] = "fuzz";
+
+[[noreturn]] void Die(const absl::Status& st) {
+  std::fprintf(stderr, "fuzz world: %s\n", st.ToString().c_str());
+  std::abort();
+}
+
+}  // namespace
+
+FuzzWorld& FuzzWorld::Get() {
+  static FuzzWorld* world = [] {
+    auto* w = new FuzzWorld();
+    server::ServerConfig config;
+    for (const char* spec : {"dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=4MiB",
+                             "glm-5.3-flash:tp=8:page_rows=16:pool=4MiB"}) {
+      auto m = server::ParseModelConfig(spec);
+      if (!m.ok()) Die(m.status());
+      config.models.push_back(*m);
+    }
+    // Small limits keep each input fast: a few hundred rows at most.
+    config.limits.max_rows_per_step = 96;
+    config.limits.max_spans_per_step = 6;
+    config.limits.max_batch_rows = 96;
+    config.limits.max_context = 2048;
+    config.limits.max_sequences = 16;
+    w->limits_ = config.limits;
+    kernels::BackendOptions bo;
+    bo.cpu_threads = 1;
+    auto backend = kernels::CreateCpuBackend(bo);
+    if (!backend.ok()) Die(backend.status());
+    auto core = server::ServiceCore::Create(config, *std::move(backend));
+    if (!core.ok()) Die(core.status());
+    w->core_ = *std::move(core);
+    for (const server::ModelConfig& m : w->core_->Info().models) {
+      const server::ModelProfile* p = server::FindProfile(m.profile);
+      w->models_[m.profile] = {m.heads_per_rank, kernels::QkWidth(p->geometry)};
+      if (p->has_sink) {
+        std::vector<float> sinks(int64_t{p->num_layers()} * m.heads_per_rank, 0.5f);
+        if (auto st = w->core_->SetSinks(m.profile, sinks); !st.ok()) Die(st);
+      }
+      if (p->geometry != kernels::Geometry::kRopeInside) continue;
+      const int32_t positions = static_cast<int32_t>(config.limits.max_context);
+      std::vector<float> rope(int64_t{positions} * 64);
+      for (int32_t pos = 0; pos < positions; ++pos) {
+        for (int k = 0; k < 32; ++k) {
+          const double a = pos * std::pow(10000.0, -k / 32.0);
+          rope[pos * 64 + k] = static_cast<float>(std::cos(a));
+          rope[pos * 64 + 32 + k] = static_cast<float>(std::sin(a));
+        }
+      }
+      if (auto st = w->core_->SetRopeTable(m.profile, rope, positions); !st.ok()) Die(st);
+    }
+    server::edge::EdgeOptions eo;
+    eo.limits = config.limits;
+    server::edge::FillServerInfo(*w->core_, eo, &w->info_);
+    return w;
+  }();
+  return *world;
+}
+
+absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
+  v1::StepRequest pb;
+  if (!pb.ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InvalidArgumentError("not a StepRequest");
+  }
+  std::set<std::string> created;
+  for (const v1::Span& s : pb.spans()) {
+    if (created.size() >= 4) break;
+    if (!created.contains(s.sequence_id()) &&
+        core_->CreateSequence(kTenant, pb.model(), s.sequence_id()).ok()) {
+      created.insert(s.sequence_id());
+    }
+  }
+  server::StepRequest step;
+  server::edge::ParseStorage storage;
+  const auto it = models_.find(pb.model());
+  absl::Status st = server::edge::ParseStepRequest(
+      pb, it == models_.end() ? nullptr : &it->second, limits_.max_rows_per_step,
+      limits_.max_spans_per_step, &step, &storage);
+  if (st.ok()) {
+    step.tenant = kTenant;
+    absl::Notification done;
+    core_->Submit(std::move(step), [&](absl::StatusOr<server::StepResult> r) {
+      st = r.status();
+      done.Notify();
+    });
+    done.WaitForNotification();
+  }
+  for (const std::string& id : created) {
+    if (absl::Status r = core_->ReleaseSequence(kTenant, pb.model(), id); !r.ok()) {
+      Die(r);  // a sequence this input created must still be there
+    }
+  }
+  return st;
+}
+
+}  // namespace smla::fuzz

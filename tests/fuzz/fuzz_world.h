@@ -1,0 +1,40 @@
+// The service the step fuzzer drives: a service core on the CPU backend with small pools and
+// two small models (one with sinks and RoPE, one without), the tables uploaded, and the one
+// input path: protobuf parse, the edge's wire checks, then the core's validation and
+// execution. Shared by the libFuzzer target, the seed generator and the replay test.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "edge/smla_service.h"
+#include "edge/wire.h"
+#include "smla/server/service_core.h"
+#include "smla/v1/info.pb.h"
+
+namespace smla::fuzz {
+
+class FuzzWorld {
+ public:
+  // Built once per process; aborts if the core cannot start.
+  static FuzzWorld& Get();
+
+  // Runs one input; returns the status of the step (parse failures are INVALID_ARGUMENT).
+  // Every sequence the request names (up to 4) is created fresh before and released after, so
+  // inputs do not depend on each other.
+  absl::Status RunOne(const uint8_t* data, size_t size);
+
+  const v1::ServerInfo& info() const { return info_; }
+
+ private:
+  FuzzWorld() = default;
+  std::unique_ptr<server::ServiceCore> core_;
+  std::map<std::string, server::edge::WireModel> models_;
+  server::Limits limits_;
+  v1::ServerInfo info_;
+};
+
+}  // namespace smla::fuzz

@@ -1,0 +1,387 @@
+// Faults against the real server on loopback: a client killed mid-stream, a slow reader, a
+// burst past the queue limit, a deadline that expires while the kernel runs, an injected
+// backend failure, SIGTERM under load, and a bounded soak (SMLA_SOAK_SECONDS, default 6).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "harness.h"
+
+namespace smla::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+int64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
+// A harness for one more client of a server owned elsewhere.
+void Attach(Harness& h, const ServerProcess& s, const std::string& model) {
+  h.client = s.Connect();
+  auto info = h.client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  for (const auto& m : info->models()) {
+    if (m.profile() == model) h.model_ = m;
+  }
+  ASSERT_EQ(h.model_.profile(), model);
+  auto r = client::Reference::Create(h.model_, 1 << 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  h.ref = std::move(*r);
+}
+
+std::string Seq(int i) { return absl::StrCat("s", i); }
+
+constexpr int32_t kHeavyBase = 256;
+constexpr int32_t kHeavyRows = 1536;
+
+// A GLM step that runs for a second or more on the CPU backend (see lifecycle_test.cc).
+v1::StepRequest PrepareHeavy(Harness& h) {
+  EXPECT_TRUE(h.client->CreateSequence(h.ModelName(), "heavy").ok());
+  h.StepAndCheck(h.Make(0, {{"heavy", 0, kHeavyBase, 0}}));
+  return h.Make(0, {{"heavy", kHeavyBase, kHeavyRows, 0}});
+}
+
+int64_t PagesUsed(Harness& h) {
+  auto info = h.client->Info();
+  return info.ok() ? info->models(0).pool().pages_used() : -1;
+}
+
+// Waits until a launch has reserved the heavy step's pages (the kernel is then running).
+void WaitLaunched(Harness& h, int64_t pages_before) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (PagesUsed(h) < pages_before + kHeavyRows / h.model_.pool().page_rows() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+}
+
+// The child side of KilledClientMidStream: steps its own sequence through a stream until
+// killed. Skipped unless the parent test started it.
+TEST(FaultChild, StreamUntilKilled) {
+  const char* target = std::getenv("SMLA_FAULT_CHILD_TARGET");
+  if (target == nullptr) GTEST_SKIP() << "run by FaultTest.KilledClientMidStream";
+  client::ClientOptions o;
+  o.target = target;
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto info = (*c)->Info();
+  ASSERT_TRUE(info.ok());
+  const v1::ModelInfo& m = info->models(0);
+  ASSERT_TRUE((*c)->CreateSequence(m.profile(), "child").ok());
+  auto stream = (*c)->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  std::mt19937_64 rng(7);
+  for (int64_t pos = 0;; pos += 8) {
+    // Several requests in flight at the moment of the kill: write two, read one.
+    ASSERT_TRUE((*stream)->Write(client::MakeStep(m, 0, {{"child", pos, 8, 0}}, {}, rng)));
+    if (pos % 16 == 8) {
+      v1::StepResponse r;
+      ASSERT_TRUE((*stream)->Read(&r));
+    }
+  }
+}
+
+TEST(FaultTest, KilledClientMidStream) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
+  const std::string target = h.server->target();
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
+    execl("/proc/self/exe", "fault_child", "--gtest_filter=FaultChild.StreamUntilKilled",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(child, 0);
+  int64_t pos = 0;
+  // Step alongside the child until it has written something, then kill it mid-stream.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    h.StepAndCheck(h.Make(0, {{"mine", pos, 4, 0}}));
+    pos += 4;
+    auto len = h.client->Length({h.ModelName(), "child"}, 0);
+    if (len.ok() && *len >= 32) break;
+  }
+  ASSERT_GE(h.Length("child", 0), 32) << "the child never stepped";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  // The server keeps serving the others; the dead client's sequence is intact and usable.
+  for (int i = 0; i < 10; ++i) {
+    h.StepAndCheck(h.Make(0, {{"mine", pos, 4, 0}}));
+    pos += 4;
+  }
+  const int64_t child_len = h.Length("child", 0);
+  EXPECT_EQ(child_len % 8, 0) << "a step was applied in part";
+  auto health = h.client->Health();
+  ASSERT_TRUE(health.ok());
+  EXPECT_TRUE(*health);
+  // Its stream was closed: no stream stays open on the server.
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    auto m = h.server->ScrapeMetrics();
+    ASSERT_TRUE(m.ok());
+    text = *m;
+    if (text.find("smla_open_streams 0") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_NE(text.find("smla_open_streams 0"), std::string::npos);
+}
+
+TEST(FaultTest, SlowReaderHoldsBoundedMemory) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--stream_max_inflight=4"}, "glm-5.3-flash"));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "slow").ok());
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "other").ok());
+  h.StepAndCheck(h.Make(0, {{"other", 0, 64, 0}}));  // warm
+  const int64_t rss_before = RssBytes(h.server->pid());
+  ASSERT_GT(rss_before, 0);
+  auto slow_client = h.server->Connect();
+  auto stream = slow_client->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  // The same 64-row request (it rewrites positions 0..63) 48 times: about 30 MiB of requests
+  // and 24 MiB of responses if the server buffered them all. The reader never reads.
+  const v1::StepRequest req = h.Make(0, {{"slow", 0, 64, 0}});
+  constexpr int kWrites = 48;
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    for (int i = 0; i < kWrites; ++i) {
+      if (!(*stream)->Write(req)) return;
+      ++written;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const int64_t rss_held = RssBytes(h.server->pid());
+  // Others are served meanwhile.
+  h.StepAndCheck(h.Make(0, {{"other", 64, 8, 0}}));
+  std::printf("slow reader: %d of %d writes went through; server RSS %lld -> %lld KiB\n",
+              written.load(), kWrites, static_cast<long long>(rss_before / 1024),
+              static_cast<long long>(rss_held / 1024));
+  EXPECT_LT(written.load(), kWrites) << "the server read everything: reading is not bounded";
+  EXPECT_LT(rss_held - rss_before, int64_t{32} << 20);  // all of it would be about 54 MiB
+  (*stream)->Cancel();
+  writer.join();
+  (*stream)->Finish().IgnoreError();
+  EXPECT_TRUE(h.client->Health().value_or(false));
+}
+
+TEST(FaultTest, BurstPastTheQueueLimit) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--max_queued_requests=4"}, "glm-5.3-flash"));
+  const v1::StepRequest heavy = PrepareHeavy(h);
+  std::vector<v1::StepRequest> small;
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = absl::StrCat("q", i);
+    ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), id).ok());
+    small.push_back(h.Make(0, {{id, 0, 4, 0}}));
+  }
+  const int64_t before = PagesUsed(h);
+  auto running = std::async(std::launch::async, [&] { return h.client->Step(heavy); });
+  WaitLaunched(h, before);
+  // Exactly the limit is admitted while the kernel runs ...
+  std::vector<std::future<absl::StatusOr<v1::StepResponse>>> queued;
+  for (int i = 0; i < 4; ++i) {
+    queued.push_back(std::async(std::launch::async, [&, i] { return h.client->Step(small[i]); }));
+  }
+  bool four_waiting = false;
+  for (int i = 0; i < 500 && !four_waiting; ++i) {
+    auto m = h.server->ScrapeMetrics();
+    four_waiting = m.ok() && m->find("smla_queue_depth 4") != std::string::npos;
+    if (!four_waiting) std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_TRUE(four_waiting) << "the four calls did not queue behind the running step";
+  // ... and one more is refused at once, with nothing written.
+  auto refused = h.client->Step(small[4]);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ(h.Length("heavy", 0), kHeavyBase) << "the heavy step ended too early";
+  auto heavy_result = running.get();
+  ASSERT_TRUE(heavy_result.ok()) << heavy_result.status();
+  h.Check(heavy, *heavy_result);
+  for (int i = 0; i < 4; ++i) {
+    auto r = queued[i].get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    h.Check(small[i], *r);
+  }
+  EXPECT_EQ(h.Length("q4", 0), 0);
+  h.StepAndCheck(small[4]);
+}
+
+// A launched step is not interrupted: the kernel finishes and the write is committed even
+// though the caller's deadline passed (it gets DEADLINE_EXCEEDED). Only an acknowledged write
+// is promised; after a deadline the caller reads the stored length to learn the outcome.
+TEST(FaultTest, DeadlineExpiresWhileKernelRuns) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  const v1::StepRequest heavy = PrepareHeavy(h);
+  const int64_t before = PagesUsed(h);
+  auto late = std::async(std::launch::async,
+                         [&] { return h.client->Step(heavy, absl::Milliseconds(400)); });
+  WaitLaunched(h, before);
+  auto r = late.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  int64_t len = -1;
+  for (int i = 0; i < 600 && len != kHeavyBase + kHeavyRows; ++i) {
+    len = h.Length("heavy", 0);
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_EQ(len, kHeavyBase + kHeavyRows) << "the launched step was not committed";
+  ASSERT_TRUE(h.ref->Step(heavy).ok());  // the reference records the committed rows
+  h.StepAndCheck(h.Make(0, {{"heavy", len, 4, 0}}));
+  EXPECT_TRUE(h.client->Health().value_or(false));
+}
+
+TEST(FaultTest, InjectedBackendFailure) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(
+      h.Start({kGlm53, "--inject_backend_failure_after=2"}, "glm-5.3-flash"));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
+  h.StepAndCheck(h.Make(0, {{"s", 0, 8, 0}}));
+  h.StepAndCheck(h.Make(0, {{"s", 8, 8, 0}}));
+  auto failed = h.client->Step(h.Make(0, {{"s", 16, 8, 0}}));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()), ::testing::HasSubstr("injected"));
+  EXPECT_EQ(h.Length("s", 0), 16);  // the failed step wrote nothing
+  bool not_serving = false;
+  for (int i = 0; i < 100 && !not_serving; ++i) {
+    auto serving = h.client->Health();
+    ASSERT_TRUE(serving.ok()) << serving.status();
+    not_serving = !*serving;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(not_serving);
+  auto refused = h.client->Step(h.Make(0, {{"s", 16, 8, 0}}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_TRUE(h.client->Info().ok());  // alive
+  EXPECT_EQ(h.server->Terminate(), 0);
+}
+
+TEST(FaultTest, SigtermUnderLoad) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  constexpr int kClients = 4;
+  std::vector<Harness> hs(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Attach(hs[i], *h.server, "glm-5.3-flash"));
+    hs[i].rng.seed(100 + i);
+    ASSERT_TRUE(hs[i].client->CreateSequence(hs[i].ModelName(), Seq(i)).ok());
+  }
+  std::atomic<int> ok{0}, refused{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Harness& c = hs[i];
+      for (int64_t pos = 0;; pos += 4) {
+        const v1::StepRequest req = c.Make(0, {{Seq(i), pos, 4, 0}});
+        auto r = c.client->Step(req, absl::Seconds(60));
+        if (r.ok()) {
+          c.Check(req, *r);
+          ++ok;
+          continue;
+        }
+        // Draining refuses new work; once the port closes calls fail to connect.
+        const auto code = r.status().code();
+        if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled) {
+          ++refused;
+        } else {
+          ADD_FAILURE() << r.status();
+          ++other;
+        }
+        return;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  h.server->Signal(SIGTERM);
+  EXPECT_EQ(h.server->WaitExit(60), 0);
+  for (auto& t : threads) t.join();
+  EXPECT_GT(ok.load(), kClients);
+  EXPECT_EQ(refused.load(), kClients);
+  EXPECT_EQ(other.load(), 0);
+}
+
+TEST(FaultTest, SoakAtHighConcurrency) {
+  const char* env = std::getenv("SMLA_SOAK_SECONDS");
+  const int seconds = env != nullptr ? std::atoi(env) : 6;
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kDsv41}, "dsv4.1-flash"));
+  constexpr int kClients = 12;
+  std::vector<Harness> hs(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Attach(hs[i], *h.server, "dsv4.1-flash"));
+    ASSERT_NO_FATAL_FAILURE(hs[i].UploadTables(1 << 16));  // the same tables for everyone
+    hs[i].rng.seed(1000 + i);
+    ASSERT_TRUE(hs[i].client->CreateSequence(hs[i].ModelName(), Seq(i)).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> calls{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Harness& c = hs[i];
+      // SWA layer 0 keeps a bounded ring, so a long soak holds a bounded pool; half the
+      // clients go through a stream.
+      auto stream = c.client->OpenStream();
+      for (int64_t pos = 0; !stop.load() && pos + 2 < (1 << 16); pos += 2) {
+        const v1::StepRequest req = c.Make(0, {{Seq(i), pos, 2, 0}});
+        v1::StepResponse resp;
+        bool ok;
+        if (i % 2 == 0 && stream.ok()) {
+          ok = (*stream)->Write(req) && (*stream)->Read(&resp) && resp.code() == 0;
+        } else {
+          auto r = c.client->Step(req);
+          ok = r.ok();
+          if (ok) resp = *r;
+        }
+        ++calls;
+        if (!ok) {
+          ++failures;
+          return;
+        }
+        c.Check(req, resp);
+      }
+      if (stream.ok()) {
+        (*stream)->WritesDone();
+        (*stream)->Finish().IgnoreError();
+      }
+    });
+  }
+  const pid_t pid = h.server->pid();
+  std::this_thread::sleep_for(std::chrono::seconds(std::max(1, seconds / 3)));
+  const int64_t rss_warm = RssBytes(pid);
+  int64_t rss_peak = rss_warm;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(milliseconds(250));
+    rss_peak = std::max(rss_peak, RssBytes(pid));
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  std::printf("soak: %lld calls in %d s by %d clients; server RSS warm %lld KiB, peak %lld KiB\n",
+              static_cast<long long>(calls.load()), seconds + std::max(1, seconds / 3), kClients,
+              static_cast<long long>(rss_warm / 1024), static_cast<long long>(rss_peak / 1024));
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(calls.load(), kClients);
+  EXPECT_LT(rss_peak - rss_warm, int64_t{32} << 20) << "server memory grew under a steady load";
+}
+
+}  // namespace
+}  // namespace smla::testing
