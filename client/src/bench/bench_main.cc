@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, layer, "all", "Layer to step, or 'all' for whole model st
 ABSL_FLAG(int64_t, context, 0, "Override the cell's context (positions), e.g. small on CPU");
 ABSL_FLAG(int32_t, prefill_chunk, 4096, "Rows per pre-fill call");
 ABSL_FLAG(std::string, transport, "inline", "inline or shm (registered shared memory)");
+ABSL_FLAG(bool, prefill_shm, true,
+          "Pre-fill through a shared-memory region when the server allows it, whatever "
+          "--transport (the pre-fill is set-up, not measured)");
 ABSL_FLAG(std::string, mode, "stream", "stream (StepStream) or unary (Step)");
 ABSL_FLAG(int32_t, connections, 1, "gRPC connections per server");
 ABSL_FLAG(std::string, concurrency, "1",
@@ -168,7 +171,8 @@ int Run() {
       while (servers[s] != where) ++s;
       Connection* c = connections[s][per_server[s]++ % conns].get();
       auto w = std::make_unique<Worker>(i, spec, *model, c, transport, mode == "stream", &totals);
-      if (absl::Status st = w->Setup(absl::GetFlag(FLAGS_prefill_chunk), absl::GetFlag(FLAGS_seed));
+      if (absl::Status st = w->Setup(absl::GetFlag(FLAGS_prefill_chunk), absl::GetFlag(FLAGS_seed),
+                                     absl::GetFlag(FLAGS_prefill_shm));
           !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("worker ", i, " set-up: ", st.message()));
       }

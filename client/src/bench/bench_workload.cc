@@ -131,7 +131,7 @@ Worker::Worker(int index, const WorkloadSpec& spec, const v1::ModelInfo& model, 
 
 Worker::~Worker() { Teardown(); }
 
-absl::Status Worker::Setup(int chunk, uint64_t seed) {
+absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   std::mt19937_64 rng(seed + 7919 * static_cast<uint64_t>(index_));
   for (int j = 0; j < spec_.SequencesPerWorker(); ++j) {
     std::string id = absl::StrCat("bench-", getpid(), "-w", index_, "-s", j);
@@ -158,9 +158,12 @@ absl::Status Worker::Setup(int chunk, uint64_t seed) {
     requests_.push_back(client::MakeStep(model_, layer, spans, o, rng));
     next_position_.push_back(call_first);
   }
-  if (transport_ == Transport::kShm) {
+  const bool calls_in_region = transport_ == Transport::kShm;
+  if (calls_in_region || (prefill_shm && call_first > 0)) {
     uint64_t bytes = 0;
-    for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
+    if (calls_in_region) {
+      for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
+    }
     prefill_offset_ = bytes;
     // Scratch for the largest pre-fill chunk request.
     int64_t scratch = 0;
@@ -177,11 +180,14 @@ absl::Status Worker::Setup(int chunk, uint64_t seed) {
     auto region = client::ShmRegion::Create(conn_->client.get(),
                                             absl::StrCat("bench-", getpid(), "-w", index_),
                                             bytes + static_cast<uint64_t>(scratch) + 64);
-    if (!region.ok()) return region.status();
-    region_ = *std::move(region);
+    if (region.ok()) {
+      region_ = *std::move(region);
+    } else if (calls_in_region) {
+      return region.status();
+    }  // else: the server takes no regions, so the pre-fill goes inline too
     uint64_t at = 0;
-    for (auto& r : requests_) {
-      auto end = region_->Place(&r, at);
+    for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
+      auto end = region_->Place(&requests_[i], at);
       if (!end.ok()) return end.status();
       at = *end;
     }

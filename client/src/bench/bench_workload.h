@@ -71,8 +71,9 @@ class Worker {
 
   // Creates the sequences, pre-fills them to the context on every layer it steps (prefill
   // chunks of `chunk` rows), builds the call requests and, for shm, registers a region
-  // holding all of them.
-  absl::Status Setup(int chunk, uint64_t seed);
+  // holding all of them. With `prefill_shm` the pre-fill goes through a region even for the
+  // inline transport when the server allows regions (it moves far more bytes than the calls).
+  absl::Status Setup(int chunk, uint64_t seed, bool prefill_shm);
   // Releases the sequences and the region.
   void Teardown();
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 5, item 3: smla-server (CUDA backend) and smla-bench on one GPU machine for
+# dsv4.1-flash fp8_dsv4 TP4, decode C=1,16,32,64 at 128K, shared memory and inline bytes, one
+# and four streams. Writes docs/results/bench-h200-c<C>-<transport>.{json,html}.
+# Usage: scripts/bench_h200.sh [BUILD_DIR] (default build-gpu, configured with
+# -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
+set -euo pipefail
+
+build=${1:-build-gpu}
+out=docs/results
+port=50051
+cmake --build "$build" --target smla-server smla-bench smla -j"$(nproc)"
+
+"$build/server/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
+  --metrics_listen 127.0.0.1:9464 \
+  --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB &
+server=$!
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 120); do
+  "$build/client/smla" --server 127.0.0.1:$port health >/dev/null 2>&1 && break
+  sleep 1
+done
+
+# Layer 20 is a c1 layer (SWA 128 + top-512 of the 1/1 cache), the layer kbench times.
+for c in 1 16 32 64; do
+  levels=1,4
+  [ "$c" = 64 ] && levels=${C64_LEVELS:-1}  # pre-filling 4 x 64 sequences of 128K is long
+  for t in shm inline; do
+    "$build/client/smla-bench" --server 127.0.0.1:$port \
+      --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
+      --output mxfp8 --inverse_rope --transport "$t" --mode stream \
+      --concurrency "$levels" --sweep_min_gain -1 --warmup_s 2 --duration_s 10 \
+      --json "$out/bench-h200-c$c-$t.json" --html "$out/bench-h200-c$c-$t.html"
+  done
+done
