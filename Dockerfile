@@ -35,4 +35,7 @@ EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["/opt/smla/bin/smla", "--server", "127.0.0.1:50051", "--timeout_s", "3", "health"]
 ENTRYPOINT ["/opt/smla/bin/smla-server"]
-CMD ["--config=/opt/smla/share/smla/server.textproto", "--backend=hip"]
+# Beyond loopback the server wants credentials: bearer tokens from a mounted file ("token
+# tenant" per line; health checks need none). TLS: add --tls_cert/--tls_key (deploy/README.md).
+CMD ["--config=/opt/smla/share/smla/server.textproto", "--backend=hip", \
+     "--token_file=/etc/smla/tokens/tokens"]

@@ -167,8 +167,9 @@ def read_dockerfile(path):
 
 
 class RunningServer:
-    """smla-server on loopback with a deployment's config file and flags, with the
-    deployment's addresses replaced by free loopback ports and the backend by the CPU."""
+    """smla-server with a deployment's config file and flags, on the deployment's listen
+    hosts (start-up rules depend on them, e.g. what may be served beyond loopback) but free
+    ports, and on the CPU backend with a small model."""
 
     def __init__(self, config_text, extra_args):
         self.dir = tempfile.TemporaryDirectory()
@@ -176,13 +177,24 @@ class RunningServer:
         with open(self.config, "w") as f:
             f.write(config_text)
         args = [a for a in extra_args if flag_name(a) not in
-                ("config", "backend", "listen", "metrics_listen", "model")]
+                ("config", "backend", "listen", "metrics_listen", "model", "token_file")]
+        if flag_value(extra_args, "token_file"):
+            # The deployment's secret, here a test token, in the server's file format.
+            tokens = os.path.join(self.dir.name, "tokens")
+            with open(tokens, "w") as f:
+                f.write("deploy-test-token deploy-test-tenant\n")
+            args.append(f"--token_file={tokens}")
+        hosts = {}
+        for name in ("listen", "metrics_listen"):
+            value = flag_value(extra_args, name) or textproto_field(config_text, name)
+            hosts[name] = value.rsplit(":", 1)[0] if value else "127.0.0.1"
         self.proc = subprocess.Popen(
-            [ARGS.server, f"--config={self.config}", *args, "--listen=127.0.0.1:0",
-             "--metrics_listen=127.0.0.1:0", "--backend=cpu", "--cpu_threads=1", SMALL_MODEL],
+            [ARGS.server, f"--config={self.config}", *args, f"--listen={hosts['listen']}:0",
+             f"--metrics_listen={hosts['metrics_listen']}:0", "--backend=cpu",
+             "--cpu_threads=1", SMALL_MODEL],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+) \(metrics 127\.0\.0\.1:(\d+)", line)
+        m = re.search(r"listening on \S+:(\d+) \(metrics \S+:(\d+)", line)
         if not m:
             self.proc.kill()
             err = self.proc.communicate()[1]
@@ -292,10 +304,16 @@ class KubernetesTest(unittest.TestCase):
         self.assertGreater(spec["terminationGracePeriodSeconds"],
                            pre_stop + DRAIN_MARGIN_S + grace)
 
-        # TLS secret mounted.
-        secrets = [v for v in spec["volumes"] if "secret" in v]
-        self.assertEqual(len(secrets), 1)
-        self.assertTrue(any(m["name"] == secrets[0]["name"] for m in c["volumeMounts"]))
+        # Secrets: the TLS one mounted at /etc/smla/tls; the token file, when given, comes
+        # from a secret that is not optional (a pod without tokens must not start).
+        secrets = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+        mounts = {m["mountPath"].rstrip("/"): m["name"] for m in c["volumeMounts"]}
+        self.assertIn(mounts.get("/etc/smla/tls"), secrets)
+        token_file = flag_value(args, "token_file")
+        if token_file:
+            volume = mounts.get(os.path.dirname(token_file))
+            self.assertIn(volume, secrets, f"{token_file} is not in a mounted secret")
+            self.assertFalse(secrets[volume].get("optional", False))
 
         # Services: a headless one (the StatefulSet's) for DNS scale-out, a regular one;
         # both select the pods and reach the gRPC port.
@@ -347,8 +365,10 @@ class ContainerTest(unittest.TestCase):
         cls.grpc_port = port_of(textproto_field(cls.config, "listen"))
         cls.metrics_port = port_of(textproto_field(cls.config, "metrics_listen"))
 
-    def test_image_config_starts_the_server(self):
-        server = RunningServer(self.config, [])
+    def test_image_defaults_start_the_server(self):
+        # The image's default config with its default flags (CMD).
+        ins = read_dockerfile(os.path.join(ARGS.source, "Dockerfile"))
+        server = RunningServer(self.config, yaml.safe_load([r for w, r in ins if w == "CMD"][-1]))
         try:
             rc, out = server.probe("")
             self.assertEqual(rc, 0, out)
@@ -423,8 +443,8 @@ class ContainerTest(unittest.TestCase):
                 for name in flags_in(cmd):
                     self.assertIn(name, self.flags)
                 self.assertEqual(flag_value(cmd, "backend"), backend)
-                self.assertIn(f"{self.grpc_port}:{self.grpc_port}", server["ports"])
-                self.assertIn(f"{self.metrics_port}:{self.metrics_port}", server["ports"])
+                published = {p.rsplit(":", 1)[1] for p in server["ports"]}
+                self.assertEqual(published, {str(self.grpc_port), str(self.metrics_port)})
                 test = server["healthcheck"]["test"]
                 self.assertEqual(test[0], "CMD")
                 self.assertEqual(test[-1], "health")
