@@ -37,7 +37,11 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
       FinishOnce(RegionsDisabled());
       return;
     }
-    const std::string tenant = service_->options().tenant;
+    absl::StatusOr<std::string> tenant = service_->TenantOf(ctx);
+    if (!tenant.ok()) {
+      FinishOnce(tenant.status());
+      return;
+    }
     session_ = regions->NewSession();
     // The registry ends the call on unregister or shutdown; the state outlives the reactor.
     auto end = [state = state_] {
@@ -54,7 +58,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
       }
       if (finish) state->reactor->Finish(grpc::Status::OK);
     };
-    absl::Status st = regions->Register(tenant, session_, request->name(),
+    absl::Status st = regions->Register(*tenant, session_, request->name(),
                                         request->size(), std::move(end));
     if (!st.ok()) {
       FinishOnce(st);
@@ -136,9 +140,10 @@ grpc::ServerWriteReactor<v1::RegisterRegionResponse>* SmlaService::RegisterRegio
 grpc::ServerUnaryReactor* SmlaService::UnregisterRegion(grpc::CallbackServerContext* ctx,
                                                         const v1::UnregisterRegionRequest* request,
                                                         v1::UnregisterRegionResponse*) {
-  const absl::Status st = regions_ == nullptr
-                              ? RegionsDisabled()
-                              : regions_->Unregister(options_.tenant, request->name());
+  absl::StatusOr<std::string> tenant = TenantOf(*ctx);
+  if (!tenant.ok()) return Reply(ctx, "UnregisterRegion", tenant.status());
+  const absl::Status st = regions_ == nullptr ? RegionsDisabled()
+                                              : regions_->Unregister(*tenant, request->name());
   return Reply(ctx, "UnregisterRegion", st);
 }
 

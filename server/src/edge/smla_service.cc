@@ -127,7 +127,7 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
                                   CancelFlag cancel, StepRequest* out, ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
-  const RegionContext regions{regions_.get(), options_.tenant};
+  const RegionContext regions{regions_.get(), tenant};
   absl::Status st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
                                      options_.limits.max_spans_per_step, out, storage, &regions);
   if (out->request_id.empty()) {
