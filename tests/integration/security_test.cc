@@ -310,6 +310,28 @@ TEST(SecurityTest, TlsWithTokens) {
   EXPECT_TRUE(health.ok() && *health);
 }
 
+// The smla tool with --token_file and --tls_ca against a TLS server with tokens.
+TEST(SecurityTest, ToolFlags) {
+  const std::string d = TempDir();
+  ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
+  auto s = ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                                 "--tls_key=" + d + "/server.key",
+                                 "--token_file=" + WriteTokens(d)});
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::ofstream(d + "/alice") << "tok-alice-1234\n";
+  const std::string base = std::string(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
+                           " --timeout_s=20 --tls_ca=" + d + "/ca.pem";
+  auto run = [](const std::string& cmd) {
+    const int st = std::system((cmd + " >/dev/null 2>&1").c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  EXPECT_EQ(run(base + " --token_file=" + d + "/alice info"), 0);
+  EXPECT_NE(run(base + " info"), 0);                                       // no token
+  EXPECT_NE(run(std::string(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
+                " --timeout_s=20 --token_file=" + d + "/alice info"),
+            0);  // plaintext client against a TLS server
+}
+
 // Overwrites the first id of every top-k row of span 0 with `id`.
 void CraftTopK(v1::StepRequest* req, int32_t id) {
   v1::Tensor* t = req->mutable_spans(0)->mutable_topk();
