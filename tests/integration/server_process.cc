@@ -30,10 +30,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   // run on a GPU machine: SMLA_SERVER_BINARY=... SMLA_TEST_BACKEND=cuda.
   const char* binary = std::getenv("SMLA_SERVER_BINARY");
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
-  std::vector<std::string> argv_s = {binary != nullptr ? binary : SMLA_SERVER_BINARY,
-                                     "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                                     absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"),
-                                     "--log_level=info"};
+  std::vector<std::string> argv_s = {
+      binary != nullptr ? binary : SMLA_SERVER_BINARY, "--listen=127.0.0.1:0",
+      "--metrics_listen=127.0.0.1:0",
+      absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"), "--log_level=info"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -62,10 +62,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   }).detach();
   // "smla-server listening on 127.0.0.1:PORT (metrics 127.0.0.1:MPORT, backend NAME)"
   int port = 0, metrics_port = 0;
-  char backend[32] = {0};
+  char served_by[32] = {0};
   if (std::sscanf(line.c_str(),
                   "smla-server listening on 127.0.0.1:%d (metrics 127.0.0.1:%d, backend %31[a-z])",
-                  &port, &metrics_port, backend) != 3) {
+                  &port, &metrics_port, served_by) != 3) {
     return absl::InternalError(absl::StrCat("server did not start; first line: '", line, "'"));
   }
   p->port_ = port;
