@@ -131,9 +131,8 @@ absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t off
   uint64_t at = AlignUp(offset);
   auto take = [&](uint64_t bytes, v1::RegionRef* ref) -> absl::Status {
     if (bytes > size_ || at > size_ - bytes) {
-      return absl::OutOfRangeError(absl::StrCat("region ", name_, " of ", size_,
-                                                " bytes is too small for the step at offset ",
-                                                offset));
+      return absl::OutOfRangeError(absl::StrCat(
+          "region ", name_, " of ", size_, " bytes is too small for the step at offset ", offset));
     }
     ref->set_region(name_);
     ref->set_offset(at);

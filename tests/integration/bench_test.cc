@@ -105,16 +105,15 @@ void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::s
   EXPECT_EQ(Count(html, "<table"), Count(html, "</table>"));
   EXPECT_EQ(Count(html, "<tr>"), Count(html, "</tr>"));
   EXPECT_EQ(html.find("<script"), std::string::npos) << "the report must open offline";
-  EXPECT_EQ(html.find("http://") , html.find("http://www.w3.org/2000/svg"))
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg"))
       << "no external resources besides the SVG namespace";
   EXPECT_EQ((*server)->Terminate(), 0);
 }
 
 TEST(BenchTest, ShmStreamSweepMatchesServerMetrics) {
   CheckAgainstServer({"--cell=dsv4.1-flash decode C=2", "--context=128", "--layer=2",
-                      "--prefill_chunk=64", "--transport=shm", "--mode=stream",
-                      "--concurrency=1,2", "--sweep_min_gain=-1", "--warmup_s=0.2",
-                      "--steps=15"},
+                      "--prefill_chunk=64", "--transport=shm", "--mode=stream", "--concurrency=1,2",
+                      "--sweep_min_gain=-1", "--warmup_s=0.2", "--steps=15"},
                      "shm");
 }
 

@@ -38,8 +38,8 @@ TEST(ShmTenantTest, ForeignRegionIsPermissionDenied) {
   ASSERT_TRUE(info.ok()) << info.status();
   const v1::ModelInfo model = info->models(0);
   std::vector<float> sinks(int64_t{model.layers_size()} * model.heads_per_rank(), 0.5f);
-  ASSERT_TRUE(bob->SetSinks(model.profile(), sinks, model.layers_size(), model.heads_per_rank())
-                  .ok());
+  ASSERT_TRUE(
+      bob->SetSinks(model.profile(), sinks, model.layers_size(), model.heads_per_rank()).ok());
   std::mt19937_64 rng(7);
   ASSERT_TRUE(bob->CreateSequence(model.profile(), "s").ok());
   ASSERT_TRUE(bob->Step(client::MakeStep(model, kLayer, {{"s", 0, 64, 0}}, {}, rng)).ok());

@@ -1,6 +1,8 @@
 // The zero-copy transport on the real smla-server: shared-memory steps return exactly the
 // inline results, region misuse is refused with a clear error and changes nothing, and a
 // region goes away with its registration.
+#include "smla/client/shm.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "harness.h"
-#include "smla/client/shm.h"
 
 namespace smla::testing {
 namespace {

@@ -139,7 +139,8 @@ int Run() {
       o.max_message_bytes = (1 << 30) - c;
       auto cl = client::Client::Connect(o);
       if (!cl.ok()) return Fail(cl.status());
-      connections[s].push_back(std::make_unique<Connection>(Connection{servers[s], *std::move(cl)}));
+      connections[s].push_back(
+          std::make_unique<Connection>(Connection{servers[s], *std::move(cl)}));
     }
   }
   auto info = connections[0][0]->client->Info();
@@ -153,8 +154,8 @@ int Run() {
         absl::StrCat("--layer ", spec.layer, ": the model has ", model->layers_size())));
   }
   for (size_t s = 0; s < servers.size(); ++s) {
-    if (absl::Status st = PrepareModel(connections[s][0]->client.get(), *model, spec,
-                                       absl::GetFlag(FLAGS_seed));
+    if (absl::Status st =
+            PrepareModel(connections[s][0]->client.get(), *model, spec, absl::GetFlag(FLAGS_seed));
         !st.ok()) {
       return Fail(st);
     }
@@ -238,12 +239,10 @@ int Run() {
   report.total_rows_ok = totals.rows_ok.load();
   report.total_failed = totals.failed.load();
   if (!report.stop_reason.empty()) std::printf("sweep ended: %s\n", report.stop_reason.c_str());
-  if (!absl::GetFlag(FLAGS_json).empty() &&
-      !WriteFile(absl::GetFlag(FLAGS_json), ToJson(report))) {
+  if (!absl::GetFlag(FLAGS_json).empty() && !WriteFile(absl::GetFlag(FLAGS_json), ToJson(report))) {
     return Fail(absl::InternalError("cannot write --json"));
   }
-  if (!absl::GetFlag(FLAGS_html).empty() &&
-      !WriteFile(absl::GetFlag(FLAGS_html), ToHtml(report))) {
+  if (!absl::GetFlag(FLAGS_html).empty() && !WriteFile(absl::GetFlag(FLAGS_html), ToHtml(report))) {
     return Fail(absl::InternalError("cannot write --html"));
   }
   return exit_code;

@@ -39,9 +39,9 @@ std::string Num(double v) {
 }
 
 std::string JsonPercentiles(const Percentiles& p) {
-  return absl::StrCat("{\"p50\": ", Num(p.p50), ", \"p90\": ", Num(p.p90), ", \"p95\": ",
-                      Num(p.p95), ", \"p99\": ", Num(p.p99), ", \"max\": ", Num(p.max),
-                      ", \"mean\": ", Num(p.mean), "}");
+  return absl::StrCat("{\"p50\": ", Num(p.p50), ", \"p90\": ", Num(p.p90),
+                      ", \"p95\": ", Num(p.p95), ", \"p99\": ", Num(p.p99),
+                      ", \"max\": ", Num(p.max), ", \"mean\": ", Num(p.mean), "}");
 }
 
 std::string Html(const std::string& s) {
@@ -83,8 +83,7 @@ std::string LineChart(const std::string& title, const std::string& y_label,
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
       "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
       static_cast<int>(w), static_cast<int>(h), static_cast<int>(w), static_cast<int>(h));
-  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"18\" font-size=\"13\">%s</text>\n", l,
-                        Html(title));
+  absl::StrAppendFormat(&o, "<text x=\"%g\" y=\"18\" font-size=\"13\">%s</text>\n", l, Html(title));
   absl::StrAppendFormat(&o,
                         "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n"
                         "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n",
@@ -244,36 +243,37 @@ std::string TextSummary(const RunStats& r) {
 std::string ToJson(const Report& rep) {
   std::string o = "{\n";
   absl::StrAppend(&o, "  \"tool\": \"smla-bench\",\n  \"cell\": ", JsonString(rep.cell),
-                  ",\n  \"transport\": ", JsonString(rep.transport), ",\n  \"mode\": ",
-                  JsonString(rep.mode), ",\n  \"loop\": ", JsonString(rep.loop),
-                  ",\n  \"device\": ", JsonString(rep.device), ",\n  \"date\": ",
-                  JsonString(rep.date), ",\n  \"servers\": [");
+                  ",\n  \"transport\": ", JsonString(rep.transport),
+                  ",\n  \"mode\": ", JsonString(rep.mode), ",\n  \"loop\": ", JsonString(rep.loop),
+                  ",\n  \"device\": ", JsonString(rep.device),
+                  ",\n  \"date\": ", JsonString(rep.date), ",\n  \"servers\": [");
   for (size_t i = 0; i < rep.servers.size(); ++i) {
     absl::StrAppend(&o, i ? ", " : "", JsonString(rep.servers[i]));
   }
-  absl::StrAppend(&o, "],\n  \"connections\": ", rep.connections, ",\n  \"slo_ms\": ",
-                  Num(rep.slo_ms), ",\n  \"stop_reason\": ", JsonString(rep.stop_reason),
+  absl::StrAppend(&o, "],\n  \"connections\": ", rep.connections,
+                  ",\n  \"slo_ms\": ", Num(rep.slo_ms),
+                  ",\n  \"stop_reason\": ", JsonString(rep.stop_reason),
                   ",\n  \"totals\": {\"unary_ok\": ", rep.total_unary_ok,
                   ", \"stream_ok\": ", rep.total_stream_ok, ", \"rows_ok\": ", rep.total_rows_ok,
                   ", \"failed\": ", rep.total_failed, "},\n  \"runs\": [\n");
   for (size_t i = 0; i < rep.runs.size(); ++i) {
     const RunStats& r = rep.runs[i];
-    absl::StrAppend(&o, "    {\"concurrency\": ", r.concurrency, ", \"rate\": ", Num(r.rate),
-                    ", \"seconds\": ", Num(r.seconds), ", \"calls\": ", r.calls,
-                    ", \"steps\": ", r.steps, ", \"rows\": ", r.rows,
-                    ",\n     \"calls_per_s\": ", Num(r.calls_per_s), ", \"steps_per_s\": ",
-                    Num(r.steps_per_s), ", \"rows_per_s\": ", Num(r.rows_per_s),
-                    ",\n     \"call_ms\": ", JsonPercentiles(r.call_ms),
-                    ",\n     \"step_ms\": ", JsonPercentiles(r.step_ms),
-                    ",\n     \"overhead_ms\": ", JsonPercentiles(r.overhead_ms),
-                    ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
-                    ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
-                    ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),
-                    ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
-                    ", \"good_steps\": ", r.good_steps, ", \"goodput_steps_per_s\": ",
-                    Num(r.goodput_steps_per_s), ", \"goodput_rows_per_s\": ",
-                    Num(r.goodput_rows_per_s), ", \"slo_met\": ", r.slo_met ? "true" : "false",
-                    ",\n     \"errors\": {");
+    absl::StrAppend(
+        &o, "    {\"concurrency\": ", r.concurrency, ", \"rate\": ", Num(r.rate),
+        ", \"seconds\": ", Num(r.seconds), ", \"calls\": ", r.calls, ", \"steps\": ", r.steps,
+        ", \"rows\": ", r.rows, ",\n     \"calls_per_s\": ", Num(r.calls_per_s),
+        ", \"steps_per_s\": ", Num(r.steps_per_s), ", \"rows_per_s\": ", Num(r.rows_per_s),
+        ",\n     \"call_ms\": ", JsonPercentiles(r.call_ms),
+        ",\n     \"step_ms\": ", JsonPercentiles(r.step_ms),
+        ",\n     \"overhead_ms\": ", JsonPercentiles(r.overhead_ms),
+        ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
+        ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
+        ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),
+        ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
+        ", \"good_steps\": ", r.good_steps,
+        ", \"goodput_steps_per_s\": ", Num(r.goodput_steps_per_s),
+        ", \"goodput_rows_per_s\": ", Num(r.goodput_rows_per_s),
+        ", \"slo_met\": ", r.slo_met ? "true" : "false", ",\n     \"errors\": {");
     bool first = true;
     for (const auto& [code, n] : r.errors) {
       absl::StrAppend(&o, first ? "" : ", ", JsonString(code), ": ", n);
@@ -299,9 +299,9 @@ std::string ToHtml(const Report& rep) {
       "td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }\n"
       "th { background: #f0f0f0; }\n</style>\n</head>\n<body>\n";
   absl::StrAppend(&o, "<h1>smla-bench</h1>\n<p>", Html(rep.cell), "<br>\ntransport ",
-                  Html(rep.transport), ", ", Html(rep.mode), ", ", Html(rep.loop),
-                  " loop, device ", Html(rep.device), ", ", rep.connections,
-                  " connection(s) per server, ", Html(rep.date), "</p>\n");
+                  Html(rep.transport), ", ", Html(rep.mode), ", ", Html(rep.loop), " loop, device ",
+                  Html(rep.device), ", ", rep.connections, " connection(s) per server, ",
+                  Html(rep.date), "</p>\n");
   if (!rep.stop_reason.empty()) {
     absl::StrAppend(&o, "<p>Sweep ended: ", Html(rep.stop_reason), "</p>\n");
   }

@@ -13,14 +13,14 @@
 namespace smla::bench {
 
 struct Report {
-  std::string cell;        // the workload's name
-  std::string transport;   // "inline" | "shm"
-  std::string mode;        // "stream" | "unary"
-  std::string loop;        // "closed" | "open"
+  std::string cell;       // the workload's name
+  std::string transport;  // "inline" | "shm"
+  std::string mode;       // "stream" | "unary"
+  std::string loop;       // "closed" | "open"
   std::vector<std::string> servers;
   int connections = 1;
-  std::string device;      // the first server's device (backend and name)
-  std::string date;        // UTC, ISO 8601
+  std::string device;  // the first server's device (backend and name)
+  std::string date;    // UTC, ISO 8601
   double slo_ms = 0;
   std::string stop_reason;  // why a sweep ended
   std::vector<RunStats> runs;

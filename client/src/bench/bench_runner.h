@@ -15,13 +15,13 @@
 namespace smla::bench {
 
 struct RunOptions {
-  int concurrency = 1;       // workers used (the first N)
-  double rate = 0;           // open loop: steps per second (0 = closed loop)
-  double warmup_s = 1;       // calls sent before this are not measured
-  double duration_s = 5;     // measured time (when steps == 0)
-  int64_t steps = 0;         // measured steps per run instead of a duration
-  double slo_ms = 0;         // latency objective of a step (0 = none)
-  bool progress = false;     // a progress line on stderr
+  int concurrency = 1;    // workers used (the first N)
+  double rate = 0;        // open loop: steps per second (0 = closed loop)
+  double warmup_s = 1;    // calls sent before this are not measured
+  double duration_s = 5;  // measured time (when steps == 0)
+  int64_t steps = 0;      // measured steps per run instead of a duration
+  double slo_ms = 0;      // latency objective of a step (0 = none)
+  bool progress = false;  // a progress line on stderr
   uint64_t seed = 1;
 };
 
@@ -37,14 +37,14 @@ struct HistogramBin {
 struct RunStats {
   int concurrency = 0;
   double rate = 0;
-  double seconds = 0;      // measured wall time
-  int64_t calls = 0;       // successful measured calls
-  int64_t steps = 0;       // successful measured steps (a step = one call per layer stepped)
-  int64_t rows = 0;        // query rows of those calls
+  double seconds = 0;  // measured wall time
+  int64_t calls = 0;   // successful measured calls
+  int64_t steps = 0;   // successful measured steps (a step = one call per layer stepped)
+  int64_t rows = 0;    // query rows of those calls
   double calls_per_s = 0, steps_per_s = 0, rows_per_s = 0;
-  Percentiles call_ms;     // end-to-end latency of one call
-  Percentiles step_ms;     // of one step (all its calls)
-  std::vector<HistogramBin> histogram;  // of call latency
+  Percentiles call_ms;                    // end-to-end latency of one call
+  Percentiles step_ms;                    // of one step (all its calls)
+  std::vector<HistogramBin> histogram;    // of call latency
   std::map<std::string, int64_t> errors;  // status code name -> measured calls
   // Per call, from the server's timings: end-to-end = overhead + queue + kernel, where
   // overhead is transport, parsing and response building (client and server side).
@@ -52,7 +52,7 @@ struct RunStats {
   double mean_batch_requests = 0;
   int64_t good_steps = 0;  // within the SLO
   double goodput_steps_per_s = 0, goodput_rows_per_s = 0;
-  bool slo_met = true;     // step p99 within the SLO
+  bool slo_met = true;  // step p99 within the SLO
 };
 
 RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options);

@@ -28,13 +28,14 @@ std::string WorkloadSpec::Name() const {
   if (!format.empty()) absl::StrAppend(&s, " ", format);
   if (tp > 0) absl::StrAppend(&s, " TP", tp);
   if (shape == "prefill") {
-    absl::StrAppend(&s, " prefill ", prefill_rows % 1024 == 0 ? absl::StrCat(prefill_rows / 1024, "K")
-                                                          : absl::StrCat(prefill_rows));
+    absl::StrAppend(&s, " prefill ",
+                    prefill_rows % 1024 == 0 ? absl::StrCat(prefill_rows / 1024, "K")
+                                             : absl::StrCat(prefill_rows));
   } else {
     absl::StrAppend(&s, " ", shape, " C=", requests);
   }
-  absl::StrAppend(&s, " ", context % 1024 == 0 ? absl::StrCat(context / 1024, "K")
-                                               : absl::StrCat(context));
+  absl::StrAppend(&s, " ",
+                  context % 1024 == 0 ? absl::StrCat(context / 1024, "K") : absl::StrCat(context));
   absl::StrAppend(&s, layer < 0 ? " (model step)" : absl::StrCat(" (layer ", layer, ")"));
   return s;
 }
@@ -68,8 +69,8 @@ absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell) {
     } else if (ParseK(t, &k)) {
       w.context = k;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--cell: unknown part '", t, "' in '", cell,
-                                                     "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cell: unknown part '", t, "' in '", cell, "'"));
     }
   }
   return w;
@@ -85,8 +86,8 @@ absl::StatusOr<v1::ModelInfo> FindModel(const v1::ServerInfo& info, const Worklo
     if (!spec.format.empty() && m.kv_format() != spec.format) continue;
     return m;
   }
-  return absl::NotFoundError(absl::StrCat("the server does not serve ", spec.Name(),
-                                          "; it serves: ", served));
+  return absl::NotFoundError(
+      absl::StrCat("the server does not serve ", spec.Name(), "; it serves: ", served));
 }
 
 absl::Status PrepareModel(client::Client* client, const v1::ModelInfo& model,
@@ -230,8 +231,8 @@ absl::Status Worker::Prefill(int chunk, std::mt19937_64& rng) {
         if (!resp.ok()) {
           totals_->failed++;
           return absl::Status(resp.status().code(),
-                              absl::StrCat("pre-fill of layer ", layers_[slot], " at ", first,
-                                           ": ", resp.status().message()));
+                              absl::StrCat("pre-fill of layer ", layers_[slot], " at ", first, ": ",
+                                           resp.status().message()));
         }
         totals_->unary_ok++;
         totals_->rows_ok += rows;

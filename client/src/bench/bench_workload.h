@@ -26,9 +26,9 @@
 namespace smla::bench {
 
 struct WorkloadSpec {
-  std::string model;   // profile name
-  std::string format;  // KV format the server must serve ("" = whatever it serves)
-  int tp = 0;          // TP degree the server must serve (0 = whatever it serves)
+  std::string model;             // profile name
+  std::string format;            // KV format the server must serve ("" = whatever it serves)
+  int tp = 0;                    // TP degree the server must serve (0 = whatever it serves)
   std::string shape = "decode";  // decode | decode1 | prefill
   int requests = 1;              // C: sequences per call (decode, decode1)
   int prefill_rows = 8192;       // P (prefill)
@@ -39,7 +39,9 @@ struct WorkloadSpec {
   bool inverse_rope = false;
 
   int RowsPerRequest() const { return shape == "decode" ? 6 : shape == "decode1" ? 1 : 0; }
-  int RowsPerCall() const { return shape == "prefill" ? prefill_rows : requests * RowsPerRequest(); }
+  int RowsPerCall() const {
+    return shape == "prefill" ? prefill_rows : requests * RowsPerRequest();
+  }
   int SequencesPerWorker() const { return shape == "prefill" ? 1 : requests; }
   std::string Name() const;  // the cell's name
 };

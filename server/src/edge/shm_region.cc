@@ -175,9 +175,8 @@ absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
                                                    mapping->size(), " bytes"));
   }
   if (align > 1 && offset % align != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset,
-                                                   " is not a multiple of ", align,
-                                                   " (the element size)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": offset ", offset, " is not a multiple of ", align, " (the element size)"));
   }
   if (absl::Status st = mapping->CheckStillBacked(); !st.ok()) return st;
   return RegionBytes{std::span<uint8_t>(mapping->data() + offset, size), std::move(mapping)};

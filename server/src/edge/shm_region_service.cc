@@ -58,8 +58,8 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
       }
       if (finish) state->reactor->Finish(grpc::Status::OK);
     };
-    absl::Status st = regions->Register(*tenant, session_, request->name(),
-                                        request->size(), std::move(end));
+    absl::Status st =
+        regions->Register(*tenant, session_, request->name(), request->size(), std::move(end));
     if (!st.ok()) {
       FinishOnce(st);
       return;
@@ -142,8 +142,8 @@ grpc::ServerUnaryReactor* SmlaService::UnregisterRegion(grpc::CallbackServerCont
                                                         v1::UnregisterRegionResponse*) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "UnregisterRegion", tenant.status());
-  const absl::Status st = regions_ == nullptr ? RegionsDisabled()
-                                              : regions_->Unregister(*tenant, request->name());
+  const absl::Status st =
+      regions_ == nullptr ? RegionsDisabled() : regions_->Unregister(*tenant, request->name());
   return Reply(ctx, "UnregisterRegion", st);
 }
 

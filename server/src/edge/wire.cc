@@ -109,7 +109,8 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size());
 }
 
-// `always_copy`: copy even aligned data (ids in a client's region could change after they were validated).
+// `always_copy`: copy even aligned data (ids in a client's region could change after they were
+// validated).
 std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage,
                                  bool always_copy) {
   const size_t n = bytes.size() / 4;
@@ -131,7 +132,9 @@ absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* mode
     if (pb.has_mx_scales_region()) {
       return absl::InvalidArgumentError("mx_scales_region: set without out_region");
     }
-    if (pb.has_lse_region()) return absl::InvalidArgumentError("lse_region: set without out_region");
+    if (pb.has_lse_region()) {
+      return absl::InvalidArgumentError("lse_region: set without out_region");
+    }
     return absl::OkStatus();
   }
   if (!RegionsOn(regions)) return RegionsOff("out_region");
