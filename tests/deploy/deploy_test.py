@@ -192,14 +192,19 @@ class RunningServer:
             [ARGS.server, f"--config={self.config}", *args, f"--listen={hosts['listen']}:0",
              f"--metrics_listen={hosts['metrics_listen']}:0", "--backend=cpu",
              "--cpu_threads=1", SMALL_MODEL],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=open(os.path.join(self.dir.name, "log"), "w"),
+            text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on \S+:(\d+) \(metrics \S+:(\d+)", line)
         if not m:
             self.proc.kill()
-            err = self.proc.communicate()[1]
-            raise AssertionError(f"server did not start with the config: {line!r} {err[-2000:]}")
+            self.proc.wait()
+            raise AssertionError(f"server did not start with the config: {line!r} {self.log()}")
         self.port, self.metrics_port = int(m.group(1)), int(m.group(2))
+
+    def log(self):
+        with open(os.path.join(self.dir.name, "log")) as f:
+            return f.read()[-2000:]
 
     def probe(self, service):
         r = subprocess.run([ARGS.probe, f"127.0.0.1:{self.port}", service],
@@ -209,15 +214,20 @@ class RunningServer:
     def terminate(self):
         start = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=120)
-        self.proc.communicate()
+        try:
+            rc = self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"no exit 120 s after SIGTERM: {self.log()}")
+        self.proc.stdout.close()
         self.dir.cleanup()
         return rc, time.monotonic() - start
 
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
         self.dir.cleanup()
 
 
@@ -459,7 +469,11 @@ class ContainerTest(unittest.TestCase):
                 self.assertEqual(demo["depends_on"]["smla-server"]["condition"],
                                  "service_healthy")
                 # The server's flags, with the config, start a server.
-                RunningServer(self.config, cmd).terminate()
+                running = RunningServer(self.config, cmd)
+                try:
+                    self.assertEqual(running.terminate()[0], 0)
+                finally:
+                    running.kill()
 
 
 def main():
