@@ -15,7 +15,8 @@ namespace smla::testing {
 
 class ServerProcess {
  public:
-  // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` plus
+  // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` (the
+  // environment variables SMLA_SERVER_BINARY and SMLA_TEST_BACKEND override both) plus
   // `args`, and waits for its "listening on" line.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args);
   ~ServerProcess();  // SIGKILL if still running
