@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "google/protobuf/stubs/logging.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
 
@@ -24,6 +25,9 @@ constexpr char kTenant[] = "fuzz";
 
 FuzzWorld& FuzzWorld::Get() {
   static FuzzWorld* world = [] {
+    // Protobuf logs every string field with invalid UTF-8; mutated inputs are full of them.
+    google::protobuf::SetLogHandler(
+        [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
     auto* w = new FuzzWorld();
     server::ServerConfig config;
     for (const char* spec : {"dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=4MiB",
