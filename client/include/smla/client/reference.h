@@ -53,9 +53,12 @@ class Reference {
 
   // Compares a server response with the expectation: per (row, head) vector,
   // max|out - ref| <= tolerance * max|ref| (MXFP8 outputs dequantised, plus one e4m3 step),
-  // LSE within tolerance * max(1, |ref|), -inf exactly.
+  // LSE within tolerance * max(1, |ref|), -inf exactly. The default is operator.md §7's bound:
+  // the reference is the CPU backend, not an f64 result, and a GPU backend rounds P to bf16
+  // against other running maxima, so two correct backends differ by up to about twice the
+  // error of one (1.1e-2 seen on the H200).
   static Comparison Compare(const Expected& expected, const v1::StepResponse& response,
-                            double tolerance = 1e-2);
+                            double tolerance = 2e-2);
 
  private:
   struct LayerPool {
