@@ -20,6 +20,15 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Under AddressSanitizer freed memory sits in a quarantine, so the server's RSS does not follow
+// its live memory: the RSS bounds are checked only in normal builds (the test binary is built
+// like the server).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeaningful = false;
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+
 int64_t RssBytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string key;
@@ -158,10 +167,11 @@ TEST(FaultTest, SlowReaderHoldsBoundedMemory) {
   auto slow_client = h.server->Connect();
   auto stream = slow_client->OpenStream();
   ASSERT_TRUE(stream.ok());
-  // The same 64-row request (it rewrites positions 0..63) 48 times: about 30 MiB of requests
-  // and 24 MiB of responses if the server buffered them all. The reader never reads.
+  // The same 64-row request (it rewrites positions 0..63) 160 times: about 100 MiB of
+  // requests and 80 MiB of responses if the server buffered them all. The reader never reads;
+  // the server holds --stream_max_inflight requests plus what HTTP/2 flow control admits.
   const v1::StepRequest req = h.Make(0, {{"slow", 0, 64, 0}});
-  constexpr int kWrites = 48;
+  constexpr int kWrites = 160;
   std::atomic<int> written{0};
   std::thread writer([&] {
     for (int i = 0; i < kWrites; ++i) {
@@ -177,7 +187,9 @@ TEST(FaultTest, SlowReaderHoldsBoundedMemory) {
               written.load(), kWrites, static_cast<long long>(rss_before / 1024),
               static_cast<long long>(rss_held / 1024));
   EXPECT_LT(written.load(), kWrites) << "the server read everything: reading is not bounded";
-  EXPECT_LT(rss_held - rss_before, int64_t{32} << 20);  // all of it would be about 54 MiB
+  if (kRssMeaningful) {
+    EXPECT_LT(rss_held - rss_before, int64_t{48} << 20);
+  }
   (*stream)->Cancel();
   writer.join();
   (*stream)->Finish().IgnoreError();
@@ -380,7 +392,9 @@ TEST(FaultTest, SoakAtHighConcurrency) {
               static_cast<long long>(rss_warm / 1024), static_cast<long long>(rss_peak / 1024));
   EXPECT_EQ(failures.load(), 0);
   EXPECT_GT(calls.load(), kClients);
-  EXPECT_LT(rss_peak - rss_warm, int64_t{32} << 20) << "server memory grew under a steady load";
+  if (kRssMeaningful) {
+    EXPECT_LT(rss_peak - rss_warm, int64_t{32} << 20) << "server memory grew under a steady load";
+  }
 }
 
 }  // namespace
