@@ -6,18 +6,27 @@
 # -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
 set -euo pipefail
 
+# On a GPU machine without gRPC/abseil (the lent H200), build here and carry a device-bundle
+# instead: SMLA_BIN_DIR=build-gpu/device/bin LD_LIBRARY_PATH=build-gpu/device/lib (the
+# bundle's bin/ holds smla-server, smla and smla-bench side by side).
 build=${1:-build-gpu}
-out=docs/results
+out=${SMLA_OUT_DIR:-docs/results}
 port=50051
-cmake --build "$build" --target smla-server smla-bench smla -j"$(nproc)"
+if [ -n "${SMLA_BIN_DIR:-}" ]; then
+  server_bin=$SMLA_BIN_DIR/smla-server smla_bin=$SMLA_BIN_DIR/smla bench_bin=$SMLA_BIN_DIR/smla-bench
+else
+  cmake --build "$build" --target smla-server smla-bench smla -j"$(nproc)"
+  server_bin=$build/server/smla-server smla_bin=$build/client/smla
+  bench_bin=$build/client/smla-bench
+fi
 
-"$build/server/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
+"$server_bin" --backend cuda --allow_shm --listen 127.0.0.1:$port \
   --metrics_listen 127.0.0.1:9464 \
   --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 120); do
-  "$build/client/smla" --server 127.0.0.1:$port health >/dev/null 2>&1 && break
+  "$smla_bin" --server 127.0.0.1:$port health >/dev/null 2>&1 && break
   sleep 1
 done
 
@@ -26,7 +35,7 @@ for c in 1 16 32 64; do
   levels=1,4
   [ "$c" = 64 ] && levels=${C64_LEVELS:-1}  # pre-filling 4 x 64 sequences of 128K is long
   for t in shm inline; do
-    "$build/client/smla-bench" --server 127.0.0.1:$port \
+    "$bench_bin" --server 127.0.0.1:$port \
       --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
       --output mxfp8 --inverse_rope --transport "$t" --mode stream \
       --concurrency "$levels" --sweep_min_gain -1 --warmup_s 2 --duration_s 10 \
