@@ -30,13 +30,14 @@ using gpu::StreamHandle;
 class GpuStream : public Stream {
  public:
   ~GpuStream() override {
+    // Teardown errors have nowhere to go (HIP marks its error type nodiscard).
     if (handle_ != nullptr) {
-      gpu::StreamSynchronize(handle_);
-      gpu::StreamDestroy(handle_);
+      static_cast<void>(gpu::StreamSynchronize(handle_));
+      static_cast<void>(gpu::StreamDestroy(handle_));
     }
-    if (staged_ != nullptr) gpu::EventDestroy(staged_);
-    if (pinned_ != nullptr) gpu::FreeHost(pinned_);
-    if (workspace_ != nullptr) gpu::Free(workspace_);
+    if (staged_ != nullptr) static_cast<void>(gpu::EventDestroy(staged_));
+    if (pinned_ != nullptr) static_cast<void>(gpu::FreeHost(pinned_));
+    if (workspace_ != nullptr) static_cast<void>(gpu::Free(workspace_));
   }
 
   absl::Status Init() {
@@ -110,7 +111,7 @@ class GpuBackend : public Backend {
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     void* p = nullptr;
     if (bytes > 0) SMLA_GPU_RETURN_IF_ERROR(gpu::Malloc(&p, bytes));
-    return Buffer(p, bytes, [](void* q) { gpu::Free(q); });
+    return Buffer(p, bytes, [](void* q) { static_cast<void>(gpu::Free(q)); });
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
@@ -206,7 +207,7 @@ class GpuBackend : public Backend {
 bool GpuDevicePresent(int32_t ordinal) {
   int n = 0;
   if (gpu::GetDeviceCount(&n) != gpu::kSuccess) {
-    gpu::GetLastError();  // clear the sticky "no device" error
+    static_cast<void>(gpu::GetLastError());  // clear the sticky "no device" error
     return false;
   }
   return ordinal >= 0 && ordinal < n;
@@ -218,21 +219,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGpuBackend(const BackendOptions& 
         absl::StrCat("no GPU device at ordinal ", options.device_ordinal));
   }
   SMLA_GPU_RETURN_IF_ERROR(gpu::SetDevice(options.device_ordinal));
-  cudaDeviceProp prop;
-  SMLA_GPU_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device_ordinal));
+  gpu::DeviceFacts facts;
+  SMLA_GPU_RETURN_IF_ERROR(gpu::QueryDevice(options.device_ordinal, &facts));
   DeviceInfo info;
+  info.name = facts.name;
+  info.arch = facts.arch;
+  info.compute_units = facts.compute_units;
+  info.warp_size = facts.warp_size;
+  info.l2_bytes = facts.l2_bytes;
+  info.shared_memory_per_block = facts.shared_memory_per_block;
+  info.total_memory = facts.total_memory;
+#if defined(SMLA_GPU_HIP)
+  info.kind = BackendKind::kHip;
+  if (info.arch != "gfx950") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the HIP kernels are built for gfx950; device '", info.name, "' is ", info.arch));
+  }
+#else
   info.kind = BackendKind::kCuda;
-  info.name = prop.name;
-  info.arch = absl::StrCat("sm_", prop.major, prop.minor, prop.major >= 9 ? "a" : "");
-  info.compute_units = prop.multiProcessorCount;
-  info.warp_size = prop.warpSize;
-  info.l2_bytes = prop.l2CacheSize;
-  info.shared_memory_per_block = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
-  info.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
-  if (prop.major < 9) {
+  if (facts.major < 9) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the CUDA kernels are built for sm_90a; device '", info.name, "' is ", info.arch));
   }
+#endif
   if (absl::Status st = gpu::PrepareAttendVariants(info.shared_memory_per_block); !st.ok()) {
     return st;
   }

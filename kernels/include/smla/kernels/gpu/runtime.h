@@ -4,14 +4,22 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(SMLA_WITH_HIP)
+#ifndef __HIP_PLATFORM_AMD__
+#define __HIP_PLATFORM_AMD__ 1  // Debian's HIP headers need the platform named
+#endif
 #include <hip/hip_runtime.h>
 #define SMLA_GPU_HIP 1
+// Kernel parameters already live in constant memory on AMD; the CUDA qualifier has no meaning.
+#ifndef __grid_constant__
+#define __grid_constant__
+#endif
 #else
 #include <cuda_runtime.h>
 #define SMLA_GPU_CUDA 1
@@ -42,7 +50,9 @@ inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return hipMemsetAsync(d, v, n, st);
 }
-inline Error StreamCreate(StreamHandle* s) { return hipStreamCreateWithFlags(s, hipStreamNonBlocking); }
+inline Error StreamCreate(StreamHandle* s) {
+  return hipStreamCreateWithFlags(s, hipStreamNonBlocking);
+}
 inline Error StreamDestroy(StreamHandle s) { return hipStreamDestroy(s); }
 inline Error StreamSynchronize(StreamHandle s) { return hipStreamSynchronize(s); }
 inline Error EventCreate(EventHandle* e) { return hipEventCreate(e); }
@@ -54,6 +64,13 @@ inline Error EventElapsedMs(float* ms, EventHandle a, EventHandle b) {
 }
 inline Error SetDevice(int d) { return hipSetDevice(d); }
 inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
+inline Error SetMaxDynamicSharedBytes(const void* kernel, int bytes) {
+  return hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+inline Error LaunchKernel(const void* kernel, dim3 grid, dim3 block, void** args,
+                          size_t shared_bytes, StreamHandle s) {
+  return hipLaunchKernel(kernel, grid, block, args, shared_bytes, s);
+}
 #else
 using Error = cudaError_t;
 using StreamHandle = cudaStream_t;
@@ -89,7 +106,60 @@ inline Error EventElapsedMs(float* ms, EventHandle a, EventHandle b) {
 }
 inline Error SetDevice(int d) { return cudaSetDevice(d); }
 inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
+inline Error SetMaxDynamicSharedBytes(const void* kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+inline Error LaunchKernel(const void* kernel, dim3 grid, dim3 block, void** args,
+                          size_t shared_bytes, StreamHandle s) {
+  return cudaLaunchKernel(kernel, grid, block, args, shared_bytes, s);
+}
 #endif
+
+// What the backend needs to know about a device, read once at start-up (style.md, "Device
+// facts once"). `arch` is "sm_90a"-style on NVIDIA and the gfx target ("gfx950") on AMD.
+struct DeviceFacts {
+  std::string name;
+  std::string arch;
+  int major = 0;  // NVIDIA compute capability; AMD reports its own approximation
+  int minor = 0;
+  int compute_units = 0;
+  int warp_size = 0;
+  int64_t l2_bytes = 0;
+  int64_t shared_memory_per_block = 0;  // the opt-in maximum for dynamic shared memory
+  int64_t total_memory = 0;
+};
+
+inline Error QueryDevice(int ordinal, DeviceFacts* f) {
+#if defined(SMLA_GPU_HIP)
+  hipDeviceProp_t prop;
+  if (const Error e = hipGetDeviceProperties(&prop, ordinal); e != hipSuccess) return e;
+  int shared = 0;
+  // The per-workgroup LDS limit (160 KB on gfx950); the property struct of older HIP lacks it.
+  if (const Error e = hipDeviceGetAttribute(&shared, hipDeviceAttributeMaxSharedMemoryPerBlock,
+                                            ordinal);
+      e != hipSuccess) {
+    return e;
+  }
+  f->name = prop.name;
+  std::string arch = prop.gcnArchName;  // e.g. "gfx950:sramecc+:xnack-"
+  f->arch = arch.substr(0, arch.find(':'));
+  f->shared_memory_per_block = shared;
+#else
+  cudaDeviceProp prop;
+  if (const Error e = cudaGetDeviceProperties(&prop, ordinal); e != cudaSuccess) return e;
+  f->name = prop.name;
+  f->arch = std::string("sm_") + std::to_string(prop.major) + std::to_string(prop.minor) +
+            (prop.major >= 9 ? "a" : "");
+  f->shared_memory_per_block = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+#endif
+  f->major = prop.major;
+  f->minor = prop.minor;
+  f->compute_units = prop.multiProcessorCount;
+  f->warp_size = prop.warpSize;
+  f->l2_bytes = prop.l2CacheSize;
+  f->total_memory = static_cast<int64_t>(prop.totalGlobalMem);
+  return kSuccess;
+}
 
 // A failed runtime call as a status naming the call: device errors are statuses, not crashes.
 inline absl::Status ToStatus(Error e, const char* what) {

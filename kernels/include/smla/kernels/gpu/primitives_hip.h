@@ -1,0 +1,250 @@
+// Device primitives for AMD gfx950 (CDNA4, 64-lane wavefronts) behind the portable layer
+// (gpu.md), included by primitives.h when compiling HIP. Same names and meanings as the CUDA
+// primitives wherever the hardware allows; what differs is written down here:
+//
+// - kWarpSize is 64. Lane masks are 64-bit (LaneMask). Butterfly reductions take xor masks up
+//   to kWarpSize / 2 (lane_reduce.h builds width-correct group reductions on them).
+// - Asynchronous copies are plain 16-byte loads and LDS stores: the data is in shared memory
+//   once the copy returns in the issuing lane, so AsyncCommit/AsyncWait are ordering no-ops
+//   and the block barrier after them publishes the data. (gfx950's global_load_lds_dwordx4 can
+//   replace them later: it writes lane-contiguous 16-byte chunks from a wave-uniform LDS base,
+//   which is how the gathers are laid out; it needs vmcnt waits per issued load.)
+// - The bf16 matrix product is v_mfma_f32_16x16x32_bf16: a 16x16x32 tile per wavefront, its
+//   fragments described by the Mfma* maps below (not the m16n8k16 fragments of mma.sync).
+// - fp8 conversions use gfx950's OCP e4m3 instructions (gfx942 and older implement the FNUZ
+//   variant, so every other target takes the exact bit-level codec instead).
+// - The scale of E4m3x4ToBf16Scaled is an f32 (KvScale); on CUDA it is a bf16 pair.
+#pragma once
+
+#include <hip/hip_runtime.h>
+
+#include <cstdint>
+
+#include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/codec/e4m3.h"
+
+namespace smla::kernels::gpu {
+
+inline constexpr int kWarpSize = 64;
+using LaneMask = uint64_t;  // one bit per lane of a wavefront
+
+#if defined(__gfx950__)
+#define SMLA_HIP_GFX950 1
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Wavefront shuffles, reductions and votes.
+
+__device__ __forceinline__ float WarpXorMax(float v, int mask) {
+  return fmaxf(v, __shfl_xor(v, mask, kWarpSize));
+}
+__device__ __forceinline__ float WarpXorSum(float v, int mask) {
+  return v + __shfl_xor(v, mask, kWarpSize);
+}
+// v of lane `src` (every lane of the wavefront must take part).
+__device__ __forceinline__ uint32_t WarpShuffle(uint32_t v, int src) {
+  return static_cast<uint32_t>(__shfl(static_cast<int>(v), src, kWarpSize));
+}
+__device__ __forceinline__ uint64_t WarpShuffle(uint64_t v, int src) {
+  return static_cast<uint64_t>(__shfl(static_cast<unsigned long long>(v), src, kWarpSize));
+}
+template <class T>
+__device__ __forceinline__ T* WarpShufflePtr(T* p, int src) {
+  return reinterpret_cast<T*>(WarpShuffle(reinterpret_cast<uint64_t>(p), src));
+}
+// Bit i set when lane i's predicate is true (inactive lanes read as false).
+__device__ __forceinline__ LaneMask WarpBallot(bool pred) {
+  return static_cast<LaneMask>(__ballot(pred));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory (LDS) addresses and the gather copies.
+
+using LdsPtr = __attribute__((address_space(3))) void*;
+// Plain vector types for the copies (HIP's uint4 has no assignment into address space 3).
+typedef uint32_t U32x4 __attribute__((ext_vector_type(4)));
+typedef uint32_t U32x2 __attribute__((ext_vector_type(2)));
+
+// The 32-bit LDS offset of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>((LdsPtr)(const_cast<void*>(p))));
+}
+template <class T>
+__device__ __forceinline__ __attribute__((address_space(3))) T* LdsAt(uint32_t offset) {
+  return reinterpret_cast<__attribute__((address_space(3))) T*>(static_cast<uintptr_t>(offset));
+}
+
+// 16-byte global -> shared copy; when `valid` is false nothing is read and the 16 destination
+// bytes are zero-filled (how sentinels stay unread).
+__device__ __forceinline__ void AsyncCopy16(uint32_t smem, const void* gmem, bool valid) {
+  U32x4 v = {0, 0, 0, 0};
+  if (valid) v = *static_cast<const U32x4*>(gmem);
+  *LdsAt<U32x4>(smem) = v;
+}
+__device__ __forceinline__ void AsyncCopy16(void* smem, const void* gmem, bool valid) {
+  AsyncCopy16(SharedAddress(smem), gmem, valid);
+}
+// 8-byte variant (the fp8_dsv4 scale records are 8-byte aligned only).
+__device__ __forceinline__ void AsyncCopy8(uint32_t smem, const void* gmem, bool valid) {
+  U32x2 v = {0, 0};
+  if (valid) v = *static_cast<const U32x2*>(gmem);
+  *LdsAt<U32x2>(smem) = v;
+}
+__device__ __forceinline__ void AsyncCopy8(void* smem, const void* gmem, bool valid) {
+  AsyncCopy8(SharedAddress(smem), gmem, valid);
+}
+// The copies above complete in the issuing lane; these keep the CUDA pipeline's structure.
+__device__ __forceinline__ void AsyncCommit() {}
+template <int n>
+__device__ __forceinline__ void AsyncWait() {
+  static_assert(n >= 0, "a wait names how many groups may stay in flight");
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 matrix product: D = A * B + C on a 16x16x32 tile per wavefront, f32 accumulators.
+//
+// Fragment layouts (64 lanes; q = lane / 16, r = lane % 16):
+//   A (16 x 32, m x k)  a[e], e = 0..7: (m = r,          k = 8q + e)
+//   B (32 x 16, k x n)  b[e], e = 0..7: (k = 8q + e,     n = r)
+//   C (16 x 16, m x n)  c[i], i = 0..3: (m = 4q + i,     n = r)
+// The product sums over k, so it only needs A and B to agree on which k each (lane, element)
+// holds; C's map is the hardware's. A row of A (or a column of B) is 8 consecutive bf16 of one
+// lane: one 16-byte read from a row-major tile (K rows for Q.K^T are B's columns, stored
+// key-major, so they read the same way). B read from a k-major (row = key) tile, as V is in
+// P.V, needs a transposing read: LoadFragmentKMajor.
+
+typedef __bf16 Bf16x8 __attribute__((ext_vector_type(8)));
+typedef float F32x4 __attribute__((ext_vector_type(4)));
+
+struct Mfma16x16x32 {
+  static constexpr int kM = 16;
+  static constexpr int kN = 16;
+  static constexpr int kK = 32;
+  static constexpr int kAElems = 8;  // bf16 per lane
+  static constexpr int kBElems = 8;
+  static constexpr int kCElems = 4;  // f32 per lane
+  static_assert(kM * kK == kWarpSize * kAElems, "A fragment covers the tile once");
+  static_assert(kK * kN == kWarpSize * kBElems, "B fragment covers the tile once");
+  static_assert(kM * kN == kWarpSize * kCElems, "C fragment covers the tile once");
+
+  SMLA_HD static constexpr int ARow(int lane, int e) { return (void)e, lane % 16; }
+  SMLA_HD static constexpr int ACol(int lane, int e) { return 8 * (lane / 16) + e; }
+  SMLA_HD static constexpr int BRow(int lane, int e) { return 8 * (lane / 16) + e; }
+  SMLA_HD static constexpr int BCol(int lane, int e) { return (void)e, lane % 16; }
+  SMLA_HD static constexpr int CRow(int lane, int i) { return 4 * (lane / 16) + i; }
+  SMLA_HD static constexpr int CCol(int lane, int i) { return (void)i, lane % 16; }
+};
+
+// c += a * b. gfx950 has the 32-deep instruction; older MFMA targets run two 16-deep products
+// on the fragment's halves (their 16x16x16 fragments hold 4 k per lane with the same m/n
+// maps, and the k assignment only has to agree between A and B).
+__device__ __forceinline__ void MfmaBf16(F32x4& c, Bf16x8 a, Bf16x8 b) {
+#if defined(SMLA_HIP_GFX950)
+  c = __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, 0, 0, 0);
+#elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+  typedef short S16x4 __attribute__((ext_vector_type(4)));
+  typedef short S16x8 __attribute__((ext_vector_type(8)));
+  const S16x8 ai = __builtin_bit_cast(S16x8, a);
+  const S16x8 bi = __builtin_bit_cast(S16x8, b);
+  c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(ai.lo, bi.lo, c, 0, 0, 0);
+  c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(ai.hi, bi.hi, c, 0, 0, 0);
+#elif defined(__HIP_DEVICE_COMPILE__)
+#error "smla HIP primitives: no bf16 MFMA for this target (gfx950 is the supported one)"
+#else
+  (void)c, (void)a, (void)b;  // the host pass parses device code but never runs it
+#endif
+}
+
+// A fragment (or B from an n-major tile) of a bf16 tile with `stride` elements per row: lane
+// reads the 8 consecutive values of row ARow at columns ACol(lane, 0..7) with one 16-byte read.
+__device__ __forceinline__ Bf16x8 LoadFragmentRowMajor(const uint16_t* tile, int stride,
+                                                       int lane) {
+  const uint16_t* p = tile + Mfma16x16x32::ARow(lane, 0) * stride + Mfma16x16x32::ACol(lane, 0);
+  return *reinterpret_cast<const Bf16x8*>(p);
+}
+// B fragment from a k-major tile (row = k, `stride` elements per row): 8 two-byte reads down a
+// column. (gfx950's ds_read_b64_tr_b16 transposing read is the faster replacement.)
+__device__ __forceinline__ Bf16x8 LoadFragmentKMajor(const uint16_t* tile, int stride, int lane) {
+  const uint16_t* p = tile + Mfma16x16x32::BRow(lane, 0) * stride + Mfma16x16x32::BCol(lane, 0);
+  Bf16x8 v;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = __builtin_bit_cast(__bf16, p[e * stride]);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 and fp8 conversions.
+
+// Two bf16 values (round to nearest even) packed low-first.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+#if defined(SMLA_HIP_GFX950)
+  typedef __bf16 Bf16x2 __attribute__((ext_vector_type(2)));
+  const Bf16x2 v = {static_cast<__bf16>(lo), static_cast<__bf16>(hi)};  // v_cvt_pk_bf16_f32
+  return __builtin_bit_cast(uint32_t, v);
+#else
+  return static_cast<uint32_t>(F32ToBf16Bits(lo)) |
+         (static_cast<uint32_t>(F32ToBf16Bits(hi)) << 16);
+#endif
+}
+
+// f32 -> bf16 (nearest even) -> f32; equals the codec's RoundToBf16 for every non-NaN input.
+__device__ __forceinline__ float RoundToBf16Fast(float x) {
+#if defined(SMLA_HIP_GFX950)
+  return static_cast<float>(static_cast<__bf16>(x));
+#else
+  return RoundToBf16(x);
+#endif
+}
+
+// Two e4m3 codes (low byte first) to their exact f32 values (NaN for 0x7F/0xFF).
+__device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
+#if defined(SMLA_HIP_GFX950)
+  const auto f = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(codes), false);
+  return make_float2(f[0], f[1]);
+#else
+  return make_float2(DecodeE4m3(static_cast<uint8_t>(codes & 0xffu)),
+                     DecodeE4m3(static_cast<uint8_t>(codes >> 8)));
+#endif
+}
+
+// The scale a dequantised KV value is multiplied by (a power of two for fp8_dsv4, 1 for
+// fp8_per_tensor tiles); f32 here, a bf16 pair on CUDA.
+using KvScale = float;
+__device__ __forceinline__ KvScale UnitKvScale() { return 1.0f; }
+// 2^(byte-127) of a UE8M0 scale byte, exact (byte 0 is the f32 subnormal 2^-127).
+__device__ __forceinline__ KvScale E8m0ToKvScale(uint32_t byte) {
+  return byte == 0 ? BitsFloat(0x00400000u) : BitsFloat(byte << 23);
+}
+
+// Four e4m3 codes (byte i of `codes`) to four bf16 values of code * scale, as two packed words
+// (codes 0-1 and 2-3). The f32 product of an e4m3 value and a power-of-two scale is exact, so
+// the one rounding is PackBf16's nearest-even, as operator.md section 3 defines.
+__device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, KvScale scale) {
+#if defined(SMLA_HIP_GFX950)
+  const auto lo = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(codes), false);
+  const auto hi = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(codes), true);
+  return make_uint2(PackBf16(lo[0] * scale, lo[1] * scale),
+                    PackBf16(hi[0] * scale, hi[1] * scale));
+#else
+  const float2 lo = E4m3x2ToFloat2(static_cast<uint16_t>(codes & 0xffffu));
+  const float2 hi = E4m3x2ToFloat2(static_cast<uint16_t>(codes >> 16));
+  return make_uint2(PackBf16(lo.x * scale, lo.y * scale), PackBf16(hi.x * scale, hi.y * scale));
+#endif
+}
+
+// Two MXFP8 lanes under a group's scale: e4m3 codes (nearest even, saturating at +-448) of
+// x * inv_scale; low byte = first lane. Equals the codec's MxEncodeLane for every non-NaN input.
+__device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_scale) {
+#if defined(SMLA_HIP_GFX950)
+  // The conversion does not saturate by itself; clamping first keeps NaN a NaN.
+  auto clamp = [](float v) { return v > kE4m3Max ? kE4m3Max : (v < -kE4m3Max ? -kE4m3Max : v); };
+  const int packed =
+      __builtin_amdgcn_cvt_pk_fp8_f32(clamp(x0 * inv_scale), clamp(x1 * inv_scale), 0, false);
+  return static_cast<uint16_t>(packed & 0xffff);
+#else
+  return static_cast<uint16_t>(EncodeE4m3(x0 * inv_scale) |
+                               (static_cast<uint32_t>(EncodeE4m3(x1 * inv_scale)) << 8));
+#endif
+}
+
+}  // namespace smla::kernels::gpu
