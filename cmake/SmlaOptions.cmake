@@ -14,3 +14,21 @@ endif()
 function(smla_host_target target)
   target_link_libraries(${target} PRIVATE smla_warnings)
 endfunction()
+
+# HIP defaults, set before the top level enables the HIP language: gfx950 (MI355X) unless the
+# caller names other targets, and ROCm's clang as the HIP compiler when ROCm is installed.
+if(SMLA_GPU_BACKEND STREQUAL "hip")
+  if(NOT DEFINED CMAKE_HIP_ARCHITECTURES AND NOT DEFINED ENV{HIPARCHS})
+    set(CMAKE_HIP_ARCHITECTURES gfx950 CACHE STRING "AMD GPU targets of the HIP build")
+  endif()
+  if(DEFINED ENV{ROCM_PATH})
+    set(_smla_rocm "$ENV{ROCM_PATH}")
+  else()
+    set(_smla_rocm /opt/rocm)
+  endif()
+  if(NOT DEFINED CMAKE_HIP_COMPILER AND NOT DEFINED ENV{HIPCXX}
+     AND EXISTS "${_smla_rocm}/llvm/bin/clang++")
+    set(CMAKE_HIP_COMPILER "${_smla_rocm}/llvm/bin/clang++" CACHE FILEPATH "HIP compiler")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${_smla_rocm}")
+endif()

@@ -13,6 +13,18 @@ packages=(
   python3 python3-yaml                              # tests/deploy
 )
 
+# The HIP compile check (scripts/hip_compile_check.sh, gpu.md) needs clang-22 and Debian's HIP
+# headers. Debian 12 has both; elsewhere (the ROCm and CUDA images) they are not needed.
+add_hip_check_packages() {
+  local id="" version=""
+  if [ -r /etc/os-release ]; then
+    id="$(. /etc/os-release && echo "${ID:-}")"
+    version="$(. /etc/os-release && echo "${VERSION_ID:-}")"
+  fi
+  if [ "$id" = debian ] && [ "$version" = 12 ]; then packages+=(clang-22 libamdhip64-dev); fi
+}
+add_hip_check_packages
+
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 

@@ -9,6 +9,11 @@
 //   C (16x8, f32)         c[0..1]: (g, 2c..2c+1)                     c[2..3]: (g+8, 2c..2c+1)
 #pragma once
 
+#if defined(__HIP__)
+// AMD gfx950: the same primitives over 64-lane wavefronts and MFMA.
+#include "smla/kernels/gpu/primitives_hip.h"
+#else
+
 #include <cstdint>
 
 #if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
@@ -147,3 +152,5 @@ __device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_s
 #endif
 
 }  // namespace smla::kernels::gpu
+
+#endif  // defined(__HIP__)

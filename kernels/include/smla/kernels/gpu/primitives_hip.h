@@ -25,6 +25,11 @@
 
 namespace smla::kernels::gpu {
 
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE) && \
+    __AMDGCN_WAVEFRONT_SIZE != 64
+#error "smla HIP primitives assume 64-lane wavefronts"
+#endif
+
 inline constexpr int kWarpSize = 64;
 using LaneMask = uint64_t;  // one bit per lane of a wavefront
 

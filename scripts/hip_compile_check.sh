@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The HIP compile check (gpu.md, "One source, two vendors"): every kernel source compiles
+# device-only for gfx950 with Debian's clang-22, and the sources that must use the matrix
+# cores still have v_mfma instructions in their assembly; the GPU backend's host code compiles
+# against Debian's HIP headers. Nothing here runs on a GPU.
+#
+# Usage: scripts/hip_compile_check.sh [--allow-fail SOURCE]... [--require-mfma SOURCE]...
+#                                     [--keep DIR] [SOURCE...]
+#   SOURCE        files to check, relative to the repository root (default: kernels/src/gpu/*.cu,
+#                 the HIP primitives self-test and the GPU backend's host sources); the .cuh they
+#                 include are compiled through them
+#   --allow-fail  a source known not to compile for HIP yet: its failure is reported, and
+#                 does not fail the check (its passing is reported too, so the flag goes)
+#   --require-mfma  one more source whose assembly must contain v_mfma
+#   --keep DIR    keep the assembly (.s) and compiler output there
+# Environment: HIP_CLANG (default clang++-22), HIP_ARCH (default gfx950), CXX_HOST (default
+# c++). Exit status: 0 when every source passed (or is allowed to fail), 1 otherwise, 77
+# (skipped) when clang-22 or the HIP headers are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+clang="${HIP_CLANG:-clang++-22}"
+arch="${HIP_ARCH:-gfx950}"
+cxx_host="${CXX_HOST:-c++}"
+keep=""
+declare -A allow_fail=()
+sources=()
+# Sources whose assembly must contain matrix instructions: the attention kernels (instantiated
+# in attend_variants.cu) and the primitives' self-test.
+mfma_required=(kernels/src/gpu/attend_variants.cu tests/gpu/hip_primitives_check.hip)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --allow-fail) allow_fail["$2"]=1; shift 2 ;;
+    --require-mfma) mfma_required+=("$2"); shift 2 ;;
+    --keep) keep="$2"; shift 2 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -*) echo "hip_compile_check: unknown argument '$1'" >&2; exit 2 ;;
+    *) sources+=("$1"); shift ;;
+  esac
+done
+
+if ! command -v "$clang" > /dev/null; then
+  echo "hip_compile_check: skipped: $clang not found (apt-get install clang-22 libamdhip64-dev)"
+  exit 77
+fi
+if [ ! -f /usr/include/hip/hip_runtime.h ]; then
+  echo "hip_compile_check: skipped: no HIP headers in /usr/include/hip (apt-get install" \
+       "libamdhip64-dev)"
+  exit 77
+fi
+
+if [ ${#sources[@]} -eq 0 ]; then
+  sources=(kernels/src/gpu/*.cu tests/gpu/hip_primitives_check.hip
+           kernels/src/gpu/gpu_backend.cc kernels/src/gpu/attend_launch.cc
+           kernels/src/common/backend_registry.cc)
+fi
+if [ -n "$keep" ]; then
+  out="$keep"
+  mkdir -p "$out"
+else
+  out="$(mktemp -d)"
+  trap 'rm -rf "$out"' EXIT
+fi
+
+# gpu.md's command, plus the project's include paths and the HIP build's macro.
+device_flags=(-x hip "--offload-arch=$arch" -nogpulib --cuda-device-only
+              -D__AMDGCN_WAVEFRONT_SIZE=64 -O3 -S -std=c++20 -DSMLA_WITH_HIP
+              -Wall -Wextra -Wno-unused-parameter -Ikernels/include -Ikernels/src)
+host_flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter
+            -DSMLA_WITH_HIP -Ikernels/include -Ikernels/src)
+
+passed=0
+failed=0
+allowed=0
+report() {  # status source detail
+  printf 'hip_compile_check: %-5s %-45s %s\n' "$1" "$2" "$3"
+}
+first_error() {
+  grep -m1 -E 'error:' "$1" | sed -E 's/^[^ ]*error: //' | cut -c1-110
+}
+fail() {  # source detail
+  if [ -n "${allow_fail[$1]:-}" ]; then
+    report FAIL "$1" "$2 (allowed: not ported to HIP yet)"
+    allowed=$((allowed + 1))
+  else
+    report FAIL "$1" "$2"
+    failed=$((failed + 1))
+  fi
+}
+pass() {  # source detail
+  if [ -n "${allow_fail[$1]:-}" ]; then
+    report ok "$1" "$2 (passes now: drop its --allow-fail)"
+  else
+    report ok "$1" "$2"
+  fi
+  passed=$((passed + 1))
+}
+
+for src in "${sources[@]}"; do
+  [ -f "$src" ] || { fail "$src" "no such file"; continue; }
+  name="$(echo "$src" | tr '/' '_')"
+  log="$out/$name.log"
+  case "$src" in
+    *.cc)
+      if "$cxx_host" "${host_flags[@]}" "$src" > "$log" 2>&1; then
+        pass "$src" "host code against the HIP headers ($cxx_host)"
+      else
+        fail "$src" "host code does not compile: $(first_error "$log")"
+      fi
+      continue ;;
+  esac
+  asm="$out/$name.s"
+  # The kernel headers compiled through this source (the preprocessor's include trace).
+  through="$("$clang" "${device_flags[@]/-S/-E}" -H "$src" -o /dev/null 2>&1 |
+             sed -n -E 's|^\.+ (kernels/src/gpu/.*\.cuh)$|\1|p' | xargs -r -n1 basename |
+             sort -u | paste -sd, - || true)"
+  with=""
+  [ -n "$through" ] && with=" (with $through)"
+  if ! "$clang" "${device_flags[@]}" "$src" -o "$asm" > "$log" 2>&1; then
+    errors="$(grep -c 'error:' "$log" || true)"
+    fail "$src" "does not compile for $arch$with: $errors errors, first: $(first_error "$log")"
+    continue
+  fi
+  mfma="$(grep -c -E '^\s*v_mfma' "$asm" || true)"
+  warnings="$(grep -c 'warning:' "$log" || true)"
+  # Per-kernel resources from the code object metadata: the most VGPRs and spilled registers.
+  vgprs="$(sed -n -E 's/^\s*\.vgpr_count:\s*([0-9]+)/\1/p' "$asm" | sort -n | tail -1)"
+  spills="$(sed -n -E 's/^\s*\.[sv]gpr_spill_count:\s*([0-9]+)/\1/p' "$asm" |
+            awk '{ s += $1 } END { print s + 0 }')"
+  detail="$mfma v_mfma, max ${vgprs:-0} VGPRs, $spills spills, $warnings warnings$with"
+  needs_mfma=0
+  for m in "${mfma_required[@]}"; do [ "$m" = "$src" ] && needs_mfma=1; done
+  if [ "$needs_mfma" -eq 1 ] && [ "$mfma" -eq 0 ]; then
+    fail "$src" "compiles, but has no v_mfma instruction: lost its matrix cores ($detail)"
+  else
+    pass "$src" "$detail"
+  fi
+done
+
+echo "hip_compile_check: $passed passed, $failed failed, $allowed allowed to fail ($arch)"
+[ "$failed" -eq 0 ]

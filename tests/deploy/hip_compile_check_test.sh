@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# ctest's run of scripts/hip_compile_check.sh: every kernel source against gfx950 (the
+# attention kernel may fail until it is ported to the HIP primitives), then two sources made
+# here that the check must reject: one that does not compile, one that lost its matrix
+# instructions. Exits 77 (ctest: skipped) when clang-22 or the HIP headers are missing.
+# Usage: hip_compile_check_test.sh SOURCE_DIR
+set -uo pipefail
+src_dir="$1"
+check="$src_dir/scripts/hip_compile_check.sh"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+"$check" --allow-fail kernels/src/gpu/attend_variants.cu
+rc=$?
+[ "$rc" -eq 77 ] && exit 77
+[ "$rc" -eq 0 ] || { echo "FAIL: the kernel sources do not pass the HIP compile check"; exit 1; }
+
+cat > "$tmp/no_mfma.hip" <<'EOF'
+#include "smla/kernels/gpu/primitives.h"
+__global__ void Scale(float* x) { x[threadIdx.x] *= 2.0f; }
+EOF
+cat > "$tmp/broken.hip" <<'EOF'
+#include "smla/kernels/gpu/primitives.h"
+__global__ void Broken(float* x) { x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1); }
+EOF
+failures=0
+expect_reject() {  # source pattern [args...]
+  local source="$1" pattern="$2"
+  shift 2
+  local out
+  out="$("$check" "$@" "$source" 2>&1)"
+  local code=$?
+  echo "$out"
+  if [ "$code" -ne 1 ] || ! grep -q -- "$pattern" <<< "$out"; then
+    echo "FAIL: expected the check to reject $source with '$pattern' (exit $code)"
+    failures=$((failures + 1))
+  fi
+}
+expect_reject "$tmp/no_mfma.hip" "no v_mfma instruction" --require-mfma "$tmp/no_mfma.hip"
+expect_reject "$tmp/broken.hip" "does not compile for gfx950"
+[ "$failures" -eq 0 ] || exit 1
+echo "hip_compile_check_test: OK"
