@@ -65,7 +65,7 @@ __global__ void ConvertKernel(const float* x, int n, float inv_scale, const uint
     const int s = i / 64;
     const uint32_t codes = static_cast<uint32_t>(i % 64) * 4u;
     const uint32_t word = codes | ((codes + 1) << 8) | ((codes + 2) << 16) | ((codes + 3) << 24);
-    const uint2 v = E4m3x4ToBf16Scaled(word, E8m0ToKvScale(scale_bytes[s]));
+    const uint2 v = E4m3x4ToBf16Scaled(word, E8m0ToBf16x2(scale_bytes[s]));
     uint16_t* out = scaled + s * 256 + codes;
     out[0] = static_cast<uint16_t>(v.x & 0xffffu);
     out[1] = static_cast<uint16_t>(v.x >> 16);
@@ -77,6 +77,18 @@ __global__ void ConvertKernel(const float* x, int n, float inv_scale, const uint
     packed[i] = PackBf16(x[2 * i], x[2 * i + 1]);
   }
   if (i < n) rounded[i] = RoundToBf16Fast(x[i]);
+}
+
+// PermuteBytes on (a, b, selector) triples; E4m3x4ToBf16Scaled with a different scale byte per
+// half, and E4m3x4ToBf16, on code words.
+__global__ void BytesKernel(const uint32_t* abs, int n, uint32_t* permuted, const uint32_t* words,
+                            uint2* pair_scaled, uint2* unscaled) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  permuted[i] = PermuteBytes(abs[3 * i], abs[3 * i + 1], abs[3 * i + 2]);
+  const uint32_t w = words[i];
+  pair_scaled[i] = E4m3x4ToBf16Scaled(w, E8m0PairToBf16x2(100 + i % 40, 140 - i % 40));
+  unscaled[i] = E4m3x4ToBf16(w);
 }
 
 // Per lane: butterfly max/sum for each xor mask, group reductions of 4, 16 and kWarpSize
@@ -129,19 +141,19 @@ int g_failed = 0;
 
 void Report(const char* what, int64_t bad, int64_t cases, int64_t nans = 0) {
   const bool ok = bad == 0 && nans == 0;
-  std::printf("%s %-40s %lld of %lld mismatched, %lld unexpected NaN\n", ok ? "ok  " : "FAIL",
-              what, static_cast<long long>(bad), static_cast<long long>(cases),
+  std::printf("%s %-40s %lld of %lld mismatched, %lld unexpected NaN\n", ok ? "ok  " : "FAIL", what,
+              static_cast<long long>(bad), static_cast<long long>(cases),
               static_cast<long long>(nans));
   (ok ? g_passed : g_failed)++;
 }
 
-#define HIP_OK(call)                                                                   \
-  do {                                                                                 \
-    const hipError_t e_ = (call);                                                      \
-    if (e_ != hipSuccess) {                                                            \
-      std::fprintf(stderr, "%s: %s\n", #call, hipGetErrorString(e_));                  \
-      std::exit(2);                                                                    \
-    }                                                                                  \
+#define HIP_OK(call)                                                  \
+  do {                                                                \
+    const hipError_t e_ = (call);                                     \
+    if (e_ != hipSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, hipGetErrorString(e_)); \
+      std::exit(2);                                                   \
+    }                                                                 \
   } while (0)
 
 template <class T>
@@ -270,8 +282,8 @@ void CheckConversions(std::mt19937& rng) {
     const float x0 = x[2 * i], x1 = x[2 * i + 1];
     if (std::isnan(x0) || std::isnan(x1)) continue;
     ++mx_cases;
-    const uint16_t ref = static_cast<uint16_t>(EncodeE4m3(x0 * inv_scale) |
-                                               (EncodeE4m3(x1 * inv_scale) << 8));
+    const uint16_t ref =
+        static_cast<uint16_t>(EncodeE4m3(x0 * inv_scale) | (EncodeE4m3(x1 * inv_scale) << 8));
     bad_mx += mx[i] != ref;
     const uint32_t pref = F32ToBf16Bits(x0) | (static_cast<uint32_t>(F32ToBf16Bits(x1)) << 16);
     bad_pack += packed[i] != pref;
@@ -291,6 +303,60 @@ void CheckConversions(std::mt19937& rng) {
   HIP_OK(hipFree(dmx));
   HIP_OK(hipFree(dpacked));
   HIP_OK(hipFree(drounded));
+}
+
+void CheckBytes(std::mt19937& rng) {
+  constexpr int n = 1 << 16;
+  std::vector<uint32_t> abs(3 * n), words(n);
+  for (int i = 0; i < n; ++i) {
+    abs[3 * i] = rng();
+    abs[3 * i + 1] = rng();
+    abs[3 * i + 2] = rng() & 0xffffu;
+    uint32_t w = rng();
+    for (int k = 0; k < 4; ++k) {  // no NaN codes (see E4m3x4ToBf16Scaled's check)
+      if (((w >> (8 * k)) & 0x7fu) == 0x7fu) w ^= 1u << (8 * k);
+    }
+    words[i] = w;
+  }
+  uint32_t* dabs = ToDevice(abs);
+  uint32_t* dwords = ToDevice(words);
+  uint32_t* dperm = DeviceArray<uint32_t>(n);
+  uint2* dpair = DeviceArray<uint2>(n);
+  uint2* dunit = DeviceArray<uint2>(n);
+  BytesKernel<<<n / 256, 256>>>(dabs, n, dperm, dwords, dpair, dunit);
+  HIP_OK(hipGetLastError());
+  const auto perm = ToHost(dperm, n);
+  const auto pair = ToHost(dpair, n);
+  const auto unit = ToHost(dunit, n);
+  int64_t bad_perm = 0, bad_pair = 0, bad_unit = 0;
+  auto bf16_of = [](uint32_t w, int k, float scale) {
+    return F32ToBf16Bits(DecodeE4m3(static_cast<uint8_t>(w >> (8 * k))) * scale);
+  };
+  auto word_of = [](uint16_t lo, uint16_t hi) { return lo | (static_cast<uint32_t>(hi) << 16); };
+  for (int i = 0; i < n; ++i) {
+    const uint64_t bytes = (uint64_t{abs[3 * i + 1]} << 32) | abs[3 * i];
+    uint32_t ref = 0;
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t idx = (abs[3 * i + 2] >> (4 * k)) & 7u;
+      ref |= static_cast<uint32_t>((bytes >> (8 * idx)) & 0xffu) << (8 * k);
+    }
+    bad_perm += perm[i] != ref;
+    const uint32_t w = words[i];
+    const float s0 = DecodeE8m0(static_cast<uint8_t>(100 + i % 40));
+    const float s1 = DecodeE8m0(static_cast<uint8_t>(140 - i % 40));
+    bad_pair += pair[i].x != word_of(bf16_of(w, 0, s0), bf16_of(w, 1, s1)) ||
+                pair[i].y != word_of(bf16_of(w, 2, s0), bf16_of(w, 3, s1));
+    bad_unit += unit[i].x != word_of(bf16_of(w, 0, 1.0f), bf16_of(w, 1, 1.0f)) ||
+                unit[i].y != word_of(bf16_of(w, 2, 1.0f), bf16_of(w, 3, 1.0f));
+  }
+  Report("PermuteBytes (as __byte_perm)", bad_perm, n);
+  Report("E4m3x4ToBf16Scaled, a scale per half", bad_pair, n);
+  Report("E4m3x4ToBf16", bad_unit, n);
+  HIP_OK(hipFree(dabs));
+  HIP_OK(hipFree(dwords));
+  HIP_OK(hipFree(dperm));
+  HIP_OK(hipFree(dpair));
+  HIP_OK(hipFree(dunit));
 }
 
 void CheckWave(std::mt19937& rng) {
@@ -332,7 +398,8 @@ void CheckWave(std::mt19937& rng) {
   Report("ballot", ballot[0] != want, 1);
   bad = 0;
   for (int lane = 0; lane < kWarpSize; ++lane) {
-    bad += shuf[lane] != ((uint64_t{0x9e3779b9u} << 32) | static_cast<uint32_t>(lane * 7 % kWarpSize));
+    bad +=
+        shuf[lane] != ((uint64_t{0x9e3779b9u} << 32) | static_cast<uint32_t>(lane * 7 % kWarpSize));
   }
   Report("64-bit shuffle", bad, kWarpSize);
   HIP_OK(hipFree(dv));
@@ -372,6 +439,7 @@ int main() {
   std::mt19937 rng(20261130);
   CheckMfma(rng);
   CheckConversions(rng);
+  CheckBytes(rng);
   CheckWave(rng);
   CheckCopies(rng);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

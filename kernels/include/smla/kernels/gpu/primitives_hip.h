@@ -13,7 +13,7 @@
 //   fragments described by the Mfma* maps below (not the m16n8k16 fragments of mma.sync).
 // - fp8 conversions use gfx950's OCP e4m3 instructions (gfx942 and older implement the FNUZ
 //   variant, so every other target takes the exact bit-level codec instead).
-// - The scale of E4m3x4ToBf16Scaled is an f32 (KvScale); on CUDA it is a bf16 pair.
+// - The scale pair of E4m3x4ToBf16Scaled is two f32 (KvScale); on CUDA it is a bf16 pair.
 #pragma once
 
 #include <hip/hip_runtime.h>
@@ -162,8 +162,7 @@ __device__ __forceinline__ void MfmaBf16(F32x4& c, Bf16x8 a, Bf16x8 b) {
 
 // A fragment (or B from an n-major tile) of a bf16 tile with `stride` elements per row: lane
 // reads the 8 consecutive values of row ARow at columns ACol(lane, 0..7) with one 16-byte read.
-__device__ __forceinline__ Bf16x8 LoadFragmentRowMajor(const uint16_t* tile, int stride,
-                                                       int lane) {
+__device__ __forceinline__ Bf16x8 LoadFragmentRowMajor(const uint16_t* tile, int stride, int lane) {
   const uint16_t* p = tile + Mfma16x16x32::ARow(lane, 0) * stride + Mfma16x16x32::ACol(lane, 0);
   return *reinterpret_cast<const Bf16x8*>(p);
 }
@@ -212,28 +211,62 @@ __device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
 #endif
 }
 
-// The scale a dequantised KV value is multiplied by (a power of two for fp8_dsv4, 1 for
-// fp8_per_tensor tiles); f32 here, a bf16 pair on CUDA.
-using KvScale = float;
-__device__ __forceinline__ KvScale UnitKvScale() { return 1.0f; }
+// The scales dequantised KV values are multiplied by, one per half of a packed pair (a power
+// of two for fp8_dsv4, 1 for fp8_per_tensor tiles): two f32 here, a bf16 pair on CUDA. The
+// CUDA names are kept so that kernels read the same on both vendors.
+typedef float KvScale __attribute__((ext_vector_type(2)));
+__device__ __forceinline__ KvScale UnitKvScale() { return KvScale{1.0f, 1.0f}; }
 // 2^(byte-127) of a UE8M0 scale byte, exact (byte 0 is the f32 subnormal 2^-127).
-__device__ __forceinline__ KvScale E8m0ToKvScale(uint32_t byte) {
+__device__ __forceinline__ float E8m0ToFloat(uint32_t byte) {
   return byte == 0 ? BitsFloat(0x00400000u) : BitsFloat(byte << 23);
 }
+__device__ __forceinline__ KvScale E8m0ToBf16x2(uint32_t byte) {
+  const float v = E8m0ToFloat(byte);
+  return KvScale{v, v};
+}
+// Two scale bytes, the low half's from `lo`.
+__device__ __forceinline__ KvScale E8m0PairToBf16x2(uint32_t lo, uint32_t hi) {
+  return KvScale{E8m0ToFloat(lo), E8m0ToFloat(hi)};
+}
 
-// Four e4m3 codes (byte i of `codes`) to four bf16 values of code * scale, as two packed words
-// (codes 0-1 and 2-3). The f32 product of an e4m3 value and a power-of-two scale is exact, so
-// the one rounding is PackBf16's nearest-even, as operator.md section 3 defines.
+// Four e4m3 codes (byte i of `codes`) to four bf16 values, as two packed words (codes 0-1 and
+// 2-3); code 2j+h is multiplied by scale[h]. The f32 product of an e4m3 value and a
+// power-of-two scale is exact, so the one rounding is PackBf16's nearest-even, as operator.md
+// section 3 defines.
 __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, KvScale scale) {
 #if defined(SMLA_HIP_GFX950)
   const auto lo = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(codes), false);
   const auto hi = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(codes), true);
-  return make_uint2(PackBf16(lo[0] * scale, lo[1] * scale),
-                    PackBf16(hi[0] * scale, hi[1] * scale));
+  return make_uint2(PackBf16(lo[0] * scale[0], lo[1] * scale[1]),
+                    PackBf16(hi[0] * scale[0], hi[1] * scale[1]));
 #else
   const float2 lo = E4m3x2ToFloat2(static_cast<uint16_t>(codes & 0xffffu));
   const float2 hi = E4m3x2ToFloat2(static_cast<uint16_t>(codes >> 16));
-  return make_uint2(PackBf16(lo.x * scale, lo.y * scale), PackBf16(hi.x * scale, hi.y * scale));
+  return make_uint2(PackBf16(lo.x * scale[0], lo.y * scale[1]),
+                    PackBf16(hi.x * scale[0], hi.y * scale[1]));
+#endif
+}
+// The same without a scale (fp8_per_tensor folds its scale into the scores and P).
+__device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
+  return E4m3x4ToBf16Scaled(codes, UnitKvScale());
+}
+
+// Bytes of (a, b) chosen by `selector` as CUDA's __byte_perm: result byte i is byte
+// (selector >> 4i) & 7 of the eight bytes a (0-3), b (4-7). v_perm_b32 takes one selector
+// byte per result byte and numbers its first source's bytes 4-7, hence the swap.
+__device__ __forceinline__ uint32_t PermuteBytes(uint32_t a, uint32_t b, uint32_t selector) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  const uint32_t sel = (selector & 0x7u) | ((selector >> 4) & 0x7u) << 8 |
+                       ((selector >> 8) & 0x7u) << 16 | ((selector >> 12) & 0x7u) << 24;
+  return __builtin_amdgcn_perm(b, a, sel);
+#else
+  const uint64_t bytes = (uint64_t{b} << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t index = (selector >> (4 * i)) & 7u;
+    r |= static_cast<uint32_t>((bytes >> (8 * index)) & 0xffu) << (8 * i);
+  }
+  return r;
 #endif
 }
 

@@ -94,7 +94,9 @@ inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return cudaMemsetAsync(d, v, n, st);
 }
-inline Error StreamCreate(StreamHandle* s) { return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking); }
+inline Error StreamCreate(StreamHandle* s) {
+  return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+}
 inline Error StreamDestroy(StreamHandle s) { return cudaStreamDestroy(s); }
 inline Error StreamSynchronize(StreamHandle s) { return cudaStreamSynchronize(s); }
 inline Error EventCreate(EventHandle* e) { return cudaEventCreate(e); }
