@@ -117,21 +117,29 @@ __global__ void WaveKernel(const float* v, float* out, uint64_t* ballot, uint64_
   shuffled[lane] = WarpShuffle(mine, (lane * 7) % kWarpSize);
 }
 
-// Gathers 16- and 8-byte chunks into shared memory (odd chunks invalid: zero-filled) and
-// copies the shared tile out.
-constexpr int kCopyChunks = 64;
-__global__ void CopyKernel(const uint8_t* src, uint8_t* out16, uint8_t* out8) {
+// Gathers 16- and 8-byte chunks into shared memory (odd chunks invalid: zero-filled), and
+// with GatherToLds16 chunk (7 * lane) % 64 of the source into row `wave` of a third tile
+// (lanes 3k invalid); copies the shared tiles out. Two wavefronts.
+constexpr int kCopyChunks = 2 * kWarpSize;
+__global__ void CopyKernel(const uint8_t* src, uint8_t* out16, uint8_t* out8, uint8_t* out_dma) {
   __shared__ __attribute__((aligned(16))) uint8_t tile16[kCopyChunks * 16];
   __shared__ __attribute__((aligned(16))) uint8_t tile8[kCopyChunks * 8];
+  __shared__ __attribute__((aligned(16))) uint8_t tile_dma[kCopyChunks * 16];
   const int t = threadIdx.x;
+  const int lane = LaneId();
+  const int wave = t / kWarpSize;
   const bool valid = t % 2 == 0;
   AsyncCopy16(tile16 + 16 * t, src + 16 * t, valid);
   AsyncCopy8(SharedAddress(tile8 + 8 * t), src + 8 * t, valid);
   AsyncCommit();
+  GatherToLds16(SharedAddress(tile_dma + wave * kWarpSize * 16),
+                src + 16 * ((7 * lane) % kCopyChunks), lane % 3 != 0);
   AsyncWait<0>();
+  AsyncWaitLoads<0>();
   __syncthreads();
   for (int i = t; i < kCopyChunks * 16; i += blockDim.x) out16[i] = tile16[i];
   for (int i = t; i < kCopyChunks * 8; i += blockDim.x) out8[i] = tile8[i];
+  for (int i = t; i < kCopyChunks * 16; i += blockDim.x) out_dma[i] = tile_dma[i];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,16 +423,26 @@ void CheckCopies(std::mt19937& rng) {
   uint8_t* dsrc = ToDevice(src);
   uint8_t* d16 = DeviceArray<uint8_t>(kCopyChunks * 16);
   uint8_t* d8 = DeviceArray<uint8_t>(kCopyChunks * 8);
-  CopyKernel<<<1, kCopyChunks>>>(dsrc, d16, d8);
+  uint8_t* ddma = DeviceArray<uint8_t>(kCopyChunks * 16);
+  CopyKernel<<<1, kCopyChunks>>>(dsrc, d16, d8, ddma);
   HIP_OK(hipGetLastError());
   const auto o16 = ToHost(d16, kCopyChunks * 16), o8 = ToHost(d8, kCopyChunks * 8);
+  const auto odma = ToHost(ddma, kCopyChunks * 16);
   int64_t bad = 0;
   for (int i = 0; i < kCopyChunks * 16; ++i) bad += o16[i] != ((i / 16) % 2 == 0 ? src[i] : 0);
   for (int i = 0; i < kCopyChunks * 8; ++i) bad += o8[i] != ((i / 8) % 2 == 0 ? src[i] : 0);
   Report("AsyncCopy16/8 with zero-fill", bad, kCopyChunks * 24);
+  bad = 0;
+  for (int i = 0; i < kCopyChunks * 16; ++i) {
+    const int lane = (i / 16) % kWarpSize;
+    const int chunk = (7 * lane) % kCopyChunks;
+    bad += odma[i] != (lane % 3 != 0 ? src[16 * chunk + i % 16] : 0);
+  }
+  Report("GatherToLds16 with zero-fill", bad, kCopyChunks * 16);
   HIP_OK(hipFree(dsrc));
   HIP_OK(hipFree(d16));
   HIP_OK(hipFree(d8));
+  HIP_OK(hipFree(ddma));
 }
 
 }  // namespace

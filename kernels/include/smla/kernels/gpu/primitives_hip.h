@@ -62,6 +62,15 @@ __device__ __forceinline__ LaneMask WarpBallot(bool pred) {
   return static_cast<LaneMask>(__ballot(pred));
 }
 
+// This lane's index in its wavefront.
+__device__ __forceinline__ int LaneId() {
+#if defined(__HIP_DEVICE_COMPILE__)
+  return static_cast<int>(__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)));
+#else
+  return static_cast<int>(threadIdx.x % kWarpSize);  // the host pass never runs device code
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared memory (LDS) addresses and the gather copies.
 
@@ -103,6 +112,36 @@ __device__ __forceinline__ void AsyncCommit() {}
 template <int n>
 __device__ __forceinline__ void AsyncWait() {
   static_assert(n >= 0, "a wait names how many groups may stay in flight");
+}
+
+// gfx950's direct-to-LDS gather (global_load_lds_dwordx4): lane i of the wavefront loads 16
+// bytes from its own `gmem` into LDS at lds_base + 16 * i, without passing through registers.
+// `lds_base` must be the same in every lane (it is the wavefront's M0); lanes whose `valid` is
+// false store 16 zero bytes there instead. Completes asynchronously: see AsyncWaitLoads.
+__device__ __forceinline__ void GatherToLds16(uint32_t lds_base, const void* gmem, bool valid) {
+#if defined(SMLA_HIP_GFX950)
+  if (valid) {
+    using GlobalPtr = __attribute__((address_space(1))) void*;
+    __builtin_amdgcn_global_load_lds((GlobalPtr)(const_cast<void*>(gmem)), LdsAt<void>(lds_base),
+                                     16, 0, 0);
+  } else {
+    *LdsAt<U32x4>(lds_base + 16 * LaneId()) = U32x4{0, 0, 0, 0};
+  }
+#else
+  AsyncCopy16(lds_base + 16 * LaneId(), gmem, valid);
+#endif
+}
+// Waits until at most `n` vector-memory loads of this wavefront are in flight (they complete
+// in issue order), so every GatherToLds16 issued before the last n loads has landed in LDS;
+// `n` counts all loads issued since, index loads included. A block barrier then publishes the
+// data to the other wavefronts.
+template <int n>
+__device__ __forceinline__ void AsyncWaitLoads() {
+  static_assert(n >= 0 && n < 64, "vmcnt counts up to 63 loads");
+#if defined(SMLA_HIP_GFX950)
+  // s_waitcnt's immediate on gfx9: vmcnt in bits 3:0 and 15:14; expcnt and lgkmcnt at maximum.
+  __builtin_amdgcn_s_waitcnt((n & 0xf) | ((n >> 4) << 14) | (0x7 << 4) | (0xf << 8));
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,7 +186,6 @@ __device__ __forceinline__ void MfmaBf16(F32x4& c, Bf16x8 a, Bf16x8 b) {
 #if defined(SMLA_HIP_GFX950)
   c = __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, 0, 0, 0);
 #elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
-  typedef short S16x4 __attribute__((ext_vector_type(4)));
   typedef short S16x8 __attribute__((ext_vector_type(8)));
   const S16x8 ai = __builtin_bit_cast(S16x8, a);
   const S16x8 bi = __builtin_bit_cast(S16x8, b);
