@@ -111,14 +111,15 @@ __device__ __forceinline__ int32_t LoadTileSlot(const SegmentArgs& s, int begin,
 // end, sentinels, out of range) are zero-filled and never read. Records per-key validity.
 // Lane j of each warp computes the address of the warp's j-th key once; the warp then copies
 // that row with consecutive 16-byte chunks per lane.
+// Rows land `stride` bytes apart; fp8_dsv4 scale records start `rec_offset` bytes into the stage.
 template <class C>
-__device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot, uint8_t* stage,
-                                          int32_t* valid) {
+__device__ __forceinline__ void IssueTileStrided(const SegmentArgs& s, int32_t my_slot,
+                                                 uint8_t* stage, int32_t* valid, int stride,
+                                                 int rec_offset) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int format = s.format;
   const bool dsv4 = format == static_cast<int>(KvFormat::kFp8Dsv4);
-  const int stride = RowStrideBytes(format, C::kQkWidth);
   const int data_bytes = format == static_cast<int>(KvFormat::kBf16) ? 2 * C::kQkWidth
                          : dsv4                                       ? kDsv4DataBytes
                          : format == static_cast<int>(KvFormat::kFp8DsMla)
@@ -138,7 +139,7 @@ __device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot,
   if (lane < C::kGatherKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
   const uint32_t ok_mask = __ballot_sync(0xffffffffu, my_ok);
   const uint32_t dst0 = SharedAddress(stage) + warp * stride + 16 * lane;
-  const uint32_t rec0 = SharedAddress(stage) + C::kKeys * kDsv4DataBytes + warp * kDsv4ScaleBytes;
+  const uint32_t rec0 = SharedAddress(stage) + rec_offset + warp * kDsv4ScaleBytes;
 #pragma unroll
   for (int j = 0; j < C::kGatherKeysPerWarp; ++j) {
     const bool ok = (ok_mask >> j) & 1u;
@@ -160,6 +161,13 @@ __device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot,
       }
     }
   }
+}
+
+template <class C>
+__device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot, uint8_t* stage,
+                                          int32_t* valid) {
+  IssueTileStrided<C>(s, my_slot, stage, valid, RowStrideBytes(s.format, C::kQkWidth),
+                      C::kKeys * kDsv4DataBytes);
 }
 
 // Dequantises a gathered fp8 stage into the bf16 tile (operator.md section 3). One loop per

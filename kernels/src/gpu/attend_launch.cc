@@ -1,8 +1,10 @@
 #include "gpu/attend_launch.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "smla/kernels/epilogue.h"
@@ -89,11 +91,46 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     l.plan.head_blocks = (H + l.plan.head_block - 1) / l.plan.head_block;
     l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
   }
-  const int num_stages = stages_for(l.plan.head_block);
+  int num_stages = stages_for(l.plan.head_block);
   const int keys = AttendVariantKeys(l.qk_width, l.plan.head_block);
-  const int32_t stage = stage_for(keys);
+  int32_t stage = stage_for(keys);
   l.shared_bytes =
       AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile, keys);
+
+  // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel with 16-head programs (it
+  // gathers and converts each tile per 16 heads, but two programs share an SM).
+  // SMLA_ATTEND_KERNEL=tile keeps the tile kernel (for A/B measurements).
+  static const bool tile_only = [] {
+    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
+    return e != nullptr && std::string_view(e) == "tile";
+  }();
+  bool direct = !tile_only && DirectFormat(params.main.cache.format) &&
+                (!params.has_extra || DirectFormat(params.extra.cache.format)) &&
+                (params.force_head_block == 0 || params.force_head_block == 16) &&
+                DirectVariantBlocks(l.qk_width) > 0;
+  if (direct) {
+    int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
+    if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
+    const int blocks = DirectVariantBlocks(l.qk_width);
+    // The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
+    // resident program reserves 1 KB.
+    const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
+    int n = 0;
+    for (int k = kDirectMaxStages; k >= 2 && n == 0; --k) {
+      if (DirectSharedBytes(l.qk_width, dstage, k) <= cap) n = k;
+    }
+    if (n == 0) {
+      direct = false;
+    } else {
+      l.direct = true;
+      l.plan.head_block = 16;
+      l.plan.head_blocks = (H + 15) / 16;
+      l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
+      num_stages = n;
+      stage = dstage;
+      l.shared_bytes = DirectSharedBytes(l.qk_width, dstage, n);
+    }
+  }
 
   // Workspace layout.
   int64_t off = 0;
@@ -187,7 +224,8 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
 absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
   if (l.kernel.num_rows == 0) return absl::OkStatus();
   if (absl::Status st =
-          LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
+          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.shared_bytes, stream)
+                   : LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
       !st.ok()) {
     return st;
   }

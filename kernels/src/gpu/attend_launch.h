@@ -18,6 +18,7 @@ struct AttendLaunch {
   LaunchPlan plan;
   int qk_width = 512;
   int64_t shared_bytes = 0;
+  bool direct = false;  // the direct kernel (attend_direct_kernel.cuh) instead of the tile one
   AttendKernelParams kernel;  // device pointers into the workspace set by BindAttend
   CombineKernelParams combine;
   // Workspace layout: [staged host arrays | split-K partials].

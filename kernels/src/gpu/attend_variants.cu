@@ -3,8 +3,11 @@
 // time (both segments may differ), so a variant is (QK width, head block).
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/attend_direct_kernel.cuh"
 #include "gpu/attend_kernel.cuh"
 #include "gpu/kernel_params.h"
 
@@ -36,6 +39,40 @@ constexpr std::array kVariants = {
     MakeVariant<512, 64, 4, false, 64, 1>(), MakeVariant<576, 16, 8, true, 64, 1>(),
     MakeVariant<576, 32, 4, false, 64, 1>(), MakeVariant<576, 64, 4, false, 64, 1>(),
 };
+
+// Direct kernels (fp8_dsv4 and fp8_per_tensor segments, 16-head programs), one per QK width,
+// register-capped for two programs per SM.
+struct DirectVariant {
+  int qk_width;
+  int blocks;
+  KernelFn fn;
+};
+
+template <int kQk, int kBlocks>
+constexpr DirectVariant MakeDirect() {
+  using C = DirectConfig<kQk, kBlocks>;
+  static_assert(C::kThreads == 256, "the launch below assumes 8 warps");
+  return {kQk, kBlocks, &SparseMlaAttendDirectKernel<C>};
+}
+
+constexpr std::array kDirectVariants = {MakeDirect<512, 2>(), MakeDirect<576, 2>(),
+                                        MakeDirect<512, 1>(), MakeDirect<576, 1>()};
+
+// SMLA_ATTEND_KERNEL=direct1 picks the one-program-per-SM build (for A/B measurements).
+int PreferredDirectBlocks() {
+  static const int blocks = [] {
+    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
+    return e != nullptr && std::string_view(e) == "direct1" ? 1 : 2;
+  }();
+  return blocks;
+}
+
+const DirectVariant* FindDirect(int qk_width) {
+  for (const DirectVariant& v : kDirectVariants) {
+    if (v.qk_width == qk_width && v.blocks == PreferredDirectBlocks()) return &v;
+  }
+  return nullptr;
+}
 
 const Variant* Find(int qk_width, int head_block) {
   for (const Variant& v : kVariants) {
@@ -70,6 +107,44 @@ int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num
   return q + pm + red + valid + num_stages * int64_t{stage_bytes} + tile;
 }
 
+bool DirectFormat(KvFormat format) {
+  return format == KvFormat::kFp8Dsv4 || format == KvFormat::kFp8PerTensor;
+}
+
+int32_t DirectStageBytes(KvFormat format, int qk_width) {
+  const int keys = kTileKeys;
+  const int32_t rows = keys * DirectRowStride(static_cast<int>(format), qk_width);
+  return format == KvFormat::kFp8Dsv4 ? rows + keys * kDsv4ScaleBytes : rows;
+}
+
+int64_t DirectSharedBytes(int qk_width, int stage_bytes, int num_stages) {
+  using C = DirectConfig<512, 1>;
+  const int64_t q = int64_t{C::kHeadBlock} * (qk_width + 8) * 2;
+  const int64_t rest = DirectSmem<C>::kStages - DirectSmem<C>::kP;  // P, reductions, validity
+  return q + rest + int64_t{num_stages} * stage_bytes;
+}
+
+int DirectVariantBlocks(int qk_width) {
+  const DirectVariant* v = FindDirect(qk_width);
+  return v == nullptr ? 0 : v->blocks;
+}
+
+absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int64_t shared_bytes,
+                                StreamHandle stream) {
+  const DirectVariant* v = FindDirect(qk_width);
+  if (v == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("no direct attention kernel for QK width ",
+                                                 qk_width));
+  }
+  const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
+  if (programs == 0) return absl::OkStatus();
+  void* args[] = {const_cast<AttendKernelParams*>(&p)};
+  return ToStatus(cudaLaunchKernel(reinterpret_cast<const void*>(v->fn),
+                                   dim3(static_cast<unsigned>(programs)), dim3(256), args,
+                                   static_cast<size_t>(shared_bytes), stream),
+                  "direct attention kernel launch");
+}
+
 int AttendVariantKeys(int qk_width, int head_block) {
   const Variant* v = Find(qk_width, head_block);
   return v == nullptr ? 0 : v->keys;
@@ -83,6 +158,11 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
   for (const Variant& v : kVariants) {
     SMLA_GPU_RETURN_IF_ERROR(cudaFuncSetAttribute(
         reinterpret_cast<const void*>(v.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes)));
+  }
+  for (const DirectVariant& v : kDirectVariants) {
+    SMLA_GPU_RETURN_IF_ERROR(cudaFuncSetAttribute(reinterpret_cast<const void*>(v.fn),
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(max_bytes)));
   }
   return absl::OkStatus();
 }

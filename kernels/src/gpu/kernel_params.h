@@ -15,6 +15,13 @@ namespace smla::kernels::gpu {
 inline constexpr int kTileKeys = 64;      // keys gathered per tile
 inline constexpr int kMaxWarpsPer16Heads = 8;  // a 16-head group has 4 or 8 warps
 inline constexpr int kMaxStages = 3;           // gather stages in flight per program
+inline constexpr int kDirectMaxStages = 4;     // the same for the direct kernel
+
+// Row pitch of a stage of the direct kernel: the data row plus 32 bytes, so that the 8-byte
+// operand reads of both dots hit distinct banks (row pitch = 8 words mod 16).
+constexpr int DirectRowStride(int format, int qk_width) {
+  return (format == static_cast<int>(KvFormat::kFp8Dsv4) ? kDsv4DataBytes : qk_width) + 32;
+}
 
 // One CSR segment as the kernel reads it.
 struct SegmentArgs {
@@ -90,6 +97,16 @@ int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num
                           bool use_tile, int keys);
 // Bytes of one gather stage of `keys` rows for a segment format.
 int32_t StageBytes(KvFormat format, int qk_width, int keys);
+
+// Whether the direct kernel (fp8 operands dequantised from the stage into registers, 16-head
+// programs) runs a segment format; bytes of one of its stages; its shared memory.
+bool DirectFormat(KvFormat format);
+int32_t DirectStageBytes(KvFormat format, int qk_width);
+int64_t DirectSharedBytes(int qk_width, int stage_bytes, int num_stages);
+// Programs per SM the direct variant of this QK width is compiled for (0: none).
+int DirectVariantBlocks(int qk_width);
+absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int64_t shared_bytes,
+                                StreamHandle stream);
 
 // Keys per tile of the compiled (QK width, head block) variant; 0 when it is not compiled in.
 // The list lives in attend_variants.cu.

@@ -1,0 +1,498 @@
+// The sparse MLA attention kernel for fp8 caches without a dequantised tile (operator.md 4-6).
+//
+// One program of 8 warps owns (row, 16-head block, split). Tiles of 64 keys are gathered into
+// shared memory as in attend_kernel.cuh, but the fp8 codes are never written back as bf16: each
+// warp converts exactly the operands its own products read, straight into mma registers (warp w
+// scores keys 8w..8w+7 over every dim, then multiplies P by output columns 64w..64w+63 over all
+// 64 keys). The summation orders of both dots and the output columns are permuted
+// (direct_layout.h) so that those operands are contiguous, conflict-free bytes of a stage row.
+// Without the bf16 tile a program needs about 100 KB of shared memory, so two run per SM, and a
+// tile costs three block barriers. Row sums stay per lane until the end; only the maxima cross
+// the warps per tile.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/attend_kernel.cuh"
+#include "gpu/direct_layout.h"
+#include "gpu/kernel_params.h"
+#include "smla/kernels/codec/mxfp8.h"
+#include "smla/kernels/epilogue.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/primitives.h"
+
+namespace smla::kernels::gpu {
+
+template <int kQkWidth_, int kMinBlocks_>
+struct DirectConfig {
+  static constexpr int kQkWidth = kQkWidth_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kHeadBlock = 16;
+  static constexpr int kKeys = 64;
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
+  static constexpr int kChunks = kQkWidth / 64;    // 64-dim chunks of Q.K^T
+  static constexpr int kQStride = kQkWidth + 8;    // bf16 elements
+  static constexpr int kPStride = kKeys + 8;       // bf16 elements
+  static constexpr int kColsPerWarp = kValueWidth / kWarps;
+  static constexpr int kNTiles = kColsPerWarp / 8;
+
+  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
+  static_assert(kKeys / kWarps == 8, "a warp scores one 8-key n-tile");
+  static_assert(kColsPerWarp == 64 && kNTiles == 8, "a warp owns 64 output columns");
+  static_assert(((kQStride * 2 / 16) % 2) == 1 && ((kPStride * 2 / 16) % 2) == 1,
+                "Q and P row strides: odd numbers of 16-byte units (conflict-free ldmatrix)");
+};
+
+template <class C>
+struct DirectSmem {
+  static constexpr int kQ = 0;
+  static constexpr int kP = kQ + C::kHeadBlock * C::kQStride * 2;
+  static constexpr int kRedMax = kP + C::kHeadBlock * C::kPStride * 2;
+  static constexpr int kRedSum = kRedMax + C::kHeadBlock * C::kWarps * 4;
+  static constexpr int kValid = kRedSum + C::kHeadBlock * C::kWarps * 4;
+  static constexpr int kStages = kValid + kDirectMaxStages * C::kKeys * 4;
+  static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
+};
+
+// Scores of 16 heads x this warp's 8 keys (sc: heads g and g+8, keys 2c and 2c+1).
+template <class C, int kFormat>
+__device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, const uint16_t* q_s,
+                                             float (&sc)[4]) {
+  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int c = direct::FragPair(lane);
+  const int key = 8 * warp + direct::FragGroup(lane);
+  const uint8_t* row = stage + key * stride;
+  uint2 rec = make_uint2(0, 0);
+  if constexpr (kDsv4) {
+    rec = *reinterpret_cast<const uint2*>(stage + C::kKeys * stride + key * kDsv4ScaleBytes);
+  }
+  const uint16_t* a_row = q_s + (lane % 16) * C::kQStride + (lane / 16) * 8;
+  float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int ch = 0; ch < C::kChunks; ++ch) {
+    uint32_t b[8];
+    if (kDsv4 && ch * 64 >= kNopeWidth) {
+      // Rope dims, stored as bf16: the two runs are 16 bytes each.
+      const uint8_t* src = row + kNopeWidth + 2 * (ch * 64 - kNopeWidth) + 2 * direct::QkRun(c, 0);
+      const uint4 x = *reinterpret_cast<const uint4*>(src);
+      const uint4 y = *reinterpret_cast<const uint4*>(src + 2 * direct::QkRun(0, 1));
+      b[0] = x.x, b[1] = x.y, b[2] = x.z, b[3] = x.w;
+      b[4] = y.x, b[5] = y.y, b[6] = y.z, b[7] = y.w;
+    } else {
+      const uint2 x = *reinterpret_cast<const uint2*>(row + ch * 64 + direct::QkRun(c, 0));
+      const uint2 y = *reinterpret_cast<const uint2*>(row + ch * 64 + direct::QkRun(c, 1));
+      uint2 w[4];
+      if constexpr (kDsv4) {
+        const uint32_t word = ch < 4 ? rec.x : rec.y;
+        const __nv_bfloat162 scale = E8m0ToBf16x2((word >> (8 * (ch % 4))) & 0xffu);
+        w[0] = E4m3x4ToBf16Scaled(x.x, scale);
+        w[1] = E4m3x4ToBf16Scaled(x.y, scale);
+        w[2] = E4m3x4ToBf16Scaled(y.x, scale);
+        w[3] = E4m3x4ToBf16Scaled(y.y, scale);
+      } else {
+        w[0] = E4m3x4ToBf16(x.x);
+        w[1] = E4m3x4ToBf16(x.y);
+        w[2] = E4m3x4ToBf16(y.x);
+        w[3] = E4m3x4ToBf16(y.y);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[2 * i] = w[i].x, b[2 * i + 1] = w[i].y;
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t a[4];
+      LoadMatrixX4(a, a_row + ch * 64 + 16 * s);
+      MmaBf16(s % 2 == 0 ? s0 : s1, a, b[s], b[4 + s]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sc[i] = s0[i] + s1[i];
+}
+
+// acc += P V for this warp's 64 output columns over the tile's 64 keys.
+template <class C, int kFormat>
+__device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const uint16_t* p_s,
+                                         float (&acc)[C::kNTiles][4]) {
+  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int c = direct::FragPair(lane);
+  const int col = C::kColsPerWarp * warp + direct::PvLaneColumn(direct::FragGroup(lane));
+  const uint16_t* a_row = p_s + (lane % 16) * C::kPStride + (lane / 16) * 8;
+  const uint8_t* rec = stage + C::kKeys * stride + warp;  // this warp's scale group
+  const bool bf16_cols = kDsv4 && C::kColsPerWarp * warp >= kNopeWidth;
+#pragma unroll
+  for (int ks = 0; ks < C::kKeys / 16; ++ks) {
+    uint32_t a[4];
+    LoadMatrixX4(a, a_row + 16 * ks);
+    int key[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) key[m] = 16 * ks + direct::PvLaneKey(c, m);
+    if (bf16_cols) {
+      // Rope columns stored as bf16: pair the same column of two keys.
+      uint4 v[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        v[m] = *reinterpret_cast<const uint4*>(stage + key[m] * stride + kNopeWidth +
+                                               2 * (col - kNopeWidth));
+      }
+      const uint32_t* w0 = &v[0].x;
+      const uint32_t* w1 = &v[1].x;
+      const uint32_t* w2 = &v[2].x;
+      const uint32_t* w3 = &v[3].x;
+#pragma unroll
+      for (int j = 0; j < C::kNTiles; ++j) {
+        const uint32_t sel = j % 2 == 0 ? 0x5410u : 0x7632u;
+        MmaBf16(acc[j], a, PermuteBytes(w0[j / 2], w1[j / 2], sel),
+                PermuteBytes(w2[j / 2], w3[j / 2], sel));
+      }
+    } else {
+      uint2 v[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        v[m] = *reinterpret_cast<const uint2*>(stage + key[m] * stride + col);
+      }
+      __nv_bfloat162 sc01, sc23;
+      if constexpr (kDsv4) {
+        sc01 = E8m0PairToBf16x2(rec[key[0] * kDsv4ScaleBytes], rec[key[1] * kDsv4ScaleBytes]);
+        sc23 = E8m0PairToBf16x2(rec[key[2] * kDsv4ScaleBytes], rec[key[3] * kDsv4ScaleBytes]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t x0 = h == 0 ? v[0].x : v[0].y, x1 = h == 0 ? v[1].x : v[1].y;
+        const uint32_t x2 = h == 0 ? v[2].x : v[2].y, x3 = h == 0 ? v[3].x : v[3].y;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          // Codes (key0 col j, key1 col j, key0 col j+1, key1 col j+1), j = 4h + 2q.
+          const uint32_t sel = q == 0 ? 0x5140u : 0x7362u;
+          const uint32_t c01 = PermuteBytes(x0, x1, sel);
+          const uint32_t c23 = PermuteBytes(x2, x3, sel);
+          uint2 b01, b23;
+          if constexpr (kDsv4) {
+            b01 = E4m3x4ToBf16Scaled(c01, sc01);
+            b23 = E4m3x4ToBf16Scaled(c23, sc23);
+          } else {
+            b01 = E4m3x4ToBf16(c01);
+            b23 = E4m3x4ToBf16(c23);
+          }
+          const int j = 4 * h + 2 * q;
+          MmaBf16(acc[j], a, b01.x, b23.x);
+          MmaBf16(acc[j + 1], a, b01.y, b23.y);
+        }
+      }
+    }
+  }
+}
+
+// One tile: scores, the shared row maxima, P, then P V. `m_run` is the same in every warp;
+// `l_run` is this lane's share of the row sums (its own keys only).
+template <class C, int kFormat>
+__device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
+                                           const int32_t* valid, const uint16_t* q_s,
+                                           uint16_t* p_s, float* red_max,
+                                           float (&acc)[C::kNTiles][4], float (&m_run)[2],
+                                           float (&l_run)[2]) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = direct::FragGroup(lane);
+  const int c = direct::FragPair(lane);
+  const int stride = DirectRowStride(kFormat, C::kQkWidth);
+  float sc[4];
+  DirectScores<C, kFormat>(stage, stride, q_s, sc);
+  float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = 8 * warp + 2 * c + (i & 1);
+    const float x = valid[key] ? sc[i] * s.score_scale2 : -INFINITY;
+    sc[i] = x;
+    tmax[i / 2] = fmaxf(tmax[i / 2], x);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tmax[r] = WarpXorMax(tmax[r], 1);
+    tmax[r] = WarpXorMax(tmax[r], 2);
+  }
+  if (c == 0) {
+    red_max[g * C::kWarps + warp] = tmax[0];
+    red_max[(g + 8) * C::kWarps + warp] = tmax[1];
+  }
+  __syncthreads();
+  float m_use[2], alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float* rm = red_max + (g + 8 * r) * C::kWarps;
+    float tm = rm[0];
+#pragma unroll
+    for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
+    const float m_new = fmaxf(m_run[r], tm);
+    // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m_run[r] - m_use[r]);
+    m_run[r] = m_new;
+  }
+  const float ps = s.p_scale;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = i / 2;
+    const float p = exp2f(sc[i] - m_use[r]);
+    l_run[r] = (i & 1) ? l_run[r] + p : l_run[r] * alpha[r] + p;
+    const int key = 8 * warp + 2 * c + (i & 1);
+    const int pos = 16 * (key / 16) + direct::PvPosition(key % 16);
+    p_s[(g + 8 * r) * C::kPStride + pos] = static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
+  }
+#pragma unroll
+  for (int j = 0; j < C::kNTiles; ++j) {
+    acc[j][0] *= alpha[0];
+    acc[j][1] *= alpha[0];
+    acc[j][2] *= alpha[1];
+    acc[j][3] *= alpha[1];
+  }
+  __syncthreads();  // P complete
+  DirectPv<C, kFormat>(stage, stride, p_s, acc);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    SparseMlaAttendDirectKernel(const __grid_constant__ AttendKernelParams p) {
+  using S = DirectSmem<C>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + S::kP);
+  float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
+  int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
+  uint8_t* stages = smem + S::kStages;
+
+  // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor).
+  const int64_t pid = blockIdx.x;
+  const int hb = static_cast<int>(pid % p.head_blocks);
+  const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
+  const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = direct::FragGroup(lane);
+  const int c = direct::FragPair(lane);
+  const int head0 = hb * C::kHeadBlock;
+
+  const int begin0 = p.seg[0].indptr[row];
+  const int len0 = p.seg[0].indptr[row + 1] - begin0;
+  int begin1 = 0, len1 = 0;
+  if (p.num_segments > 1) {
+    begin1 = p.seg[1].indptr[row];
+    len1 = p.seg[1].indptr[row + 1] - begin1;
+  }
+  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
+  const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+  const int t_begin = split * p.tiles_per_split;
+  const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
+  auto load_slot = [&](int t) -> int32_t {
+    if (t >= t_end) return -1;
+    if (t < tiles0) return LoadTileSlot<C>(p.seg[0], begin0, len0, t * kTileKeys);
+    return LoadTileSlot<C>(p.seg[1], begin1, len1, (t - tiles0) * kTileKeys);
+  };
+  auto issue = [&](int t, int32_t slot, int stage) {
+    const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
+    const int stride = DirectRowStride(s.format, C::kQkWidth);
+    IssueTileStrided<C>(s, slot, stages + stage * p.stage_bytes, valid_s + stage * C::kKeys,
+                        stride, C::kKeys * stride);
+  };
+
+  // Gather stages: tiles t+1 .. t+N-1 are in flight while tile t is used. A stage is refilled
+  // right after the barrier that opens the next tile, so no barrier closes a tile.
+  const int n_stages = p.num_stages;
+  int32_t next_slot = load_slot(t_begin);
+  for (int t = t_begin; t < t_begin + n_stages - 1; ++t) {
+    if (t < t_end) {
+      issue(t, next_slot, t - t_begin);
+      next_slot = load_slot(t + 1);
+    }
+    AsyncCommit();
+  }
+
+  // Q in the permuted dim order of direct_layout.h (heads past H are zero and never stored).
+  {
+    constexpr int kUnits = C::kQkWidth / 8;
+    for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
+      const int h = u / kUnits;
+      const int p0 = (u % kUnits) * 8;
+      const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / 16, p0 % 16);
+      uint32_t w[4] = {0, 0, 0, 0};
+      if (head0 + h < p.num_heads) {
+        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + base;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t at = off + (direct::QkDim(0, 2 * i) - direct::QkDim(0, 0));
+          if (p.q_fp8) {
+            const uint16_t two = *reinterpret_cast<const uint16_t*>(
+                static_cast<const uint8_t*>(p.q) + at);
+            const float2 f = E4m3x2ToFloat2(two);
+            w[i] = PackBf16(f.x, f.y);
+          } else {
+            w[i] = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + at);
+          }
+        }
+      }
+      *reinterpret_cast<uint4*>(q_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+
+  float acc[C::kNTiles][4];
+#pragma unroll
+  for (int j = 0; j < C::kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // heads g and g + 8, base 2
+  float l_run[2] = {0.0f, 0.0f};
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int stage = (t - t_begin) % n_stages;
+    switch (n_stages) {
+      case 4:
+        AsyncWait<2>();
+        break;
+      case 3:
+        AsyncWait<1>();
+        break;
+      default:
+        AsyncWait<0>();
+        break;
+    }
+    __syncthreads();  // tile t landed everywhere; every warp is done with tile t-1
+    const int v = t + n_stages - 1;
+    if (v < t_end) {
+      issue(v, next_slot, (v - t_begin) % n_stages);
+      next_slot = load_slot(v + 1);
+    }
+    AsyncCommit();
+    const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
+    const uint8_t* st = stages + stage * p.stage_bytes;
+    const int32_t* valid = valid_s + stage * C::kKeys;
+    if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
+      DirectTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, st, valid, q_s, p_s, red_max, acc,
+                                                         m_run, l_run);
+    } else {
+      DirectTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, st, valid, q_s, p_s, red_max,
+                                                              acc, m_run, l_run);
+    }
+  }
+  AsyncWait<0>();
+
+  // Row sums: the quad, then the warps.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] = WarpXorSum(l_run[r], 1);
+    l_run[r] = WarpXorSum(l_run[r], 2);
+  }
+  if (c == 0) {
+    red_sum[g * C::kWarps + warp] = l_run[0];
+    red_sum[(g + 8) * C::kWarps + warp] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) l += red_sum[(g + 8 * r) * C::kWarps + w];
+    l_run[r] = l;
+  }
+
+  // Lane c holds output columns col_base .. col_base + 15 of heads g and g + 8.
+  const int col_base = C::kColsPerWarp * warp + direct::OutColumn(c, 0, 0);
+  if (p.splits > 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = head0 + g + 8 * r;
+      if (head >= p.num_heads) continue;
+      const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
+      float* dst = p.part_acc + ph * kValueWidth + col_base;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < C::kNTiles; j += 4) {
+          *reinterpret_cast<float4*>(dst + direct::OutColumn(0, i, j)) =
+              make_float4(acc[j][2 * r + i], acc[j + 1][2 * r + i], acc[j + 2][2 * r + i],
+                          acc[j + 3][2 * r + i]);
+        }
+      }
+      if (warp == 0 && c == 0) {
+        p.part_ml[2 * ph] = m_run[r];
+        p.part_ml[2 * ph + 1] = l_run[r];
+      }
+    }
+    return;
+  }
+
+  // Final store: normalise with the sink (as CombinePartials), then the epilogue.
+  const float* cs = nullptr;
+  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head0 + g + 8 * r;
+    const bool live = head < p.num_heads;
+    const bool has_sink = p.sink != nullptr;
+    const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
+    const float m = fmaxf(m_run[r], sink2);
+    float w = 0.0f, inv = 0.0f, lse = -INFINITY;
+    if (m != -INFINITY) {
+      w = exp2f(m_run[r] - m);
+      const float z = l_run[r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
+      inv = 1.0f / z;
+      lse = (m + log2f(z)) * kLn2;
+    }
+    // x[k]: column col_base + k.
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < C::kNTiles; ++j) {
+        x[direct::OutColumn(0, i, j)] = RoundToBf16Fast((acc[j][2 * r + i] * w) * inv + 0.0f);
+      }
+    }
+    if (cs != nullptr && col_base >= kNopeWidth) {
+#pragma unroll
+      for (int k = 0; k < 16; k += 2) {
+        const int f = (col_base + k - kNopeWidth) / 2;
+        const float co = cs[f], sn = cs[32 + f];
+        const float e = x[k], o = x[k + 1];
+        // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
+        x[k] = (e * co + o * sn) + 0.0f;
+        x[k + 1] = (o * co - e * sn) + 0.0f;
+      }
+    }
+    const int64_t out_row = int64_t{row} * p.num_heads + head;
+    if (!p.out_mxfp8) {
+      if (live) {
+        uint32_t wds[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) wds[k] = PackBf16(x[2 * k], x[2 * k + 1]);
+        uint4* dst = reinterpret_cast<uint4*>(p.out_bf16 + out_row * kValueWidth + col_base);
+        dst[0] = make_uint4(wds[0], wds[1], wds[2], wds[3]);
+        dst[1] = make_uint4(wds[4], wds[5], wds[6], wds[7]);
+      }
+    } else {
+      // A 32-column MXFP8 group is held by lanes c and c ^ 1.
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
+      amax = WarpXorMax(amax, 1);
+      const uint8_t sb = MxScaleByte(amax);
+      const float inv_scale = Pow2(127 - static_cast<int>(sb));
+      if (live) {
+        uint32_t wds[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wds[k] = uint32_t{MxEncodePair(x[4 * k], x[4 * k + 1], inv_scale)} |
+                   (uint32_t{MxEncodePair(x[4 * k + 2], x[4 * k + 3], inv_scale)} << 16);
+        }
+        *reinterpret_cast<uint4*>(p.mx_data + out_row * kValueWidth + col_base) =
+            make_uint4(wds[0], wds[1], wds[2], wds[3]);
+        if (c % 2 == 0) p.mx_scales[out_row * kMxGroupsPerHead + col_base / kMxGroup] = sb;
+      }
+    }
+    if (live && p.lse != nullptr && warp == 0 && c == 0) p.lse[out_row] = lse;
+  }
+}
+
+}  // namespace smla::kernels::gpu
