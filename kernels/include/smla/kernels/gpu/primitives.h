@@ -147,6 +147,33 @@ __device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_s
   return static_cast<uint16_t>(v);
 }
 
+// Four e4m3 codes to bf16 without a scale (fp8_per_tensor folds its scale elsewhere): the
+// same exact bit placement as E4m3x4ToBf16Scaled, one multiply per pair.
+__device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
+  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
+  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
+  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const __nv_bfloat162 k2p120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
+                                                   __ushort_as_bfloat16(0x7b80));
+  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+// Two UE8M0 scale bytes as one bf16x2 (low half from `lo`), as E8m0ToBf16x2 per half.
+__device__ __forceinline__ __nv_bfloat162 E8m0PairToBf16x2(uint32_t lo, uint32_t hi) {
+  const uint32_t bl = lo == 0 ? 0x0040u : lo << 7;
+  const uint32_t bh = hi == 0 ? 0x0040u : hi << 7;
+  const uint32_t w = bl | (bh << 16);
+  return *reinterpret_cast<const __nv_bfloat162*>(&w);
+}
+
+// Bytes of (a, b) chosen by `selector` (four 4-bit byte indices, a = 0-3, b = 4-7).
+__device__ __forceinline__ uint32_t PermuteBytes(uint32_t a, uint32_t b, uint32_t selector) {
+  return __byte_perm(a, b, selector);
+}
+
 #else
 #error "smla GPU primitives: only the CUDA (sm_90a) implementation exists so far"
 #endif
