@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The HIP compile check (gpu.md, "One source, two vendors"): every kernel source compiles
-# device-only for gfx950 with Debian's clang-22, and the sources that must use the matrix
-# cores still have v_mfma instructions in their assembly; the GPU backend's host code compiles
-# against Debian's HIP headers. Nothing here runs on a GPU.
+# device-only for gfx950 with Debian's clang-22 (gpu.md's command) and in its host pass, and
+# the sources that must use the matrix cores still have v_mfma instructions in their assembly;
+# the GPU backend's host code compiles against Debian's HIP headers. Nothing here runs on a
+# GPU.
 #
 # Usage: scripts/hip_compile_check.sh [--allow-fail SOURCE]... [--require-mfma SOURCE]...
 #                                     [--keep DIR] [SOURCE...]
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --allow-fail) allow_fail["$2"]=1; shift 2 ;;
     --require-mfma) mfma_required+=("$2"); shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "hip_compile_check: unknown argument '$1'" >&2; exit 2 ;;
     *) sources+=("$1"); shift ;;
   esac
@@ -119,6 +120,12 @@ for src in "${sources[@]}"; do
   if ! "$clang" "${device_flags[@]}" "$src" -o "$asm" > "$log" 2>&1; then
     errors="$(grep -c 'error:' "$log" || true)"
     fail "$src" "does not compile for $arch$with: $errors errors, first: $(first_error "$log")"
+    continue
+  fi
+  # The host pass of the same source: kernel launches and host code against the HIP headers.
+  host_flags_hip=("${device_flags[@]/--cuda-device-only/--cuda-host-only}")
+  if ! "$clang" "${host_flags_hip[@]/-S/-fsyntax-only}" "$src" > "$log.host" 2>&1; then
+    fail "$src" "device code compiles, the host pass does not: $(first_error "$log.host")"
     continue
   fi
   mfma="$(grep -c -E '^\s*v_mfma' "$asm" || true)"
