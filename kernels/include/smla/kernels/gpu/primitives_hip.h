@@ -4,16 +4,22 @@
 //
 // - kWarpSize is 64. Lane masks are 64-bit (LaneMask). Butterfly reductions take xor masks up
 //   to kWarpSize / 2 (lane_reduce.h builds width-correct group reductions on them).
-// - Asynchronous copies are plain 16-byte loads and LDS stores: the data is in shared memory
-//   once the copy returns in the issuing lane, so AsyncCommit/AsyncWait are ordering no-ops
-//   and the block barrier after them publishes the data. (gfx950's global_load_lds_dwordx4 can
-//   replace them later: it writes lane-contiguous 16-byte chunks from a wave-uniform LDS base,
-//   which is how the gathers are laid out; it needs vmcnt waits per issued load.)
+// - AsyncCopy16/8 are plain 16/8-byte loads and LDS stores: the data is in shared memory once
+//   the copy returns in the issuing lane, so AsyncCommit/AsyncWait are ordering no-ops and the
+//   block barrier after them publishes the data. The loads of one tile overlap each other, not
+//   the compute of the previous tile. GatherToLds16 (global_load_lds_dwordx4) is the
+//   asynchronous gfx950 path, for lane-contiguous destinations, with AsyncWaitLoads.
 // - The bf16 matrix product is v_mfma_f32_16x16x32_bf16: a 16x16x32 tile per wavefront, its
-//   fragments described by the Mfma* maps below (not the m16n8k16 fragments of mma.sync).
+//   fragments described by Mfma16x16x32 below (not the m16n8k16 fragments of mma.sync).
 // - fp8 conversions use gfx950's OCP e4m3 instructions (gfx942 and older implement the FNUZ
 //   variant, so every other target takes the exact bit-level codec instead).
 // - The scale pair of E4m3x4ToBf16Scaled is two f32 (KvScale); on CUDA it is a bf16 pair.
+//
+// Porting a CUDA kernel: __ballot_sync -> WarpBallot; __shfl_sync of a pointer -> WarpShufflePtr;
+// LoadMatrixX4 -> LoadFragmentRowMajor; LoadMatrixX4Trans -> LoadFragmentKMajor; MmaBf16
+// (m16n8k16, 4+2 registers) -> MfmaBf16 (16x16x32, Bf16x8 operands, F32x4 accumulators);
+// __float2bfloat162_rn(1) -> UnitKvScale(); quad reductions over lane % 4 (a row of an mma.sync
+// accumulator) -> LaneGroupMax/Sum<16> (a row of an MFMA accumulator is spread over 16 lanes).
 #pragma once
 
 #include <hip/hip_runtime.h>
