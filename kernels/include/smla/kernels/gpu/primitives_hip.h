@@ -31,11 +31,8 @@
 
 namespace smla::kernels::gpu {
 
-#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE) && \
-    __AMDGCN_WAVEFRONT_SIZE != 64
-#error "smla HIP primitives assume 64-lane wavefronts"
-#endif
-
+// gfx9 (CDNA) runs 64-lane wavefronts only; the wave32 targets (RDNA) have no MFMA and stop at
+// MfmaBf16's #error.
 inline constexpr int kWarpSize = 64;
 using LaneMask = uint64_t;  // one bit per lane of a wavefront
 
