@@ -43,12 +43,27 @@ using LaneMask = uint64_t;  // one bit per lane of a wavefront
 // ---------------------------------------------------------------------------------------------
 // Wavefront shuffles, reductions and votes.
 
+// v of lane (lane ^ mask). Constant masks below 32 avoid ds_bpermute's address path: 1 and 2 are
+// DPP quad permutations ([1,0,3,2], [2,3,0,1]); 4, 8 and 16 are ds_swizzle in bitmask mode
+// (and-mask 0x1f, xor-mask in bits 14:10), which swaps neighbouring groups of that many lanes.
+// Every lane of the wavefront must take part, as with CUDA's full-mask shuffles.
+__device__ __forceinline__ float XorShuffle(float v, int mask) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  if (__builtin_constant_p(mask)) {
+    const int x = __builtin_bit_cast(int, v);
+    if (mask == 1) return __builtin_bit_cast(float, __builtin_amdgcn_mov_dpp(x, 0xb1, 0xf, 0xf, 0));
+    if (mask == 2) return __builtin_bit_cast(float, __builtin_amdgcn_mov_dpp(x, 0x4e, 0xf, 0xf, 0));
+    if (mask == 4) return __builtin_bit_cast(float, __builtin_amdgcn_ds_swizzle(x, 0x101f));
+    if (mask == 8) return __builtin_bit_cast(float, __builtin_amdgcn_ds_swizzle(x, 0x201f));
+    if (mask == 16) return __builtin_bit_cast(float, __builtin_amdgcn_ds_swizzle(x, 0x401f));
+  }
+#endif
+  return __shfl_xor(v, mask, kWarpSize);
+}
 __device__ __forceinline__ float WarpXorMax(float v, int mask) {
-  return fmaxf(v, __shfl_xor(v, mask, kWarpSize));
+  return fmaxf(v, XorShuffle(v, mask));
 }
-__device__ __forceinline__ float WarpXorSum(float v, int mask) {
-  return v + __shfl_xor(v, mask, kWarpSize);
-}
+__device__ __forceinline__ float WarpXorSum(float v, int mask) { return v + XorShuffle(v, mask); }
 // v of lane `src` (every lane of the wavefront must take part).
 __device__ __forceinline__ uint32_t WarpShuffle(uint32_t v, int src) {
   return static_cast<uint32_t>(__shfl(static_cast<int>(v), src, kWarpSize));
