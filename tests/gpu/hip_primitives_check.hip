@@ -42,16 +42,22 @@ static_assert(CoversOnce(M::kK, M::kN, M::kBElems, M::BRow, M::BCol), "B map is 
 static_assert(CoversOnce(M::kM, M::kN, M::kCElems, M::CRow, M::CCol), "C map is not a bijection");
 
 // C = A * B (A 16x32 row-major; B given twice: 32x16 k-major and as B^T 16x32 row-major).
+// (A fragments are also built from packed words, as fp8 paths build them.)
 __global__ void MfmaKernel(const uint16_t* a, const uint16_t* b_kmajor, const uint16_t* b_t,
-                           float* c_kmajor, float* c_t) {
+                           float* c_kmajor, float* c_t, float* c_words) {
   const int lane = threadIdx.x;
-  F32x4 acc0 = {0, 0, 0, 0}, acc1 = {0, 0, 0, 0};
+  F32x4 acc0 = {0, 0, 0, 0}, acc1 = {0, 0, 0, 0}, acc2 = {0, 0, 0, 0};
   const Bf16x8 af = LoadFragmentRowMajor(a, M::kK, lane);
+  const uint2* words =
+      reinterpret_cast<const uint2*>(a + M::ARow(lane, 0) * M::kK + M::ACol(lane, 0));
+  const Bf16x8 bt = LoadFragmentRowMajor(b_t, M::kK, lane);
   MfmaBf16(acc0, af, LoadFragmentKMajor(b_kmajor, M::kN, lane));
-  MfmaBf16(acc1, af, LoadFragmentRowMajor(b_t, M::kK, lane));
+  MfmaBf16(acc1, af, bt);
+  MfmaBf16(acc2, Bf16x8FromWords(words[0], words[1]), bt);
   for (int i = 0; i < M::kCElems; ++i) {
     c_kmajor[M::CRow(lane, i) * M::kN + M::CCol(lane, i)] = acc0[i];
     c_t[M::CRow(lane, i) * M::kN + M::CCol(lane, i)] = acc1[i];
+    c_words[M::CRow(lane, i) * M::kN + M::CCol(lane, i)] = acc2[i];
   }
 }
 
@@ -213,10 +219,12 @@ void CheckMfma(std::mt19937& rng) {
   uint16_t* dbt = ToDevice(bt);
   float* dck = DeviceArray<float>(M::kM * M::kN);
   float* dct = DeviceArray<float>(M::kM * M::kN);
-  MfmaKernel<<<1, kWarpSize>>>(da, dbk, dbt, dck, dct);
+  float* dcw = DeviceArray<float>(M::kM * M::kN);
+  MfmaKernel<<<1, kWarpSize>>>(da, dbk, dbt, dck, dct, dcw);
   HIP_OK(hipGetLastError());
   const std::vector<float> ck = ToHost(dck, M::kM * M::kN), ct = ToHost(dct, M::kM * M::kN);
-  int64_t bad_k = 0, bad_t = 0, nans = 0;
+  const std::vector<float> cw = ToHost(dcw, M::kM * M::kN);
+  int64_t bad_k = 0, bad_t = 0, bad_w = 0, nans = 0;
   for (int m = 0; m < M::kM; ++m) {
     for (int n = 0; n < M::kN; ++n) {
       float ref = 0.0f;
@@ -224,15 +232,18 @@ void CheckMfma(std::mt19937& rng) {
       nans += std::isnan(ck[m * M::kN + n]) + std::isnan(ct[m * M::kN + n]);
       bad_k += ck[m * M::kN + n] != ref;
       bad_t += ct[m * M::kN + n] != ref;
+      bad_w += cw[m * M::kN + n] != ref;
     }
   }
   Report("mfma 16x16x32, B k-major", bad_k, M::kM * M::kN, nans);
   Report("mfma 16x16x32, B n-major", bad_t, M::kM * M::kN);
+  Report("mfma 16x16x32, A from packed words", bad_w, M::kM * M::kN);
   HIP_OK(hipFree(da));
   HIP_OK(hipFree(dbk));
   HIP_OK(hipFree(dbt));
   HIP_OK(hipFree(dck));
   HIP_OK(hipFree(dct));
+  HIP_OK(hipFree(dcw));
 }
 
 void CheckConversions(std::mt19937& rng) {

@@ -216,6 +216,12 @@ __device__ __forceinline__ void MfmaBf16(F32x4& c, Bf16x8 a, Bf16x8 b) {
 #endif
 }
 
+// A fragment from four packed bf16 pairs (values e = 0..7 low-first), e.g. the words of
+// E4m3x4ToBf16Scaled: fp8 rows dequantise straight into operand registers.
+__device__ __forceinline__ Bf16x8 Bf16x8FromWords(uint2 lo, uint2 hi) {
+  return __builtin_bit_cast(Bf16x8, U32x4{lo.x, lo.y, hi.x, hi.y});
+}
+
 // A fragment (or B from an n-major tile) of a bf16 tile with `stride` elements per row: lane
 // reads the 8 consecutive values of row ARow at columns ACol(lane, 0..7) with one 16-byte read.
 __device__ __forceinline__ Bf16x8 LoadFragmentRowMajor(const uint16_t* tile, int stride, int lane) {
