@@ -144,5 +144,15 @@ for src in "${sources[@]}"; do
   fi
 done
 
+# For the port: CUDA primitives that have no HIP function of the same name (information only;
+# LoadMatrixX4* and MmaBf16 are the m16n8k16 fragments, which gfx950 replaces by MFMA's).
+primitive_names() {
+  grep -hoE '__device__ __forceinline__ [^(]*[ *&][A-Za-z0-9_]+\(' "$1" |
+    sed -E 's/.*[ *&]([A-Za-z0-9_]+)\($/\1/' | sort -u
+}
+cuda_only="$(comm -23 <(primitive_names kernels/include/smla/kernels/gpu/primitives.h) \
+                      <(primitive_names kernels/include/smla/kernels/gpu/primitives_hip.h) |
+             paste -sd' ' -)"
+echo "hip_compile_check: CUDA primitives without a HIP namesake: ${cuda_only:-none}"
 echo "hip_compile_check: $passed passed, $failed failed, $allowed allowed to fail ($arch)"
 [ "$failed" -eq 0 ]
