@@ -42,6 +42,21 @@ TEST(PlanSplits, FullGridsKeepFourTilesPerSplit) {
   EXPECT_EQ(PlanSplits(132, 16, 5, kH200Sms), 1);
 }
 
+TEST(PlanSplits, TwoResidentProgramsPerUnit) {
+  // GLM TP4 decode C=32: 192 programs, 32 tiles: 2 * 264 / 192 = 2, 32 / 8 = 4 -> 2.
+  EXPECT_EQ(PlanSplits(192, 16, 32, kH200Sms, 2), 2);
+  // dsv4 TP4 decode C=32: 10 tiles / 8 = 1 -> no split (one program per unit: 1 as well).
+  EXPECT_EQ(PlanSplits(192, 16, 10, kH200Sms, 2), 1);
+  EXPECT_EQ(PlanSplits(192, 16, 32, kH200Sms, 1), 1);
+  // dsv4 TP4 decode C=64: 384 programs: 528 / 384 = 1.
+  EXPECT_EQ(PlanSplits(384, 16, 10, kH200Sms, 2), 1);
+  // Small grids are sized by units, not slots: 96 programs -> 264 / 96 = 2; 64 -> 4.
+  EXPECT_EQ(PlanSplits(96, 16, 10, kH200Sms, 2), 2);
+  EXPECT_EQ(PlanSplits(64, 16, 10, kH200Sms, 2), 4);
+  // Zero or negative counts act as one.
+  EXPECT_EQ(PlanSplits(192, 16, 32, kH200Sms, 0), 1);
+}
+
 TEST(PlanHeadBlock, SmallHeadCountsUseSixteen) {
   EXPECT_EQ(PlanHeadBlock(384, 8, 10, 1, kH200Sms), 16);
   EXPECT_EQ(PlanHeadBlock(384, 16, 10, 1, kH200Sms), 16);

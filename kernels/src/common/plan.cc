@@ -19,18 +19,23 @@ bool LastRoundWorthIt(int64_t programs, int32_t units, int64_t tiles_per_program
 
 }  // namespace
 
-int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units) {
+int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units,
+                   int32_t programs_per_unit) {
   // Few tiles: the combine would cost more than the parallelism gains.
   if (tiles <= 2) return 1;
-  const int64_t programs = rows * CeilDiv(heads, 16);
-  const int64_t twice_units = 2 * int64_t{compute_units};
-  // Aim for two programs per compute unit so a slow one does not leave the device idle.
-  const int64_t fill = std::max<int64_t>(1, twice_units / std::max<int64_t>(1, programs));
+  const int64_t per_unit = std::max<int32_t>(1, programs_per_unit);
+  const int64_t programs = std::max<int64_t>(1, rows * CeilDiv(heads, 16));
   int64_t splits;
   if (programs >= compute_units) {
-    // The grid is already full: split only rows long enough to keep >= 4 tiles per split.
-    splits = std::min<int64_t>(fill, tiles / 4);
+    // The grid is already full: aim for two programs per resident slot, splitting only rows
+    // long enough to keep 4 tiles per split per resident program (a split that shares its
+    // unit pays more for its partials).
+    const int64_t fill = 2 * int64_t{compute_units} * per_unit / programs;
+    splits = std::min<int64_t>(fill, tiles / (4 * per_unit));
   } else {
+    // Two programs per unit so a slow one does not leave the device idle (measured on the
+    // H200 with two resident programs per SM: more splits than this were slower).
+    const int64_t fill = 2 * int64_t{compute_units} / programs;
     splits = std::min<int64_t>({fill, tiles, kMaxSplits});
   }
   return static_cast<int32_t>(std::clamp<int64_t>(splits, 1, kMaxSplits));
@@ -57,7 +62,8 @@ LaunchPlan MakePlan(const PlanInput& in) {
   LaunchPlan plan;
   plan.tiles = static_cast<int32_t>(CeilDiv(in.max_main_keys, kKeyTile) +
                                     CeilDiv(in.max_extra_keys, kKeyTile));
-  plan.splits = PlanSplits(in.num_rows, in.num_heads, plan.tiles, in.compute_units);
+  plan.splits =
+      PlanSplits(in.num_rows, in.num_heads, plan.tiles, in.compute_units, in.programs_per_unit);
   plan.head_block =
       PlanHeadBlock(in.num_rows, in.num_heads, plan.tiles, plan.splits, in.compute_units);
   plan.head_blocks = static_cast<int32_t>(CeilDiv(in.num_heads, plan.head_block));

@@ -1,6 +1,6 @@
 // The sparse MLA attention kernel for fp8 caches without a dequantised tile (operator.md 4-6).
 //
-// One program of 8 warps owns (row, 16-head block, split). Tiles of 64 keys are gathered into
+// One program of 8 warps owns (row, 16- or 32-head block, split). Tiles of 64 keys are gathered into
 // shared memory as in attend_kernel.cuh, but the fp8 codes are never written back as bf16: each
 // warp converts exactly the operands its own products read, straight into mma registers (warp w
 // scores keys 8w..8w+7 over every dim, then multiplies P by output columns 64w..64w+63 over all
@@ -23,11 +23,12 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, int kMinBlocks_>
+template <int kQkWidth_, int kHeadBlock_, int kMinBlocks_>
 struct DirectConfig {
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kMinBlocks = kMinBlocks_;
-  static constexpr int kHeadBlock = 16;
+  static constexpr int kHeadBlock = kHeadBlock_;
+  static constexpr int kGroups = kHeadBlock / 16;  // 16-head groups sharing each operand
   static constexpr int kKeys = 64;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * kWarpSize;
@@ -39,11 +40,15 @@ struct DirectConfig {
   static constexpr int kNTiles = kColsPerWarp / 8;
 
   static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
+  static_assert(kHeadBlock == 16 || kHeadBlock == 32, "16- or 32-head programs");
   static_assert(kKeys / kWarps == 8, "a warp scores one 8-key n-tile");
   static_assert(kColsPerWarp == 64 && kNTiles == 8, "a warp owns 64 output columns");
   static_assert(((kQStride * 2 / 16) % 2) == 1 && ((kPStride * 2 / 16) % 2) == 1,
                 "Q and P row strides: odd numbers of 16-byte units (conflict-free ldmatrix)");
 };
+
+// fp8_dsv4 scale bytes up to this fold the 2^120 rebias into the scale (one multiply per pair).
+inline constexpr uint32_t kFoldMax = 134;
 
 template <class C>
 struct DirectSmem {
@@ -56,10 +61,11 @@ struct DirectSmem {
   static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
 };
 
-// Scores of 16 heads x this warp's 8 keys (sc: heads g and g+8, keys 2c and 2c+1).
-template <class C, int kFormat>
+// Scores of the block's heads x this warp's 8 keys (sc[group]: heads 16 group + g and
+// 16 group + g + 8, keys 2c and 2c+1). Each converted operand feeds every group.
+template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, const uint16_t* q_s,
-                                             float (&sc)[4]) {
+                                             float (&sc)[C::kGroups][4]) {
   constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -71,7 +77,12 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
     rec = *reinterpret_cast<const uint2*>(stage + C::kKeys * stride + key * kDsv4ScaleBytes);
   }
   const uint16_t* a_row = q_s + (lane % 16) * C::kQStride + (lane / 16) * 8;
-  float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float s0[C::kGroups][4], s1[C::kGroups][4];
+#pragma unroll
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s0[gr][i] = s1[gr][i] = 0.0f;
+  }
 #pragma unroll
   for (int ch = 0; ch < C::kChunks; ++ch) {
     uint32_t b[8];
@@ -88,11 +99,20 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
       uint2 w[4];
       if constexpr (kDsv4) {
         const uint32_t word = ch < 4 ? rec.x : rec.y;
-        const __nv_bfloat162 scale = E8m0ToBf16x2((word >> (8 * (ch % 4))) & 0xffu);
-        w[0] = E4m3x4ToBf16Scaled(x.x, scale);
-        w[1] = E4m3x4ToBf16Scaled(x.y, scale);
-        w[2] = E4m3x4ToBf16Scaled(y.x, scale);
-        w[3] = E4m3x4ToBf16Scaled(y.y, scale);
+        const uint32_t byte = (word >> (8 * (ch % 4))) & 0xffu;
+        if constexpr (kFold) {
+          const __nv_bfloat162 f = E8m0PairTimes2p120(byte, byte);
+          w[0] = E4m3x4ToBf16Times(x.x, f);
+          w[1] = E4m3x4ToBf16Times(x.y, f);
+          w[2] = E4m3x4ToBf16Times(y.x, f);
+          w[3] = E4m3x4ToBf16Times(y.y, f);
+        } else {
+          const __nv_bfloat162 scale = E8m0ToBf16x2(byte);
+          w[0] = E4m3x4ToBf16Scaled(x.x, scale);
+          w[1] = E4m3x4ToBf16Scaled(x.y, scale);
+          w[2] = E4m3x4ToBf16Scaled(y.x, scale);
+          w[3] = E4m3x4ToBf16Scaled(y.y, scale);
+        }
       } else {
         w[0] = E4m3x4ToBf16(x.x);
         w[1] = E4m3x4ToBf16(x.y);
@@ -103,20 +123,26 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
       for (int i = 0; i < 4; ++i) b[2 * i] = w[i].x, b[2 * i + 1] = w[i].y;
     }
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t a[4];
-      LoadMatrixX4(a, a_row + ch * 64 + 16 * s);
-      MmaBf16(s % 2 == 0 ? s0 : s1, a, b[s], b[4 + s]);
+    for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        LoadMatrixX4(a, a_row + 16 * gr * C::kQStride + ch * 64 + 16 * s);
+        MmaBf16(s % 2 == 0 ? s0[gr] : s1[gr], a, b[s], b[4 + s]);
+      }
     }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) sc[i] = s0[i] + s1[i];
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[gr][i] = s0[gr][i] + s1[gr][i];
+  }
 }
 
 // acc += P V for this warp's 64 output columns over the tile's 64 keys.
-template <class C, int kFormat>
+template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const uint16_t* p_s,
-                                         float (&acc)[C::kNTiles][4]) {
+                                         float (&acc)[C::kGroups][C::kNTiles][4]) {
   constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -127,8 +153,11 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
   const bool bf16_cols = kDsv4 && C::kColsPerWarp * warp >= kNopeWidth;
 #pragma unroll
   for (int ks = 0; ks < C::kKeys / 16; ++ks) {
-    uint32_t a[4];
-    LoadMatrixX4(a, a_row + 16 * ks);
+    uint32_t a[C::kGroups][4];
+#pragma unroll
+    for (int gr = 0; gr < C::kGroups; ++gr) {
+      LoadMatrixX4(a[gr], a_row + 16 * gr * C::kPStride + 16 * ks);
+    }
     int key[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) key[m] = 16 * ks + direct::PvLaneKey(c, m);
@@ -147,8 +176,10 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
 #pragma unroll
       for (int j = 0; j < C::kNTiles; ++j) {
         const uint32_t sel = j % 2 == 0 ? 0x5410u : 0x7632u;
-        MmaBf16(acc[j], a, PermuteBytes(w0[j / 2], w1[j / 2], sel),
-                PermuteBytes(w2[j / 2], w3[j / 2], sel));
+        const uint32_t b0 = PermuteBytes(w0[j / 2], w1[j / 2], sel);
+        const uint32_t b1 = PermuteBytes(w2[j / 2], w3[j / 2], sel);
+#pragma unroll
+        for (int gr = 0; gr < C::kGroups; ++gr) MmaBf16(acc[gr][j], a[gr], b0, b1);
       }
     } else {
       uint2 v[4];
@@ -158,8 +189,11 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
       }
       __nv_bfloat162 sc01, sc23;
       if constexpr (kDsv4) {
-        sc01 = E8m0PairToBf16x2(rec[key[0] * kDsv4ScaleBytes], rec[key[1] * kDsv4ScaleBytes]);
-        sc23 = E8m0PairToBf16x2(rec[key[2] * kDsv4ScaleBytes], rec[key[3] * kDsv4ScaleBytes]);
+        uint32_t sb[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) sb[m] = rec[key[m] * kDsv4ScaleBytes];
+        sc01 = kFold ? E8m0PairTimes2p120(sb[0], sb[1]) : E8m0PairToBf16x2(sb[0], sb[1]);
+        sc23 = kFold ? E8m0PairTimes2p120(sb[2], sb[3]) : E8m0PairToBf16x2(sb[2], sb[3]);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -172,7 +206,10 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
           const uint32_t c01 = PermuteBytes(x0, x1, sel);
           const uint32_t c23 = PermuteBytes(x2, x3, sel);
           uint2 b01, b23;
-          if constexpr (kDsv4) {
+          if constexpr (kDsv4 && kFold) {
+            b01 = E4m3x4ToBf16Times(c01, sc01);
+            b23 = E4m3x4ToBf16Times(c23, sc23);
+          } else if constexpr (kDsv4) {
             b01 = E4m3x4ToBf16Scaled(c01, sc01);
             b23 = E4m3x4ToBf16Scaled(c23, sc23);
           } else {
@@ -180,8 +217,11 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
             b23 = E4m3x4ToBf16(c23);
           }
           const int j = 4 * h + 2 * q;
-          MmaBf16(acc[j], a, b01.x, b23.x);
-          MmaBf16(acc[j + 1], a, b01.y, b23.y);
+#pragma unroll
+          for (int gr = 0; gr < C::kGroups; ++gr) {
+            MmaBf16(acc[gr][j], a[gr], b01.x, b23.x);
+            MmaBf16(acc[gr][j + 1], a[gr], b01.y, b23.y);
+          }
         }
       }
     }
@@ -189,70 +229,97 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
 }
 
 // One tile: scores, the shared row maxima, P, then P V. `m_run` is the same in every warp;
-// `l_run` is this lane's share of the row sums (its own keys only).
-template <class C, int kFormat>
+// `l_run` is this lane's share of the row sums (its own keys only). [gr][r]: head
+// 16 gr + g + 8 r of the block.
+template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s,
                                            uint16_t* p_s, float* red_max,
-                                           float (&acc)[C::kNTiles][4], float (&m_run)[2],
-                                           float (&l_run)[2]) {
+                                           float (&acc)[C::kGroups][C::kNTiles][4],
+                                           float (&m_run)[C::kGroups][2],
+                                           float (&l_run)[C::kGroups][2]) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = direct::FragGroup(lane);
   const int c = direct::FragPair(lane);
   const int stride = DirectRowStride(kFormat, C::kQkWidth);
-  float sc[4];
-  DirectScores<C, kFormat>(stage, stride, q_s, sc);
-  float tmax[2] = {-INFINITY, -INFINITY};
+  float sc[C::kGroups][4];
+  DirectScores<C, kFormat, kFold>(stage, stride, q_s, sc);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int key = 8 * warp + 2 * c + (i & 1);
-    const float x = valid[key] ? sc[i] * s.score_scale2 : -INFINITY;
-    sc[i] = x;
-    tmax[i / 2] = fmaxf(tmax[i / 2], x);
-  }
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+    float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    tmax[r] = WarpXorMax(tmax[r], 1);
-    tmax[r] = WarpXorMax(tmax[r], 2);
-  }
-  if (c == 0) {
-    red_max[g * C::kWarps + warp] = tmax[0];
-    red_max[(g + 8) * C::kWarps + warp] = tmax[1];
+    for (int i = 0; i < 4; ++i) {
+      const int key = 8 * warp + 2 * c + (i & 1);
+      const float x = valid[key] ? sc[gr][i] * s.score_scale2 : -INFINITY;
+      sc[gr][i] = x;
+      tmax[i / 2] = fmaxf(tmax[i / 2], x);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tmax[r] = WarpXorMax(tmax[r], 1);
+      tmax[r] = WarpXorMax(tmax[r], 2);
+    }
+    if (c == 0) {
+      red_max[(16 * gr + g) * C::kWarps + warp] = tmax[0];
+      red_max[(16 * gr + g + 8) * C::kWarps + warp] = tmax[1];
+    }
   }
   __syncthreads();
-  float m_use[2], alpha[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float* rm = red_max + (g + 8 * r) * C::kWarps;
-    float tm = rm[0];
-#pragma unroll
-    for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
-    const float m_new = fmaxf(m_run[r], tm);
-    // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
-    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[r] = exp2f(m_run[r] - m_use[r]);
-    m_run[r] = m_new;
-  }
   const float ps = s.p_scale;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = i / 2;
-    const float p = exp2f(sc[i] - m_use[r]);
-    l_run[r] = (i & 1) ? l_run[r] + p : l_run[r] * alpha[r] + p;
-    const int key = 8 * warp + 2 * c + (i & 1);
-    const int pos = 16 * (key / 16) + direct::PvPosition(key % 16);
-    p_s[(g + 8 * r) * C::kPStride + pos] = static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
-  }
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+    float m_use[2], alpha[2];
 #pragma unroll
-  for (int j = 0; j < C::kNTiles; ++j) {
-    acc[j][0] *= alpha[0];
-    acc[j][1] *= alpha[0];
-    acc[j][2] *= alpha[1];
-    acc[j][3] *= alpha[1];
+    for (int r = 0; r < 2; ++r) {
+      const float* rm = red_max + (16 * gr + g + 8 * r) * C::kWarps;
+      float tm = rm[0];
+#pragma unroll
+      for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
+      const float m_new = fmaxf(m_run[gr][r], tm);
+      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[gr][r] - m_use[r]);
+      m_run[gr][r] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i / 2;
+      const float p = exp2f(sc[gr][i] - m_use[r]);
+      l_run[gr][r] = (i & 1) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
+      const int key = 8 * warp + 2 * c + (i & 1);
+      const int pos = 16 * (key / 16) + direct::PvPosition(key % 16);
+      p_s[(16 * gr + g + 8 * r) * C::kPStride + pos] =
+          static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
+    }
+#pragma unroll
+    for (int j = 0; j < C::kNTiles; ++j) {
+      acc[gr][j][0] *= alpha[0];
+      acc[gr][j][1] *= alpha[0];
+      acc[gr][j][2] *= alpha[1];
+      acc[gr][j][3] *= alpha[1];
+    }
   }
   __syncthreads();  // P complete
-  DirectPv<C, kFormat>(stage, stride, p_s, acc);
+  DirectPv<C, kFormat, kFold>(stage, stride, p_s, acc);
+}
+
+// Whether every scale byte of an fp8_dsv4 stage allows the folded conversion. Every warp reads
+// the same 64 records, so the answer is the same for the whole program.
+template <class C>
+__device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
+  static_assert(C::kKeys == 2 * kWarpSize, "each lane checks two records");
+  const int lane = threadIdx.x % kWarpSize;
+  const int stride = DirectRowStride(static_cast<int>(KvFormat::kFp8Dsv4), C::kQkWidth);
+  const uint8_t* rec = stage + C::kKeys * stride;
+  uint32_t top = 0;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint2 r = *reinterpret_cast<const uint2*>(rec + (lane + k * kWarpSize) * kDsv4ScaleBytes);
+#pragma unroll
+    for (int b = 0; b < kDsv4Groups; ++b) top = max(top, ((b < 4 ? r.x : r.y) >> (8 * (b % 4))) & 0xffu);
+  }
+  return __all_sync(0xffffffffu, top <= kFoldMax);
 }
 
 template <class C>
@@ -340,11 +407,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
   }
 
-  float acc[C::kNTiles][4];
+  float acc[C::kGroups][C::kNTiles][4];
+  float m_run[C::kGroups][2];  // heads 16 gr + g and 16 gr + g + 8, base 2
+  float l_run[C::kGroups][2];
 #pragma unroll
-  for (int j = 0; j < C::kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // heads g and g + 8, base 2
-  float l_run[2] = {0.0f, 0.0f};
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int j = 0; j < C::kNTiles; ++j) {
+      acc[gr][j][0] = acc[gr][j][1] = acc[gr][j][2] = acc[gr][j][3] = 0.0f;
+    }
+    m_run[gr][0] = m_run[gr][1] = -INFINITY;
+    l_run[gr][0] = l_run[gr][1] = 0.0f;
+  }
 
   for (int t = t_begin; t < t_end; ++t) {
     const int stage = (t - t_begin) % n_stages;
@@ -369,56 +443,66 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
     const uint8_t* st = stages + stage * p.stage_bytes;
     const int32_t* valid = valid_s + stage * C::kKeys;
-    if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
-      DirectTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, st, valid, q_s, p_s, red_max, acc,
-                                                         m_run, l_run);
+    constexpr int kDsv4 = static_cast<int>(KvFormat::kFp8Dsv4);
+    if (s.format == kDsv4) {
+      if (p.fold_scales && DirectTileFolds<C>(st)) {
+        DirectTile<C, kDsv4, true>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
+      } else {
+        DirectTile<C, kDsv4, false>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
+      }
     } else {
-      DirectTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, st, valid, q_s, p_s, red_max,
-                                                              acc, m_run, l_run);
+      DirectTile<C, static_cast<int>(KvFormat::kFp8PerTensor), false>(
+          s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
     }
   }
   AsyncWait<0>();
 
   // Row sums: the quad, then the warps.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] = WarpXorSum(l_run[r], 1);
-    l_run[r] = WarpXorSum(l_run[r], 2);
-  }
-  if (c == 0) {
-    red_sum[g * C::kWarps + warp] = l_run[0];
-    red_sum[(g + 8) * C::kWarps + warp] = l_run[1];
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[gr][r] = WarpXorSum(l_run[gr][r], 1);
+      l_run[gr][r] = WarpXorSum(l_run[gr][r], 2);
+      if (c == 0) red_sum[(16 * gr + g + 8 * r) * C::kWarps + warp] = l_run[gr][r];
+    }
   }
   __syncthreads();
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = 0.0f;
+  for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-    for (int w = 0; w < C::kWarps; ++w) l += red_sum[(g + 8 * r) * C::kWarps + w];
-    l_run[r] = l;
+    for (int r = 0; r < 2; ++r) {
+      float l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < C::kWarps; ++w) l += red_sum[(16 * gr + g + 8 * r) * C::kWarps + w];
+      l_run[gr][r] = l;
+    }
   }
 
-  // Lane c holds output columns col_base .. col_base + 15 of heads g and g + 8.
+  // Lane c holds output columns col_base .. col_base + 15 of heads 16 gr + g (+ 8).
   const int col_base = C::kColsPerWarp * warp + direct::OutColumn(c, 0, 0);
   if (p.splits > 1) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = head0 + g + 8 * r;
-      if (head >= p.num_heads) continue;
-      const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
-      float* dst = p.part_acc + ph * kValueWidth + col_base;
+    for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int r = 0; r < 2; ++r) {
+        const int head = head0 + 16 * gr + g + 8 * r;
+        if (head >= p.num_heads) continue;
+        const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
+        float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
-        for (int j = 0; j < C::kNTiles; j += 4) {
-          *reinterpret_cast<float4*>(dst + direct::OutColumn(0, i, j)) =
-              make_float4(acc[j][2 * r + i], acc[j + 1][2 * r + i], acc[j + 2][2 * r + i],
-                          acc[j + 3][2 * r + i]);
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < C::kNTiles; j += 4) {
+            *reinterpret_cast<float4*>(dst + direct::OutColumn(0, i, j)) =
+                make_float4(acc[gr][j][2 * r + i], acc[gr][j + 1][2 * r + i],
+                            acc[gr][j + 2][2 * r + i], acc[gr][j + 3][2 * r + i]);
+          }
         }
-      }
-      if (warp == 0 && c == 0) {
-        p.part_ml[2 * ph] = m_run[r];
-        p.part_ml[2 * ph + 1] = l_run[r];
+        if (warp == 0 && c == 0) {
+          p.part_ml[2 * ph] = m_run[gr][r];
+          p.part_ml[2 * ph + 1] = l_run[gr][r];
+        }
       }
     }
     return;
@@ -428,70 +512,74 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const float* cs = nullptr;
   if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head0 + g + 8 * r;
-    const bool live = head < p.num_heads;
-    const bool has_sink = p.sink != nullptr;
-    const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
-    const float m = fmaxf(m_run[r], sink2);
-    float w = 0.0f, inv = 0.0f, lse = -INFINITY;
-    if (m != -INFINITY) {
-      w = exp2f(m_run[r] - m);
-      const float z = l_run[r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
-      inv = 1.0f / z;
-      lse = (m + log2f(z)) * kLn2;
-    }
-    // x[k]: column col_base + k.
-    float x[16];
+  for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int j = 0; j < C::kNTiles; ++j) {
-        x[direct::OutColumn(0, i, j)] = RoundToBf16Fast((acc[j][2 * r + i] * w) * inv + 0.0f);
+    for (int r = 0; r < 2; ++r) {
+      const int head = head0 + 16 * gr + g + 8 * r;
+      const bool live = head < p.num_heads;
+      const bool has_sink = p.sink != nullptr;
+      const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
+      const float m = fmaxf(m_run[gr][r], sink2);
+      float w = 0.0f, inv = 0.0f, lse = -INFINITY;
+      if (m != -INFINITY) {
+        w = exp2f(m_run[gr][r] - m);
+        const float z = l_run[gr][r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
+        inv = 1.0f / z;
+        lse = (m + log2f(z)) * kLn2;
       }
-    }
-    if (cs != nullptr && col_base >= kNopeWidth) {
+      // x[k]: column col_base + k.
+      float x[16];
 #pragma unroll
-      for (int k = 0; k < 16; k += 2) {
-        const int f = (col_base + k - kNopeWidth) / 2;
-        const float co = cs[f], sn = cs[32 + f];
-        const float e = x[k], o = x[k + 1];
-        // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
-        x[k] = (e * co + o * sn) + 0.0f;
-        x[k + 1] = (o * co - e * sn) + 0.0f;
-      }
-    }
-    const int64_t out_row = int64_t{row} * p.num_heads + head;
-    if (!p.out_mxfp8) {
-      if (live) {
-        uint32_t wds[8];
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) wds[k] = PackBf16(x[2 * k], x[2 * k + 1]);
-        uint4* dst = reinterpret_cast<uint4*>(p.out_bf16 + out_row * kValueWidth + col_base);
-        dst[0] = make_uint4(wds[0], wds[1], wds[2], wds[3]);
-        dst[1] = make_uint4(wds[4], wds[5], wds[6], wds[7]);
-      }
-    } else {
-      // A 32-column MXFP8 group is held by lanes c and c ^ 1.
-      float amax = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
-      amax = WarpXorMax(amax, 1);
-      const uint8_t sb = MxScaleByte(amax);
-      const float inv_scale = Pow2(127 - static_cast<int>(sb));
-      if (live) {
-        uint32_t wds[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wds[k] = uint32_t{MxEncodePair(x[4 * k], x[4 * k + 1], inv_scale)} |
-                   (uint32_t{MxEncodePair(x[4 * k + 2], x[4 * k + 3], inv_scale)} << 16);
+        for (int j = 0; j < C::kNTiles; ++j) {
+          x[direct::OutColumn(0, i, j)] =
+              RoundToBf16Fast((acc[gr][j][2 * r + i] * w) * inv + 0.0f);
         }
-        *reinterpret_cast<uint4*>(p.mx_data + out_row * kValueWidth + col_base) =
-            make_uint4(wds[0], wds[1], wds[2], wds[3]);
-        if (c % 2 == 0) p.mx_scales[out_row * kMxGroupsPerHead + col_base / kMxGroup] = sb;
       }
+      if (cs != nullptr && col_base >= kNopeWidth) {
+#pragma unroll
+        for (int k = 0; k < 16; k += 2) {
+          const int f = (col_base + k - kNopeWidth) / 2;
+          const float co = cs[f], sn = cs[32 + f];
+          const float e = x[k], o = x[k + 1];
+          // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
+          x[k] = (e * co + o * sn) + 0.0f;
+          x[k + 1] = (o * co - e * sn) + 0.0f;
+        }
+      }
+      const int64_t out_row = int64_t{row} * p.num_heads + head;
+      if (!p.out_mxfp8) {
+        if (live) {
+          uint32_t wds[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) wds[k] = PackBf16(x[2 * k], x[2 * k + 1]);
+          uint4* dst = reinterpret_cast<uint4*>(p.out_bf16 + out_row * kValueWidth + col_base);
+          dst[0] = make_uint4(wds[0], wds[1], wds[2], wds[3]);
+          dst[1] = make_uint4(wds[4], wds[5], wds[6], wds[7]);
+        }
+      } else {
+        // A 32-column MXFP8 group is held by lanes c and c ^ 1.
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
+        amax = WarpXorMax(amax, 1);
+        const uint8_t sb = MxScaleByte(amax);
+        const float inv_scale = Pow2(127 - static_cast<int>(sb));
+        if (live) {
+          uint32_t wds[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            wds[k] = uint32_t{MxEncodePair(x[4 * k], x[4 * k + 1], inv_scale)} |
+                     (uint32_t{MxEncodePair(x[4 * k + 2], x[4 * k + 3], inv_scale)} << 16);
+          }
+          *reinterpret_cast<uint4*>(p.mx_data + out_row * kValueWidth + col_base) =
+              make_uint4(wds[0], wds[1], wds[2], wds[3]);
+          if (c % 2 == 0) p.mx_scales[out_row * kMxGroupsPerHead + col_base / kMxGroup] = sb;
+        }
+      }
+      if (live && p.lse != nullptr && warp == 0 && c == 0) p.lse[out_row] = lse;
     }
-    if (live && p.lse != nullptr && warp == 0 && c == 0) p.lse[out_row] = lse;
   }
 }
 

@@ -52,6 +52,19 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   in.max_main_keys = MaxSegmentLength(params.main.indptr);
   in.max_extra_keys = params.has_extra ? MaxSegmentLength(params.extra.indptr) : 0;
   in.compute_units = device.compute_units;
+  // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel, in 16-head programs (two per
+  // SM) or, where the plan asks for 32 or more heads, 32-head programs (one per SM). A forced
+  // 64-head block, or SMLA_ATTEND_KERNEL=tile (for A/B measurements), keeps the tile kernel.
+  static const bool tile_only = [] {
+    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
+    return e != nullptr && std::string_view(e) == "tile";
+  }();
+  const bool direct_formats =
+      !tile_only && DirectFormat(params.main.cache.format) &&
+      (!params.has_extra || DirectFormat(params.extra.cache.format)) &&
+      (params.force_head_block == 0 || params.force_head_block == 16 ||
+       params.force_head_block == 32);
+  in.programs_per_unit = direct_formats ? 2 : 1;
   l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
 
   const bool mixed = params.has_extra;
@@ -97,38 +110,28 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   l.shared_bytes =
       AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile, keys);
 
-  // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel with 16-head programs (it
-  // gathers and converts each tile per 16 heads, but two programs share an SM).
-  // SMLA_ATTEND_KERNEL=tile keeps the tile kernel (for A/B measurements).
-  static const bool tile_only = [] {
-    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
-    return e != nullptr && std::string_view(e) == "tile";
-  }();
-  bool direct = !tile_only && DirectFormat(params.main.cache.format) &&
-                (!params.has_extra || DirectFormat(params.extra.cache.format)) &&
-                (params.force_head_block == 0 || params.force_head_block == 16) &&
-                DirectVariantBlocks(l.qk_width) > 0;
-  if (direct) {
+  const int direct_hb = params.force_head_block > 0 ? params.force_head_block
+                        : l.plan.head_block >= 32 && H % 32 == 0 ? 32
+                                                                   : 16;
+  if (direct_formats && DirectVariantBlocks(l.qk_width, direct_hb) > 0) {
     int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
     if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
-    const int blocks = DirectVariantBlocks(l.qk_width);
+    const int blocks = DirectVariantBlocks(l.qk_width, direct_hb);
     // The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
     // resident program reserves 1 KB.
     const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
     int n = 0;
     for (int k = kDirectMaxStages; k >= 2 && n == 0; --k) {
-      if (DirectSharedBytes(l.qk_width, dstage, k) <= cap) n = k;
+      if (DirectSharedBytes(l.qk_width, direct_hb, dstage, k) <= cap) n = k;
     }
-    if (n == 0) {
-      direct = false;
-    } else {
+    if (n > 0) {
       l.direct = true;
-      l.plan.head_block = 16;
-      l.plan.head_blocks = (H + 15) / 16;
+      l.plan.head_block = direct_hb;
+      l.plan.head_blocks = (H + direct_hb - 1) / direct_hb;
       l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
       num_stages = n;
       stage = dstage;
-      l.shared_bytes = DirectSharedBytes(l.qk_width, dstage, n);
+      l.shared_bytes = DirectSharedBytes(l.qk_width, direct_hb, dstage, n);
     }
   }
 
@@ -168,6 +171,12 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   k.stage_bytes = stage;
   k.num_stages = num_stages;
   k.use_tile = use_tile ? 1 : 0;
+  // SMLA_ATTEND_FOLD=0 turns the folded fp8_dsv4 conversion off (for A/B measurements).
+  static const bool no_fold = [] {
+    const char* e = std::getenv("SMLA_ATTEND_FOLD");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  k.fold_scales = no_fold ? 0 : 1;
   k.cos_sin = params.epilogue.cos_sin;
   k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
   k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
@@ -224,7 +233,8 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
 absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
   if (l.kernel.num_rows == 0) return absl::OkStatus();
   if (absl::Status st =
-          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.shared_bytes, stream)
+          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes,
+                                        stream)
                    : LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
       !st.ok()) {
     return st;

@@ -3,8 +3,6 @@
 // time (both segments may differ), so a variant is (QK width, head block).
 #include <array>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "gpu/attend_direct_kernel.cuh"
@@ -40,36 +38,29 @@ constexpr std::array kVariants = {
     MakeVariant<576, 32, 4, false, 64, 1>(), MakeVariant<576, 64, 4, false, 64, 1>(),
 };
 
-// Direct kernels (fp8_dsv4 and fp8_per_tensor segments, 16-head programs), one per QK width,
-// register-capped for two programs per SM.
+// Direct kernels (fp8_dsv4 and fp8_per_tensor segments). 16-head programs are register-capped
+// for two programs per SM (measured on the H200: one program per SM with more stages was 34 %
+// slower); 32-head programs need one SM each (about 125 KB of shared memory).
 struct DirectVariant {
   int qk_width;
+  int head_block;
   int blocks;
   KernelFn fn;
 };
 
-template <int kQk, int kBlocks>
+template <int kQk, int kHb, int kBlocks>
 constexpr DirectVariant MakeDirect() {
-  using C = DirectConfig<kQk, kBlocks>;
+  using C = DirectConfig<kQk, kHb, kBlocks>;
   static_assert(C::kThreads == 256, "the launch below assumes 8 warps");
-  return {kQk, kBlocks, &SparseMlaAttendDirectKernel<C>};
+  return {kQk, kHb, kBlocks, &SparseMlaAttendDirectKernel<C>};
 }
 
-constexpr std::array kDirectVariants = {MakeDirect<512, 2>(), MakeDirect<576, 2>(),
-                                        MakeDirect<512, 1>(), MakeDirect<576, 1>()};
+constexpr std::array kDirectVariants = {MakeDirect<512, 16, 2>(), MakeDirect<576, 16, 2>(),
+                                        MakeDirect<512, 32, 1>(), MakeDirect<576, 32, 1>()};
 
-// SMLA_ATTEND_KERNEL=direct1 picks the one-program-per-SM build (for A/B measurements).
-int PreferredDirectBlocks() {
-  static const int blocks = [] {
-    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
-    return e != nullptr && std::string_view(e) == "direct1" ? 1 : 2;
-  }();
-  return blocks;
-}
-
-const DirectVariant* FindDirect(int qk_width) {
+const DirectVariant* FindDirect(int qk_width, int head_block) {
   for (const DirectVariant& v : kDirectVariants) {
-    if (v.qk_width == qk_width && v.blocks == PreferredDirectBlocks()) return &v;
+    if (v.qk_width == qk_width && v.head_block == head_block) return &v;
   }
   return nullptr;
 }
@@ -117,24 +108,30 @@ int32_t DirectStageBytes(KvFormat format, int qk_width) {
   return format == KvFormat::kFp8Dsv4 ? rows + keys * kDsv4ScaleBytes : rows;
 }
 
-int64_t DirectSharedBytes(int qk_width, int stage_bytes, int num_stages) {
-  using C = DirectConfig<512, 1>;
-  const int64_t q = int64_t{C::kHeadBlock} * (qk_width + 8) * 2;
-  const int64_t rest = DirectSmem<C>::kStages - DirectSmem<C>::kP;  // P, reductions, validity
-  return q + rest + int64_t{num_stages} * stage_bytes;
+int64_t DirectSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages) {
+  const auto bytes = [&]<class C>() {
+    return int64_t{DirectSmem<C>::kStages} + int64_t{num_stages} * stage_bytes;
+  };
+  if (qk_width == 512) {
+    return head_block == 16 ? bytes.operator()<DirectConfig<512, 16, 1>>()
+                            : bytes.operator()<DirectConfig<512, 32, 1>>();
+  }
+  return head_block == 16 ? bytes.operator()<DirectConfig<576, 16, 1>>()
+                          : bytes.operator()<DirectConfig<576, 32, 1>>();
 }
 
-int DirectVariantBlocks(int qk_width) {
-  const DirectVariant* v = FindDirect(qk_width);
+int DirectVariantBlocks(int qk_width, int head_block) {
+  const DirectVariant* v = FindDirect(qk_width, head_block);
   return v == nullptr ? 0 : v->blocks;
 }
 
-absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int64_t shared_bytes,
-                                StreamHandle stream) {
-  const DirectVariant* v = FindDirect(qk_width);
+absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,
+                                int64_t shared_bytes, StreamHandle stream) {
+  const DirectVariant* v = FindDirect(qk_width, head_block);
   if (v == nullptr) {
     return absl::UnimplementedError(absl::StrCat("no direct attention kernel for QK width ",
-                                                 qk_width));
+                                                 qk_width, " with ", head_block,
+                                                 "-head programs"));
   }
   const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();

@@ -50,6 +50,7 @@ struct AttendKernelParams {
   int32_t stage_bytes = 0;      // one gather stage in shared memory
   int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
+  int32_t fold_scales = 1;      // direct kernel: fold the fp8_dsv4 rebias into the scale
   const float* sink = nullptr;        // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
   const float* cos_sin = nullptr;      // [P, 64] f32 device
@@ -98,15 +99,15 @@ int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num
 // Bytes of one gather stage of `keys` rows for a segment format.
 int32_t StageBytes(KvFormat format, int qk_width, int keys);
 
-// Whether the direct kernel (fp8 operands dequantised from the stage into registers, 16-head
-// programs) runs a segment format; bytes of one of its stages; its shared memory.
+// Whether the direct kernel (fp8 operands converted from the stage into registers; 16- and
+// 32-head programs) runs a segment format; bytes of one of its stages; its shared memory.
 bool DirectFormat(KvFormat format);
 int32_t DirectStageBytes(KvFormat format, int qk_width);
-int64_t DirectSharedBytes(int qk_width, int stage_bytes, int num_stages);
-// Programs per SM the direct variant of this QK width is compiled for (0: none).
-int DirectVariantBlocks(int qk_width);
-absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int64_t shared_bytes,
-                                StreamHandle stream);
+int64_t DirectSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages);
+// Programs per SM the direct variant is compiled for (0: no such variant).
+int DirectVariantBlocks(int qk_width, int head_block);
+absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,
+                                int64_t shared_bytes, StreamHandle stream);
 
 // Keys per tile of the compiled (QK width, head block) variant; 0 when it is not compiled in.
 // The list lives in attend_variants.cu.

@@ -24,6 +24,7 @@ struct PlanInput {
   int64_t max_main_keys = 0;   // longest main segment of any row
   int64_t max_extra_keys = 0;  // longest extra segment of any row (0 without one)
   int32_t compute_units = 1;   // SMs / CUs
+  int32_t programs_per_unit = 1;  // programs of 16 heads resident per compute unit at once
 };
 
 enum class WorkOrder : uint8_t {
@@ -44,9 +45,11 @@ struct LaunchPlan {
 };
 
 // Split count sized as if every program held 16 heads (gpu.md): one split for <= 2 tiles;
-// when the grid already fills the device, min(2N/programs, tiles/4); otherwise
+// when the grid already fills the device (programs >= N), min(2S/programs,
+// tiles/(4 * programs_per_unit)) with S = N * programs_per_unit resident slots; otherwise
 // min(2N/programs, tiles, 64). Always at least 1.
-int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units);
+int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_units,
+                   int32_t programs_per_unit = 1);
 
 // Head block for H = 32 or 64 (16 otherwise).
 int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits,

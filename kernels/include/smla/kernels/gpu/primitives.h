@@ -161,6 +161,24 @@ __device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
 }
 
+// Four e4m3 codes times `factor` (bf16x2) with one rounding per value: the bit placement of
+// E4m3x4ToBf16Scaled gives code * 2^-120 exactly, so a factor of 2^(120+k) yields the rounded
+// code * 2^k, identical to the two-multiply form whenever 2^(120+k) is a normal bf16.
+__device__ __forceinline__ uint2 E4m3x4ToBf16Times(uint32_t codes, __nv_bfloat162 factor) {
+  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
+  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
+  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), factor);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), factor);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+// 2^(byte - 7) per half for UE8M0 bytes <= 134: the scale 2^(byte-127) times 2^120.
+__device__ __forceinline__ __nv_bfloat162 E8m0PairTimes2p120(uint32_t lo, uint32_t hi) {
+  const uint32_t w = ((lo + 120) << 7) | ((hi + 120) << 23);
+  return *reinterpret_cast<const __nv_bfloat162*>(&w);
+}
+
 // Two UE8M0 scale bytes as one bf16x2 (low half from `lo`), as E8m0ToBf16x2 per half.
 __device__ __forceinline__ __nv_bfloat162 E8m0PairToBf16x2(uint32_t lo, uint32_t hi) {
   const uint32_t bl = lo == 0 ? 0x0040u : lo << 7;
