@@ -569,6 +569,37 @@ TEST_F(GpuTest, Fp8QueryAndMixedSegmentFormats) {
   CheckCase(*cpu_, *gpu_, c, AllConfigs(64), true);
 }
 
+// The direct kernel (fp8_dsv4 / fp8_per_tensor) with e4m3 queries and with segments of
+// different formats, hence different stage row pitches.
+TEST_F(GpuTest, Fp8QueryAndMixedDirectFormats) {
+  CaseSpec c;
+  c.format = KvFormat::kFp8Dsv4;
+  c.extra_format = KvFormat::kFp8PerTensor;
+  c.geometry = Geometry::kRopeInside;
+  c.heads = 16;
+  c.rows = 9;
+  c.max_main = 150;
+  c.max_extra = 300;
+  c.fp8_q = true;
+  c.sink = true;
+  c.positions = true;
+  c.seed = 21;
+  CheckCase(*cpu_, *gpu_, c, AllConfigs(16), true);
+  c.format = KvFormat::kFp8PerTensor;
+  c.extra_format = KvFormat::kFp8Dsv4;
+  c.heads = 32;
+  c.sink = false;
+  c.seed = 22;
+  CheckCase(*cpu_, *gpu_, c, AllConfigs(32), false);
+  c.format = KvFormat::kFp8PerTensor;
+  c.extra_format = KvFormat::kFp8PerTensor;
+  c.geometry = Geometry::kRopeAppended;
+  c.positions = false;
+  c.heads = 8;
+  c.seed = 23;
+  CheckCase(*cpu_, *gpu_, c, AllConfigs(8), false);
+}
+
 TEST_F(GpuTest, AllRowsEmpty) {
   for (bool sink : {false, true}) {
     CaseSpec c;
