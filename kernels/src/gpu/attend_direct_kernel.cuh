@@ -1,9 +1,9 @@
 // The sparse MLA attention kernel for fp8 caches without a dequantised tile (operator.md 4-6).
 //
-// One program of 8 warps owns (row, 16- or 32-head block, split). Tiles of 64 keys are gathered into
-// shared memory as in attend_kernel.cuh, but the fp8 codes are never written back as bf16: each
-// warp converts exactly the operands its own products read, straight into mma registers (warp w
-// scores keys 8w..8w+7 over every dim, then multiplies P by output columns 64w..64w+63 over all
+// One program of 8 warps owns (row, 16- or 32-head block, split). Tiles of 64 keys are gathered
+// into shared memory as in attend_kernel.cuh, but the fp8 codes are never written back as bf16:
+// each warp converts exactly the operands its own products read, straight into mma registers (warp
+// w scores keys 8w..8w+7 over every dim, then multiplies P by output columns 64w..64w+63 over all
 // 64 keys). The summation orders of both dots and the output columns are permuted
 // (direct_layout.h) so that those operands are contiguous, conflict-free bytes of a stage row.
 // Without the bf16 tile a program needs about 100 KB of shared memory, so two run per SM, and a
@@ -33,9 +33,9 @@ struct DirectConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
-  static constexpr int kChunks = kQkWidth / 64;    // 64-dim chunks of Q.K^T
-  static constexpr int kQStride = kQkWidth + 8;    // bf16 elements
-  static constexpr int kPStride = kKeys + 8;       // bf16 elements
+  static constexpr int kChunks = kQkWidth / 64;  // 64-dim chunks of Q.K^T
+  static constexpr int kQStride = kQkWidth + 8;  // bf16 elements
+  static constexpr int kPStride = kKeys + 8;     // bf16 elements
   static constexpr int kColsPerWarp = kValueWidth / kWarps;
   static constexpr int kNTiles = kColsPerWarp / 8;
 
@@ -233,9 +233,8 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
 // 16 gr + g + 8 r of the block.
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
-                                           const int32_t* valid, const uint16_t* q_s,
-                                           uint16_t* p_s, float* red_max,
-                                           float (&acc)[C::kGroups][C::kNTiles][4],
+                                           const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
+                                           float* red_max, float (&acc)[C::kGroups][C::kNTiles][4],
                                            float (&m_run)[C::kGroups][2],
                                            float (&l_run)[C::kGroups][2]) {
   const int warp = threadIdx.x / kWarpSize;
@@ -317,7 +316,8 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
   for (int k = 0; k < 2; ++k) {
     const uint2 r = *reinterpret_cast<const uint2*>(rec + (lane + k * kWarpSize) * kDsv4ScaleBytes);
 #pragma unroll
-    for (int b = 0; b < kDsv4Groups; ++b) top = max(top, ((b < 4 ? r.x : r.y) >> (8 * (b % 4))) & 0xffu);
+    for (int b = 0; b < kDsv4Groups; ++b)
+      top = max(top, ((b < 4 ? r.x : r.y) >> (8 * (b % 4))) & 0xffu);
   }
   return __all_sync(0xffffffffu, top <= kFoldMax);
 }
@@ -364,8 +364,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto issue = [&](int t, int32_t slot, int stage) {
     const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
     const int stride = DirectRowStride(s.format, C::kQkWidth);
-    IssueTileStrided<C>(s, slot, stages + stage * p.stage_bytes, valid_s + stage * C::kKeys,
-                        stride, C::kKeys * stride);
+    IssueTileStrided<C>(s, slot, stages + stage * p.stage_bytes, valid_s + stage * C::kKeys, stride,
+                        C::kKeys * stride);
   };
 
   // Gather stages: tiles t+1 .. t+N-1 are in flight while tile t is used. A stage is refilled
@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         for (int i = 0; i < 4; ++i) {
           const int64_t at = off + (direct::QkDim(0, 2 * i) - direct::QkDim(0, 0));
           if (p.q_fp8) {
-            const uint16_t two = *reinterpret_cast<const uint16_t*>(
-                static_cast<const uint8_t*>(p.q) + at);
+            const uint16_t two =
+                *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at);
             const float2 f = E4m3x2ToFloat2(two);
             w[i] = PackBf16(f.x, f.y);
           } else {
@@ -451,8 +451,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         DirectTile<C, kDsv4, false>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
       }
     } else {
-      DirectTile<C, static_cast<int>(KvFormat::kFp8PerTensor), false>(
-          s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
+      DirectTile<C, static_cast<int>(KvFormat::kFp8PerTensor), false>(s, st, valid, q_s, p_s,
+                                                                      red_max, acc, m_run, l_run);
     }
   }
   AsyncWait<0>();
@@ -533,8 +533,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int j = 0; j < C::kNTiles; ++j) {
-          x[direct::OutColumn(0, i, j)] =
-              RoundToBf16Fast((acc[gr][j][2 * r + i] * w) * inv + 0.0f);
+          x[direct::OutColumn(0, i, j)] = RoundToBf16Fast((acc[gr][j][2 * r + i] * w) * inv + 0.0f);
         }
       }
       if (cs != nullptr && col_base >= kNopeWidth) {
