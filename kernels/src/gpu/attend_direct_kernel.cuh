@@ -1,14 +1,15 @@
 // The sparse MLA attention kernel for fp8 caches without a dequantised tile (operator.md 4-6).
 //
-// One program of 8 warps owns (row, 16- or 32-head block, split). Tiles of 64 keys are gathered
-// into shared memory as in attend_kernel.cuh, but the fp8 codes are never written back as bf16:
-// each warp converts exactly the operands its own products read, straight into mma registers (warp
-// w scores keys 8w..8w+7 over every dim, then multiplies P by output columns 64w..64w+63 over all
-// 64 keys). The summation orders of both dots and the output columns are permuted
-// (direct_layout.h) so that those operands are contiguous, conflict-free bytes of a stage row.
-// Without the bf16 tile a program needs about 100 KB of shared memory, so two run per SM, and a
-// tile costs three block barriers. Row sums stay per lane until the end; only the maxima cross
-// the warps per tile.
+// One program of 256 threads owns (row, 16- or 32-head block, split). Tiles of 64 keys are
+// gathered into shared memory as in attend_kernel.cuh, but the fp8 codes are never written back
+// as bf16: each warp converts exactly the operands its own products read, straight into matrix
+// registers (warp w scores one n-tile of keys, kN w .. kN w + kN - 1, over every dim, then
+// multiplies P by its kColsPerWarp output columns over all 64 keys: 8 warps of 8 keys and 64
+// columns on CUDA, 4 wavefronts of 16 keys and 128 columns on gfx950). The summation orders of
+// both dots and the output columns are permuted (direct_layout.h) so that those operands are
+// contiguous, conflict-free bytes of a stage row. Without the bf16 tile a program needs about
+// 100 KB of shared memory, so two run per SM, and a tile costs three block barriers. Row sums
+// stay per lane until the end; only the maxima cross the warps per tile.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "smla/kernels/codec/mxfp8.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/mma_tile.h"
 #include "smla/kernels/gpu/primitives.h"
 
 namespace smla::kernels::gpu {
@@ -30,19 +32,22 @@ struct DirectConfig {
   static constexpr int kHeadBlock = kHeadBlock_;
   static constexpr int kGroups = kHeadBlock / 16;  // 16-head groups sharing each operand
   static constexpr int kKeys = 64;
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = kKeys / MmaTile::kN;  // one score n-tile each
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
   static constexpr int kChunks = kQkWidth / 64;  // 64-dim chunks of Q.K^T
   static constexpr int kQStride = kQkWidth + 8;  // bf16 elements
   static constexpr int kPStride = kKeys + 8;     // bf16 elements
   static constexpr int kColsPerWarp = kValueWidth / kWarps;
-  static constexpr int kNTiles = kColsPerWarp / 8;
+  static constexpr int kNTiles = kColsPerWarp / MmaTile::kN;
 
   static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32, "16- or 32-head programs");
-  static_assert(kKeys / kWarps == 8, "a warp scores one 8-key n-tile");
-  static_assert(kColsPerWarp == 64 && kNTiles == 8, "a warp owns 64 output columns");
+  static_assert(kThreads == 256, "256 threads per program on both vendors");
+  static_assert(kColsPerWarp == direct::kOutValues * MmaTile::kN / MmaTile::kColsPerRow &&
+                    kNTiles == 8,
+                "a warp owns 8 output n-tiles, a lane kOutValues columns of its rows");
+  static_assert(64 % MmaTile::kK == 0 && kKeys % MmaTile::kK == 0, "k-steps tile chunks and keys");
   static_assert(((kQStride * 2 / 16) % 2) == 1 && ((kPStride * 2 / 16) % 2) == 1,
                 "Q and P row strides: odd numbers of 16-byte units (conflict-free ldmatrix)");
 };
@@ -61,8 +66,8 @@ struct DirectSmem {
   static_assert(kStages % 16 == 0, "stages must start 16-byte aligned");
 };
 
-// Scores of the block's heads x this warp's 8 keys (sc[group]: heads 16 group + g and
-// 16 group + g + 8, keys 2c and 2c+1). Each converted operand feeds every group.
+// Scores of the block's heads x this warp's keys (sc[group]: the accumulator of heads
+// 16 group + MmaTile::Row, keys MmaTile::Col). Each converted operand feeds every group.
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, const uint16_t* q_s,
                                              float (&sc)[C::kGroups][4]) {
@@ -70,13 +75,13 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int c = direct::FragPair(lane);
-  const int key = 8 * warp + direct::FragGroup(lane);
+  const int key = MmaTile::kN * warp + direct::FragGroup(lane);
   const uint8_t* row = stage + key * stride;
   uint2 rec = make_uint2(0, 0);
   if constexpr (kDsv4) {
     rec = *reinterpret_cast<const uint2*>(stage + C::kKeys * stride + key * kDsv4ScaleBytes);
   }
-  const uint16_t* a_row = q_s + (lane % 16) * C::kQStride + (lane / 16) * 8;
+  const uint16_t* a_row = FragRowPtr(q_s, 0, C::kQStride, lane);
   float s0[C::kGroups][4], s1[C::kGroups][4];
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
@@ -101,13 +106,13 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
         const uint32_t word = ch < 4 ? rec.x : rec.y;
         const uint32_t byte = (word >> (8 * (ch % 4))) & 0xffu;
         if constexpr (kFold) {
-          const __nv_bfloat162 f = E8m0PairTimes2p120(byte, byte);
+          const KvScale f = E8m0PairTimes2p120(byte, byte);
           w[0] = E4m3x4ToBf16Times(x.x, f);
           w[1] = E4m3x4ToBf16Times(x.y, f);
           w[2] = E4m3x4ToBf16Times(y.x, f);
           w[3] = E4m3x4ToBf16Times(y.y, f);
         } else {
-          const __nv_bfloat162 scale = E8m0ToBf16x2(byte);
+          const KvScale scale = E8m0ToBf16x2(byte);
           w[0] = E4m3x4ToBf16Scaled(x.x, scale);
           w[1] = E4m3x4ToBf16Scaled(x.y, scale);
           w[2] = E4m3x4ToBf16Scaled(y.x, scale);
@@ -125,10 +130,10 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
 #pragma unroll
     for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t a[4];
-        LoadMatrixX4(a, a_row + 16 * gr * C::kQStride + ch * 64 + 16 * s);
-        MmaBf16(s % 2 == 0 ? s0[gr] : s1[gr], a, b[s], b[4 + s]);
+      for (int s = 0; s < direct::kQkSteps; ++s) {
+        AFrag a;
+        LoadA(a, a_row + 16 * gr * C::kQStride + ch * 64 + MmaTile::kK * s);
+        Mma(s % 2 == 0 ? s0[gr] : s1[gr], a, direct::ScoreB(b, s));
       }
     }
   }
@@ -139,7 +144,7 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
   }
 }
 
-// acc += P V for this warp's 64 output columns over the tile's 64 keys.
+// acc += P V for this warp's output columns over the tile's 64 keys.
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const uint16_t* p_s,
                                          float (&acc)[C::kGroups][C::kNTiles][4]) {
@@ -147,131 +152,69 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int c = direct::FragPair(lane);
-  const int col = C::kColsPerWarp * warp + direct::PvLaneColumn(direct::FragGroup(lane));
-  const uint16_t* a_row = p_s + (lane % 16) * C::kPStride + (lane / 16) * 8;
-  const uint8_t* rec = stage + C::kKeys * stride + warp;  // this warp's scale group
-  const bool bf16_cols = kDsv4 && C::kColsPerWarp * warp >= kNopeWidth;
+  const int col = C::kColsPerWarp * warp + direct::PvLaneColumn(lane);
+  const uint16_t* a_row = FragRowPtr(p_s, 0, C::kPStride, lane);
+  // This lane's scale group.
+  const uint8_t* rec = stage + C::kKeys * stride + direct::ScaleGroup(warp, col);
+  const bool bf16_cols = kDsv4 && direct::RopeColumns(C::kColsPerWarp * warp, col);
 #pragma unroll
-  for (int ks = 0; ks < C::kKeys / 16; ++ks) {
-    uint32_t a[C::kGroups][4];
+  for (int ks = 0; ks < C::kKeys / MmaTile::kK; ++ks) {
+    AFrag a[C::kGroups];
 #pragma unroll
     for (int gr = 0; gr < C::kGroups; ++gr) {
-      LoadMatrixX4(a[gr], a_row + 16 * gr * C::kPStride + 16 * ks);
+      LoadA(a[gr], a_row + 16 * gr * C::kPStride + MmaTile::kK * ks);
     }
-    int key[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) key[m] = 16 * ks + direct::PvLaneKey(c, m);
-    if (bf16_cols) {
-      // Rope columns stored as bf16: pair the same column of two keys.
-      uint4 v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        v[m] = *reinterpret_cast<const uint4*>(stage + key[m] * stride + kNopeWidth +
-                                               2 * (col - kNopeWidth));
-      }
-      const uint32_t* w0 = &v[0].x;
-      const uint32_t* w1 = &v[1].x;
-      const uint32_t* w2 = &v[2].x;
-      const uint32_t* w3 = &v[3].x;
-#pragma unroll
-      for (int j = 0; j < C::kNTiles; ++j) {
-        const uint32_t sel = j % 2 == 0 ? 0x5410u : 0x7632u;
-        const uint32_t b0 = PermuteBytes(w0[j / 2], w1[j / 2], sel);
-        const uint32_t b1 = PermuteBytes(w2[j / 2], w3[j / 2], sel);
-#pragma unroll
-        for (int gr = 0; gr < C::kGroups; ++gr) MmaBf16(acc[gr][j], a[gr], b0, b1);
-      }
-    } else {
-      uint2 v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        v[m] = *reinterpret_cast<const uint2*>(stage + key[m] * stride + col);
-      }
-      __nv_bfloat162 sc01, sc23;
-      if constexpr (kDsv4) {
-        uint32_t sb[4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) sb[m] = rec[key[m] * kDsv4ScaleBytes];
-        sc01 = kFold ? E8m0PairTimes2p120(sb[0], sb[1]) : E8m0PairToBf16x2(sb[0], sb[1]);
-        sc23 = kFold ? E8m0PairTimes2p120(sb[2], sb[3]) : E8m0PairToBf16x2(sb[2], sb[3]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t x0 = h == 0 ? v[0].x : v[0].y, x1 = h == 0 ? v[1].x : v[1].y;
-        const uint32_t x2 = h == 0 ? v[2].x : v[2].y, x3 = h == 0 ? v[3].x : v[3].y;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          // Codes (key0 col j, key1 col j, key0 col j+1, key1 col j+1), j = 4h + 2q.
-          const uint32_t sel = q == 0 ? 0x5140u : 0x7362u;
-          const uint32_t c01 = PermuteBytes(x0, x1, sel);
-          const uint32_t c23 = PermuteBytes(x2, x3, sel);
-          uint2 b01, b23;
-          if constexpr (kDsv4 && kFold) {
-            b01 = E4m3x4ToBf16Times(c01, sc01);
-            b23 = E4m3x4ToBf16Times(c23, sc23);
-          } else if constexpr (kDsv4) {
-            b01 = E4m3x4ToBf16Scaled(c01, sc01);
-            b23 = E4m3x4ToBf16Scaled(c23, sc23);
-          } else {
-            b01 = E4m3x4ToBf16(c01);
-            b23 = E4m3x4ToBf16(c23);
-          }
-          const int j = 4 * h + 2 * q;
-#pragma unroll
-          for (int gr = 0; gr < C::kGroups; ++gr) {
-            MmaBf16(acc[gr][j], a[gr], b01.x, b23.x);
-            MmaBf16(acc[gr][j + 1], a[gr], b01.y, b23.y);
-          }
-        }
-      }
-    }
+    direct::PvStep<C::kGroups, C::kNTiles, kDsv4, kFold>(stage, stride, rec, MmaTile::kK * ks, col,
+                                                         c, bf16_cols, a, acc);
   }
 }
 
 // One tile: scores, the shared row maxima, P, then P V. `m_run` is the same in every warp;
 // `l_run` is this lane's share of the row sums (its own keys only). [gr][r]: head
-// 16 gr + g + 8 r of the block.
+// 16 gr + MmaTile::Row(lane, r) of the block.
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
                                            float* red_max, float (&acc)[C::kGroups][C::kNTiles][4],
-                                           float (&m_run)[C::kGroups][2],
-                                           float (&l_run)[C::kGroups][2]) {
+                                           float (&m_run)[C::kGroups][MmaTile::kRowsPerLane],
+                                           float (&l_run)[C::kGroups][MmaTile::kRowsPerLane]) {
+  using T = MmaTile;
+  constexpr int kRows = T::kRowsPerLane;
+  constexpr int kCols = T::kColsPerRow;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int g = direct::FragGroup(lane);
-  const int c = direct::FragPair(lane);
   const int stride = DirectRowStride(kFormat, C::kQkWidth);
   float sc[C::kGroups][4];
   DirectScores<C, kFormat, kFold>(stage, stride, q_s, sc);
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
-    float tmax[2] = {-INFINITY, -INFINITY};
+    float tmax[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) tmax[r] = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int key = 8 * warp + 2 * c + (i & 1);
+      const int key = T::kN * warp + T::Col(lane, i % kCols);
       const float x = valid[key] ? sc[gr][i] * s.score_scale2 : -INFINITY;
       sc[gr][i] = x;
-      tmax[i / 2] = fmaxf(tmax[i / 2], x);
+      tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tmax[r] = WarpXorMax(tmax[r], 1);
-      tmax[r] = WarpXorMax(tmax[r], 2);
-    }
-    if (c == 0) {
-      red_max[(16 * gr + g) * C::kWarps + warp] = tmax[0];
-      red_max[(16 * gr + g + 8) * C::kWarps + warp] = tmax[1];
+    for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
+    if (lane % T::kRowLanes == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        red_max[(16 * gr + T::Row(lane, r)) * C::kWarps + warp] = tmax[r];
+      }
     }
   }
   __syncthreads();
   const float ps = s.p_scale;
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
-    float m_use[2], alpha[2];
+    float m_use[kRows], alpha[kRows];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float* rm = red_max + (16 * gr + g + 8 * r) * C::kWarps;
+    for (int r = 0; r < kRows; ++r) {
+      const float* rm = red_max + (16 * gr + T::Row(lane, r)) * C::kWarps;
       float tm = rm[0];
 #pragma unroll
       for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
@@ -283,20 +226,18 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int r = i / 2;
+      const int r = i / kCols;
       const float p = exp2f(sc[gr][i] - m_use[r]);
-      l_run[gr][r] = (i & 1) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
-      const int key = 8 * warp + 2 * c + (i & 1);
-      const int pos = 16 * (key / 16) + direct::PvPosition(key % 16);
-      p_s[(16 * gr + g + 8 * r) * C::kPStride + pos] =
+      l_run[gr][r] = (i % kCols) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
+      const int key = T::kN * warp + T::Col(lane, i % kCols);
+      const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
+      p_s[(16 * gr + T::Row(lane, r)) * C::kPStride + pos] =
           static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
     }
 #pragma unroll
     for (int j = 0; j < C::kNTiles; ++j) {
-      acc[gr][j][0] *= alpha[0];
-      acc[gr][j][1] *= alpha[0];
-      acc[gr][j][2] *= alpha[1];
-      acc[gr][j][3] *= alpha[1];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[gr][j][i] *= alpha[i / kCols];
     }
   }
   __syncthreads();  // P complete
@@ -307,19 +248,20 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
 // the same 64 records, so the answer is the same for the whole program.
 template <class C>
 __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
-  static_assert(C::kKeys == 2 * kWarpSize, "each lane checks two records");
+  constexpr int kPerLane = C::kKeys / kWarpSize;
+  static_assert(C::kKeys % kWarpSize == 0, "each lane checks the same number of records");
   const int lane = threadIdx.x % kWarpSize;
   const int stride = DirectRowStride(static_cast<int>(KvFormat::kFp8Dsv4), C::kQkWidth);
   const uint8_t* rec = stage + C::kKeys * stride;
   uint32_t top = 0;
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < kPerLane; ++k) {
     const uint2 r = *reinterpret_cast<const uint2*>(rec + (lane + k * kWarpSize) * kDsv4ScaleBytes);
 #pragma unroll
     for (int b = 0; b < kDsv4Groups; ++b)
       top = max(top, ((b < 4 ? r.x : r.y) >> (8 * (b % 4))) & 0xffu);
   }
-  return __all_sync(0xffffffffu, top <= kFoldMax);
+  return WarpAll(top <= kFoldMax);
 }
 
 template <class C>
@@ -341,8 +283,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int g = direct::FragGroup(lane);
-  const int c = direct::FragPair(lane);
+  using T = MmaTile;
+  constexpr int kRows = T::kRowsPerLane;
+  constexpr int kCols = T::kColsPerRow;
+  constexpr int kOut = direct::kOutValues;
   const int head0 = hb * C::kHeadBlock;
 
   const int begin0 = p.seg[0].indptr[row];
@@ -386,13 +330,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
       const int h = u / kUnits;
       const int p0 = (u % kUnits) * 8;
-      const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / 16, p0 % 16);
+      const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
       uint32_t w[4] = {0, 0, 0, 0};
       if (head0 + h < p.num_heads) {
         const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + base;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int64_t at = off + (direct::QkDim(0, 2 * i) - direct::QkDim(0, 0));
+          const int64_t at = off + direct::QkUnitOffset(i);
           if (p.q_fp8) {
             const uint16_t two =
                 *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at);
@@ -408,16 +352,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   float acc[C::kGroups][C::kNTiles][4];
-  float m_run[C::kGroups][2];  // heads 16 gr + g and 16 gr + g + 8, base 2
-  float l_run[C::kGroups][2];
+  float m_run[C::kGroups][kRows];  // heads 16 gr + T::Row(lane, r), base 2
+  float l_run[C::kGroups][kRows];
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
     for (int j = 0; j < C::kNTiles; ++j) {
       acc[gr][j][0] = acc[gr][j][1] = acc[gr][j][2] = acc[gr][j][3] = 0.0f;
     }
-    m_run[gr][0] = m_run[gr][1] = -INFINITY;
-    l_run[gr][0] = l_run[gr][1] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) m_run[gr][r] = -INFINITY, l_run[gr][r] = 0.0f;
   }
 
   for (int t = t_begin; t < t_end; ++t) {
@@ -457,49 +401,49 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
   AsyncWait<0>();
 
-  // Row sums: the quad, then the warps.
+  // Row sums: the row's lanes, then the warps.
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[gr][r] = WarpXorSum(l_run[gr][r], 1);
-      l_run[gr][r] = WarpXorSum(l_run[gr][r], 2);
-      if (c == 0) red_sum[(16 * gr + g + 8 * r) * C::kWarps + warp] = l_run[gr][r];
+    for (int r = 0; r < kRows; ++r) {
+      l_run[gr][r] = RowGroupSum<T::kRowLanes>(l_run[gr][r]);
+      if (lane % T::kRowLanes == 0)
+        red_sum[(16 * gr + T::Row(lane, r)) * C::kWarps + warp] = l_run[gr][r];
     }
   }
   __syncthreads();
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       float l = 0.0f;
 #pragma unroll
-      for (int w = 0; w < C::kWarps; ++w) l += red_sum[(16 * gr + g + 8 * r) * C::kWarps + w];
+      for (int w = 0; w < C::kWarps; ++w) l += red_sum[(16 * gr + T::Row(lane, r)) * C::kWarps + w];
       l_run[gr][r] = l;
     }
   }
 
-  // Lane c holds output columns col_base .. col_base + 15 of heads 16 gr + g (+ 8).
-  const int col_base = C::kColsPerWarp * warp + direct::OutColumn(c, 0, 0);
+  // The lane holds output columns col_base .. col_base + kOut - 1 of its rows.
+  const int col_base = C::kColsPerWarp * warp + direct::OutColumn(direct::OutLane(lane), 0, 0);
   if (p.splits > 1) {
 #pragma unroll
     for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int head = head0 + 16 * gr + g + 8 * r;
+      for (int r = 0; r < kRows; ++r) {
+        const int head = head0 + 16 * gr + T::Row(lane, r);
         if (head >= p.num_heads) continue;
         const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
         float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kCols; ++i) {
 #pragma unroll
           for (int j = 0; j < C::kNTiles; j += 4) {
+            const int e = T::CIndex(r, i);
             *reinterpret_cast<float4*>(dst + direct::OutColumn(0, i, j)) =
-                make_float4(acc[gr][j][2 * r + i], acc[gr][j + 1][2 * r + i],
-                            acc[gr][j + 2][2 * r + i], acc[gr][j + 3][2 * r + i]);
+                make_float4(acc[gr][j][e], acc[gr][j + 1][e], acc[gr][j + 2][e], acc[gr][j + 3][e]);
           }
         }
-        if (warp == 0 && c == 0) {
+        if (warp == 0 && lane % T::kRowLanes == 0) {
           p.part_ml[2 * ph] = m_run[gr][r];
           p.part_ml[2 * ph + 1] = l_run[gr][r];
         }
@@ -514,8 +458,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = head0 + 16 * gr + g + 8 * r;
+    for (int r = 0; r < kRows; ++r) {
+      const int head = head0 + 16 * gr + T::Row(lane, r);
       const bool live = head < p.num_heads;
       const bool has_sink = p.sink != nullptr;
       const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
@@ -528,17 +472,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         lse = (m + log2f(z)) * kLn2;
       }
       // x[k]: column col_base + k.
-      float x[16];
+      float x[kOut];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < kCols; ++i) {
 #pragma unroll
         for (int j = 0; j < C::kNTiles; ++j) {
-          x[direct::OutColumn(0, i, j)] = RoundToBf16Fast((acc[gr][j][2 * r + i] * w) * inv + 0.0f);
+          x[direct::OutColumn(0, i, j)] =
+              RoundToBf16Fast((acc[gr][j][T::CIndex(r, i)] * w) * inv + 0.0f);
         }
       }
       if (cs != nullptr && col_base >= kNopeWidth) {
 #pragma unroll
-        for (int k = 0; k < 16; k += 2) {
+        for (int k = 0; k < kOut; k += 2) {
           const int f = (col_base + k - kNopeWidth) / 2;
           const float co = cs[f], sn = cs[32 + f];
           const float e = x[k], o = x[k + 1];
@@ -550,34 +495,43 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       const int64_t out_row = int64_t{row} * p.num_heads + head;
       if (!p.out_mxfp8) {
         if (live) {
-          uint32_t wds[8];
+          uint32_t wds[kOut / 2];
 #pragma unroll
-          for (int k = 0; k < 8; ++k) wds[k] = PackBf16(x[2 * k], x[2 * k + 1]);
+          for (int k = 0; k < kOut / 2; ++k) wds[k] = PackBf16(x[2 * k], x[2 * k + 1]);
           uint4* dst = reinterpret_cast<uint4*>(p.out_bf16 + out_row * kValueWidth + col_base);
-          dst[0] = make_uint4(wds[0], wds[1], wds[2], wds[3]);
-          dst[1] = make_uint4(wds[4], wds[5], wds[6], wds[7]);
+#pragma unroll
+          for (int k = 0; k < kOut / 8; ++k) {
+            dst[k] = make_uint4(wds[4 * k], wds[4 * k + 1], wds[4 * k + 2], wds[4 * k + 3]);
+          }
         }
       } else {
-        // A 32-column MXFP8 group is held by lanes c and c ^ 1.
+        // A 32-column MXFP8 group is held by kMxLanes neighbouring lanes.
+        constexpr int kMxLanes = kMxGroup / kOut;
         float amax = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
-        amax = WarpXorMax(amax, 1);
+        for (int k = 0; k < kOut; ++k) amax = fmaxf(amax, fabsf(x[k]));
+        amax = RowGroupMax<kMxLanes>(amax);
         const uint8_t sb = MxScaleByte(amax);
         const float inv_scale = Pow2(127 - static_cast<int>(sb));
         if (live) {
-          uint32_t wds[4];
+          uint32_t wds[kOut / 4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
+          for (int k = 0; k < kOut / 4; ++k) {
             wds[k] = uint32_t{MxEncodePair(x[4 * k], x[4 * k + 1], inv_scale)} |
                      (uint32_t{MxEncodePair(x[4 * k + 2], x[4 * k + 3], inv_scale)} << 16);
           }
-          *reinterpret_cast<uint4*>(p.mx_data + out_row * kValueWidth + col_base) =
-              make_uint4(wds[0], wds[1], wds[2], wds[3]);
-          if (c % 2 == 0) p.mx_scales[out_row * kMxGroupsPerHead + col_base / kMxGroup] = sb;
+          uint8_t* dst = p.mx_data + out_row * kValueWidth + col_base;
+          if constexpr (kOut == 16) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(wds[0], wds[1], wds[2], wds[3]);
+          } else {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(wds[0], wds[1]);
+          }
+          if (direct::OutLane(lane) % kMxLanes == 0) {
+            p.mx_scales[out_row * kMxGroupsPerHead + col_base / kMxGroup] = sb;
+          }
         }
       }
-      if (live && p.lse != nullptr && warp == 0 && c == 0) p.lse[out_row] = lse;
+      if (live && p.lse != nullptr && warp == 0 && lane % T::kRowLanes == 0) p.lse[out_row] = lse;
     }
   }
 }

@@ -3,8 +3,8 @@
 // One program owns (row, head block, split). It gathers 64-key tiles of its row's main then
 // extra segment into shared memory with 16-byte asynchronous copies (the next tile in flight
 // while the current one is used), dequantises fp8 tiles once into a bf16 tile shared by all its
-// heads, and runs both dots with m16n8k16 bf16 matrix products. Warp group g (4 warps) owns
-// heads 16g..16g+15: for Q.K^T warp w takes keys 16w..16w+15 of the tile, for P.V output
+// heads, and runs both dots with bf16 matrix products (mma_tile.h). Warp group g (4 warps)
+// owns heads 16g..16g+15: for Q.K^T warp w takes keys 16w..16w+15 of the tile, for P.V output
 // columns 128w..128w+127. Row maxima and sums cross the group through shared memory.
 // Without split-K the epilogue (bf16 round, inverse RoPE, bf16 or MXFP8 store) and the LSE are
 // written here; with it, the unnormalised partials go to the combine kernel.
@@ -17,6 +17,7 @@
 #include "smla/kernels/codec/mxfp8.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/mma_tile.h"
 #include "smla/kernels/gpu/primitives.h"
 
 namespace smla::kernels::gpu {
@@ -40,11 +41,13 @@ struct AttendConfig {
   static constexpr int kQStride = kQkWidth + 8;   // bf16 elements
   static constexpr int kKvStride = kQkWidth + 8;  // bf16 elements
   static constexpr int kPStride = kKeys + 8;      // bf16 elements
-  static constexpr int kKSteps = kQkWidth / 16;
+  static constexpr int kKSteps = kQkWidth / MmaTile::kK;
   static constexpr int kKeysPerWarp = kKeys / kW;           // 16 or 8
-  static constexpr int kSTiles = kKeysPerWarp / 8;           // score n-tiles per warp
+  static constexpr int kSTiles = kKeysPerWarp / MmaTile::kN;  // score n-tiles per warp
   static constexpr int kColsPerWarp = kValueWidth / kW;      // 128 or 64
-  static constexpr int kNTiles = kColsPerWarp / 8;           // output n-tiles per warp
+  static constexpr int kNTiles = kColsPerWarp / MmaTile::kN;  // output n-tiles per warp
+  // Output values per lane and row, and the MXFP8 groups (8 values of 4 lanes) among them.
+  static constexpr int kRowValues = kNTiles * MmaTile::kColsPerRow;
   static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
   static constexpr int kSub = kTileKeys / kKeys;  // tiles per 64-key plan tile
 
@@ -53,13 +56,15 @@ struct AttendConfig {
                 "head block must be 16, 32 or 64 heads");
   static_assert(kW == 4 || kW == 8, "a 16-head group has 4 or 8 warps");
   static_assert(kKeys == 32 || kKeys == 64, "tiles hold 32 or 64 keys");
-  static_assert(kKeysPerWarp % 8 == 0 && kKeysPerWarp <= 16, "a warp scores 8 or 16 keys");
+  static_assert(kKeysPerWarp % MmaTile::kN == 0 && kSTiles <= 2,
+                "a warp scores one or two n-tiles of keys");
   static_assert(((kPStride * 2 / 16) % 2) == 1, "P row stride: odd number of 16-byte units");
   static_assert(kW <= kMaxWarpsPer16Heads, "reduction arrays are sized for kMaxWarpsPer16Heads");
-  static_assert(kNTiles % 4 == 0, "an MXFP8 group (32 lanes) must sit inside one warp");
+  static_assert(kColsPerWarp % kMxGroup == 0 && kRowValues % 8 == 0,
+                "an MXFP8 group (32 columns) is 8 values of 4 lanes of one warp");
   static_assert(kKSteps % 2 == 0, "the 8-key score path loads two k-steps at a time");
   static_assert(kGatherKeysPerWarp >= 1 && kGatherKeysPerWarp <= kWarpSize,
-                "each warp gathers between 1 and 32 keys of a tile");
+                "each warp gathers between 1 and kWarpSize keys of a tile");
   static_assert(((kKvStride * 2 / 16) % 2) == 1,
                 "KV row stride must be an odd number of 16-byte units (conflict-free ldmatrix)");
   static_assert(kThreads <= 1024, "too many threads per program");
@@ -125,7 +130,7 @@ __device__ __forceinline__ void IssueTileStrided(const SegmentArgs& s, int32_t m
                          : format == static_cast<int>(KvFormat::kFp8DsMla)
                              ? kDsMlaRowBytes
                              : C::kQkWidth;
-  const int chunks = data_bytes / 16;  // 32..72: every lane copies at least one chunk
+  const int chunks = data_bytes / 16;  // 32..72
   const bool my_ok = my_slot >= 0 && my_slot < s.num_slots;
   // The owning lane computes its key's row address (and fp8_dsv4 scale-record address) once.
   const uint8_t* my_src = s.base;
@@ -137,25 +142,23 @@ __device__ __forceinline__ void IssueTileStrided(const SegmentArgs& s, int32_t m
     my_rec = page + s.rows_per_page * kDsv4DataBytes + row * kDsv4ScaleBytes;
   }
   if (lane < C::kGatherKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
-  const uint32_t ok_mask = __ballot_sync(0xffffffffu, my_ok);
+  const LaneMask ok_mask = WarpBallot(my_ok);
   const uint32_t dst0 = SharedAddress(stage) + warp * stride + 16 * lane;
   const uint32_t rec0 = SharedAddress(stage) + rec_offset + warp * kDsv4ScaleBytes;
 #pragma unroll
   for (int j = 0; j < C::kGatherKeysPerWarp; ++j) {
     const bool ok = (ok_mask >> j) & 1u;
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(
-                             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_src), j)) +
-                         16 * lane;
+    const uint8_t* src = WarpShufflePtr(my_src, j) + 16 * lane;
     const uint32_t dst = dst0 + j * C::kWarps * stride;
-    AsyncCopy16(dst, src, ok);
-    // 32..72 chunks per row: at most two more rounds, by the first lanes.
+    // 32..72 chunks per row: every lane of a 32-lane warp copies one, then at most two more
+    // rounds by the first lanes.
+    if (kWarpSize <= 32 || lane < chunks) AsyncCopy16(dst, src, ok);
     if (lane + kWarpSize < chunks) AsyncCopy16(dst + 16 * kWarpSize, src + 16 * kWarpSize, ok);
     if (lane + 2 * kWarpSize < chunks) {
       AsyncCopy16(dst + 32 * kWarpSize, src + 32 * kWarpSize, ok);
     }
     if (dsv4) {
-      const uint8_t* rec = reinterpret_cast<const uint8_t*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_rec), j));
+      const uint8_t* rec = WarpShufflePtr(my_rec, j);
       if (lane == kWarpSize - 1) {
         AsyncCopy8(rec0 + j * C::kWarps * kDsv4ScaleBytes, rec, ok);
       }
@@ -203,7 +206,7 @@ __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* ti
     const uint8_t* scale = stage + C::kKeys * kDsv4DataBytes + k0 * kDsv4ScaleBytes + e0 / 64;
 #pragma unroll 4
     for (int k = k0; k < C::kKeys; k += kRowsPerPass) {
-      __nv_bfloat162 sc = __float2bfloat162_rn(1.0f);
+      KvScale sc = UnitKvScale();
       if constexpr (kDsv4) {
         sc = E8m0ToBf16x2(*scale);
         scale += kRowsPerPass * kDsv4ScaleBytes;
@@ -217,17 +220,19 @@ __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* ti
     }
     return;
   }
-  constexpr int kPerThread = C::kKeys * kUnits / C::kThreads;
-  static_assert(C::kKeys * kUnits % C::kThreads == 0, "units divide over the threads");
+  // 1024-thread programs (64 heads in wavefronts) leave the last pass partly idle.
+  constexpr int kTotal = C::kKeys * kUnits;
+  constexpr int kPerThread = (kTotal + C::kThreads - 1) / C::kThreads;
 #pragma unroll 4
   for (int i = 0; i < kPerThread; ++i) {
     const int u = threadIdx.x + i * C::kThreads;
+    if (kTotal % C::kThreads != 0 && u >= kTotal) break;
     const int k = u / kUnits;
     const int e0 = (u % kUnits) * 8;
     uint4 out;
     if constexpr (kFormat == static_cast<int>(KvFormat::kFp8PerTensor)) {
       const uint2 c8 = *reinterpret_cast<const uint2*>(stage + k * C::kQkWidth + e0);
-      const __nv_bfloat162 one = __float2bfloat162_rn(1.0f);
+      const KvScale one = UnitKvScale();
       const uint2 a = E4m3x4ToBf16Scaled(c8.x, one);
       const uint2 b = E4m3x4ToBf16Scaled(c8.y, one);
       out = make_uint4(a.x, a.y, b.x, b.y);
@@ -237,7 +242,7 @@ __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* ti
         out = *reinterpret_cast<const uint4*>(row + kNopeWidth + (e0 - kNopeWidth) * 2);
       } else {
         const uint32_t byte = stage[C::kKeys * kDsv4DataBytes + k * kDsv4ScaleBytes + e0 / 64];
-        const __nv_bfloat162 sc = E8m0ToBf16x2(byte);
+        const KvScale sc = E8m0ToBf16x2(byte);
         const uint2 c8 = *reinterpret_cast<const uint2*>(row + e0);
         const uint2 a = E4m3x4ToBf16Scaled(c8.x, sc);
         const uint2 b = E4m3x4ToBf16Scaled(c8.y, sc);
@@ -361,11 +366,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
                  valid_s + stage * C::kKeys);
   };
 
+  using T = MmaTile;
+  constexpr int kRows = T::kRowsPerLane;
+  constexpr int kCols = T::kColsPerRow;
   float acc[C::kNTiles][4];
 #pragma unroll
   for (int j = 0; j < C::kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows lane/4 and lane/4 + 8, base 2
-  float l_run[2] = {0.0f, 0.0f};
+  float m_run[kRows];  // rows T::Row(lane, r) of the group, base 2
+  float l_run[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) m_run[r] = -INFINITY, l_run[r] = 0.0f;
   const int qrow = 16 * group;  // first head (in the block) of this warp's group
 
   // N gather stages (1-3, as many as fit in shared memory): tiles u+1 .. u+N-1 are in flight
@@ -382,11 +392,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   __syncthreads();  // Q staged
 
   // Q fragments of this warp's group, kept in registers when the config says so.
-  uint32_t qf[C::kQInRegs ? C::kKSteps : 1][4];
+  AFrag qf[C::kQInRegs ? C::kKSteps : 1];
   if constexpr (C::kQInRegs) {
-    const uint16_t* a_row = q_s + (qrow + (lane % 16)) * C::kQStride + (lane / 16) * 8;
+    const uint16_t* a_row = FragRowPtr(q_s, qrow, C::kQStride, lane);
 #pragma unroll
-    for (int kk = 0; kk < C::kKSteps; ++kk) LoadMatrixX4(qf[kk], a_row + kk * 16);
+    for (int kk = 0; kk < C::kKSteps; ++kk) LoadA(qf[kk], a_row + kk * T::kK);
   }
 
   for (int u = u_begin; u < u_end; ++u) {
@@ -419,48 +429,46 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     {
-      const uint16_t* a_row = q_s + (qrow + (lane % 16)) * C::kQStride + (lane / 16) * 8;
-      auto a_frag = [&](int kk, uint32_t (&a)[4]) {
+      const uint16_t* a_row = FragRowPtr(q_s, qrow, C::kQStride, lane);
+      auto a_frag = [&](int kk, AFrag& a) {
         if constexpr (C::kQInRegs) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+          a = qf[kk];
         } else {
-          LoadMatrixX4(a, a_row + kk * 16);
+          LoadA(a, a_row + kk * T::kK);
         }
       };
       // Two accumulator sets (even and odd k-steps) halve the dependent chain of products.
       float sc2[C::kSTiles][4];
 #pragma unroll
       for (int j = 0; j < C::kSTiles; ++j) sc2[j][0] = sc2[j][1] = sc2[j][2] = sc2[j][3] = 0.0f;
+      const int key0 = C::kKeysPerWarp * wg;
       if constexpr (C::kSTiles == 2) {
-        // 16 keys x 16 dims per ldmatrix: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15).
-        const uint16_t* b_row = kv + (C::kKeysPerWarp * wg + (lane / 16) * 8 + (lane % 8)) *
-                                         C::kKvStride + ((lane / 8) % 2) * 8;
+        const uint16_t* b_row = KeyB2NPtr(kv, key0, C::kKvStride, lane);
 #pragma unroll
         for (int kk = 0; kk < C::kKSteps; ++kk) {
-          uint32_t a[4], b[4];
+          AFrag a;
+          BFrag b[2];
           a_frag(kk, a);
-          LoadMatrixX4(b, b_row + kk * 16);
+          LoadKeyB2N(b, b_row + kk * T::kK, C::kKvStride);
           if (kk % 2 == 0) {
-            MmaBf16(sc[0], a, b[0], b[1]);
-            MmaBf16(sc[C::kSTiles - 1], a, b[2], b[3]);
+            Mma(sc[0], a, b[0]);
+            Mma(sc[C::kSTiles - 1], a, b[1]);
           } else {
-            MmaBf16(sc2[0], a, b[0], b[1]);
-            MmaBf16(sc2[C::kSTiles - 1], a, b[2], b[3]);
+            Mma(sc2[0], a, b[0]);
+            Mma(sc2[C::kSTiles - 1], a, b[1]);
           }
         }
       } else {
-        // 8 keys x 32 dims per ldmatrix: two k-steps at once.
-        const uint16_t* b_row =
-            kv + (C::kKeysPerWarp * wg + (lane % 8)) * C::kKvStride + (lane / 8) * 8;
+        const uint16_t* b_row = KeyB2KPtr(kv, key0, C::kKvStride, lane);
 #pragma unroll
         for (int kk = 0; kk < C::kKSteps; kk += 2) {
-          uint32_t a0[4], a1[4], b[4];
+          AFrag a0, a1;
+          BFrag b[2];
           a_frag(kk, a0);
           a_frag(kk + 1, a1);
-          LoadMatrixX4(b, b_row + kk * 16);
-          MmaBf16(sc[0], a0, b[0], b[1]);
-          MmaBf16(sc2[0], a1, b[2], b[3]);
+          LoadKeyB2K(b, b_row + kk * T::kK);
+          Mma(sc[0], a0, b[0]);
+          Mma(sc2[0], a1, b[1]);
         }
       }
 #pragma unroll
@@ -470,31 +478,31 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
     }
     // Scale, mask, and the tile's row maxima across the group.
-    float tmax[2] = {-INFINITY, -INFINITY};
+    float tmax[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) tmax[r] = -INFINITY;
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = C::kKeysPerWarp * wg + 8 * j + 2 * (lane % 4) + (i & 1);
+        const int key = C::kKeysPerWarp * wg + T::kN * j + T::Col(lane, i % kCols);
         const float x = valid[key] ? sc[j][i] * s.score_scale2 : -INFINITY;
         sc[j][i] = x;
-        tmax[i / 2] = fmaxf(tmax[i / 2], x);
+        tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
       }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tmax[r] = WarpXorMax(tmax[r], 1);
-      tmax[r] = WarpXorMax(tmax[r], 2);
-    }
-    if (lane % 4 == 0) {
-      red_max[(qrow + lane / 4) * C::kW + wg] = tmax[0];
-      red_max[(qrow + lane / 4 + 8) * C::kW + wg] = tmax[1];
+    for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
+    if (lane % T::kRowLanes == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red_max[(qrow + T::Row(lane, r)) * C::kW + wg] = tmax[r];
     }
     __syncthreads();
-    float m_new[2], m_use[2], alpha[2], psum[2] = {0.0f, 0.0f};
+    float m_new[kRows], m_use[kRows], alpha[kRows], psum[kRows];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float* rm = red_max + (qrow + lane / 4 + 8 * r) * C::kW;
+    for (int r = 0; r < kRows; ++r) {
+      psum[r] = 0.0f;
+      const float* rm = red_max + (qrow + T::Row(lane, r)) * C::kW;
       float tm = rm[0];
 #pragma unroll
       for (int w = 1; w < C::kW; ++w) tm = fmaxf(tm, rm[w]);
@@ -508,29 +516,32 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       float pv[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        pv[i] = exp2f(sc[j][i] - m_use[i / 2]);
-        psum[i / 2] += pv[i];
+        pv[i] = exp2f(sc[j][i] - m_use[i / kCols]);
+        psum[i / kCols] += pv[i];
       }
-      const int key = C::kKeysPerWarp * wg + 8 * j + 2 * (lane % 4);
+      const int key = C::kKeysPerWarp * wg + T::kN * j + T::Col(lane, 0);
       const float ps = s.p_scale;
-      *reinterpret_cast<uint32_t*>(p_s + (qrow + lane / 4) * C::kPStride + key) =
-          PackBf16(pv[0] * ps, pv[1] * ps);
-      *reinterpret_cast<uint32_t*>(p_s + (qrow + lane / 4 + 8) * C::kPStride + key) =
-          PackBf16(pv[2] * ps, pv[3] * ps);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        uint16_t* dst = p_s + (qrow + T::Row(lane, r)) * C::kPStride + key;
+        if constexpr (kCols == 2) {
+          *reinterpret_cast<uint32_t*>(dst) =
+              PackBf16(pv[T::CIndex(r, 0)] * ps, pv[T::CIndex(r, 1)] * ps);
+        } else {
+          *dst = static_cast<uint16_t>(PackBf16(pv[T::CIndex(r, 0)] * ps, 0.0f));
+        }
+      }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      psum[r] = WarpXorSum(psum[r], 1);
-      psum[r] = WarpXorSum(psum[r], 2);
-    }
-    if (lane % 4 == 0) {
-      red_sum[(qrow + lane / 4) * C::kW + wg] = psum[0];
-      red_sum[(qrow + lane / 4 + 8) * C::kW + wg] = psum[1];
+    for (int r = 0; r < kRows; ++r) psum[r] = RowGroupSum<T::kRowLanes>(psum[r]);
+    if (lane % T::kRowLanes == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red_sum[(qrow + T::Row(lane, r)) * C::kW + wg] = psum[r];
     }
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float* rs = red_sum + (qrow + lane / 4 + 8 * r) * C::kW;
+    for (int r = 0; r < kRows; ++r) {
+      const float* rs = red_sum + (qrow + T::Row(lane, r)) * C::kW;
       float ts = 0.0f;
 #pragma unroll
       for (int w = 0; w < C::kW; ++w) ts += rs[w];
@@ -539,26 +550,23 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
 #pragma unroll
     for (int j = 0; j < C::kNTiles; ++j) {
-      acc[j][0] *= alpha[0];
-      acc[j][1] *= alpha[0];
-      acc[j][2] *= alpha[1];
-      acc[j][3] *= alpha[1];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] *= alpha[i / kCols];
     }
     // O += P V over the tile's 64 keys, this warp's 128 output columns.
     {
-      const uint16_t* a_row = p_s + (qrow + (lane % 16)) * C::kPStride + (lane / 16) * 8;
-      const uint16_t* b_row = kv + (((lane / 8) % 2) * 8 + (lane % 8)) * C::kKvStride +
-                              wg * C::kColsPerWarp + (lane / 16) * 8;
+      const uint16_t* a_row = FragRowPtr(p_s, qrow, C::kPStride, lane);
+      const uint16_t* b_row = ValueB2NPtr(kv, wg * C::kColsPerWarp, C::kKvStride, lane);
 #pragma unroll
-      for (int ks = 0; ks < C::kKeys / 16; ++ks) {
-        uint32_t a[4];
-        LoadMatrixX4(a, a_row + ks * 16);
+      for (int ks = 0; ks < C::kKeys / T::kK; ++ks) {
+        AFrag a;
+        LoadA(a, a_row + ks * T::kK);
 #pragma unroll
         for (int np = 0; np < C::kNTiles / 2; ++np) {
-          uint32_t b[4];
-          LoadMatrixX4Trans(b, b_row + ks * 16 * C::kKvStride + np * 16);
-          MmaBf16(acc[2 * np], a, b[0], b[1]);
-          MmaBf16(acc[2 * np + 1], a, b[2], b[3]);
+          BFrag b[2];
+          LoadValueB2N(b, b_row + ks * T::kK * C::kKvStride, C::kKvStride, np);
+          Mma(acc[2 * np], a, b[0]);
+          Mma(acc[2 * np + 1], a, b[1]);
         }
       }
     }
@@ -566,20 +574,23 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
   AsyncWait<0>();
 
-  const int col_base = wg * C::kColsPerWarp + 2 * (lane % 4);
+  // Value f of a lane's row is window column col_base + T::OutCol(0, f).
+  const int col_base = wg * C::kColsPerWarp + T::OutCol(lane, 0);
+  constexpr int kValues = C::kRowValues;
   if (p.splits > 1) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = head0 + qrow + lane / 4 + 8 * r;
+    for (int r = 0; r < kRows; ++r) {
+      const int head = head0 + qrow + T::Row(lane, r);
       if (head >= p.num_heads) continue;
       const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
       float* dst = p.part_acc + ph * kValueWidth;
 #pragma unroll
-      for (int j = 0; j < C::kNTiles; ++j) {
-        *reinterpret_cast<float2*>(dst + col_base + 8 * j) =
-            make_float2(acc[j][2 * r], acc[j][2 * r + 1]);
+      for (int f = 0; f < kValues; f += 2) {
+        *reinterpret_cast<float2*>(dst + col_base + T::OutCol(0, f)) =
+            make_float2(acc[f / kCols][T::CIndex(r, f % kCols)],
+                        acc[(f + 1) / kCols][T::CIndex(r, (f + 1) % kCols)]);
       }
-      if (wg == 0 && lane % 4 == 0) {
+      if (wg == 0 && lane % T::kRowLanes == 0) {
         p.part_ml[2 * ph] = m_run[r];
         p.part_ml[2 * ph + 1] = l_run[r];
       }
@@ -591,8 +602,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const float* cs = nullptr;
   if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head0 + qrow + lane / 4 + 8 * r;
+  for (int r = 0; r < kRows; ++r) {
+    const int head = head0 + qrow + T::Row(lane, r);
     const bool live = head < p.num_heads;
     const bool has_sink = p.sink != nullptr;
     const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
@@ -604,55 +615,61 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       inv = 1.0f / z;
       lse = (m + log2f(z)) * kLn2;
     }
-    float x[C::kNTiles][2];
+    float x[kValues];
 #pragma unroll
-    for (int j = 0; j < C::kNTiles; ++j) {
+    for (int f = 0; f < kValues; f += 2) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) x[j][i] = RoundToBf16Fast((acc[j][2 * r + i] * w) * inv + 0.0f);
-      const int col = col_base + 8 * j;
+      for (int i = 0; i < 2; ++i) {
+        const float a = acc[(f + i) / kCols][T::CIndex(r, (f + i) % kCols)];
+        x[f + i] = RoundToBf16Fast((a * w) * inv + 0.0f);
+      }
+      const int col = col_base + T::OutCol(0, f);
       if (cs != nullptr && col >= kNopeWidth) {
         const int k = (col - kNopeWidth) / 2;
         const float c = cs[k], sn = cs[32 + k];
-        const float e = x[j][0], o = x[j][1];
+        const float e = x[f], o = x[f + 1];
         // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
-        x[j][0] = (e * c + o * sn) + 0.0f;
-        x[j][1] = (o * c - e * sn) + 0.0f;
+        x[f] = (e * c + o * sn) + 0.0f;
+        x[f + 1] = (o * c - e * sn) + 0.0f;
       }
     }
     const int64_t out_row = int64_t{row} * p.num_heads + head;
     if (!p.out_mxfp8) {
       if (live) {
 #pragma unroll
-        for (int j = 0; j < C::kNTiles; ++j) {
-          *reinterpret_cast<uint32_t*>(p.out_bf16 + out_row * kValueWidth + col_base + 8 * j) =
-              PackBf16(x[j][0], x[j][1]);
+        for (int f = 0; f < kValues; f += 2) {
+          *reinterpret_cast<uint32_t*>(p.out_bf16 + out_row * kValueWidth + col_base +
+                                       T::OutCol(0, f)) = PackBf16(x[f], x[f + 1]);
         }
       }
     } else {
-      // A 32-lane MXFP8 group is 4 n-tiles; the quad's four lanes hold all of it.
+      // A 32-column MXFP8 group is 8 values of each of 4 neighbouring lanes.
 #pragma unroll
-      for (int q = 0; q < C::kNTiles / 4; ++q) {
+      for (int q = 0; q < kValues / 8; ++q) {
         float amax = 0.0f;
 #pragma unroll
-        for (int j = 4 * q; j < 4 * q + 4; ++j) amax = fmaxf(amax, fmaxf(fabsf(x[j][0]), fabsf(x[j][1])));
+        for (int f = 8 * q; f < 8 * q + 8; f += 2) {
+          amax = fmaxf(amax, fmaxf(fabsf(x[f]), fabsf(x[f + 1])));
+        }
         amax = WarpXorMax(amax, 1);
         amax = WarpXorMax(amax, 2);
         const uint8_t sb = MxScaleByte(amax);
         const float inv_scale = Pow2(127 - static_cast<int>(sb));
         if (live) {
 #pragma unroll
-          for (int j = 4 * q; j < 4 * q + 4; ++j) {
-            const uint16_t two = MxEncodePair(x[j][0], x[j][1], inv_scale);
-            *reinterpret_cast<uint16_t*>(p.mx_data + out_row * kValueWidth + col_base + 8 * j) =
-                two;
+          for (int f = 8 * q; f < 8 * q + 8; f += 2) {
+            const uint16_t two = MxEncodePair(x[f], x[f + 1], inv_scale);
+            *reinterpret_cast<uint16_t*>(p.mx_data + out_row * kValueWidth + col_base +
+                                         T::OutCol(0, f)) = two;
           }
           if (lane % 4 == 0) {
-            p.mx_scales[out_row * kMxGroupsPerHead + (wg * C::kColsPerWarp) / kMxGroup + q] = sb;
+            p.mx_scales[out_row * kMxGroupsPerHead + (wg * C::kColsPerWarp) / kMxGroup +
+                        T::OutGroup(lane, q)] = sb;
           }
         }
       }
     }
-    if (live && p.lse != nullptr && wg == 0 && lane % 4 == 0) p.lse[out_row] = lse;
+    if (live && p.lse != nullptr && wg == 0 && lane % T::kRowLanes == 0) p.lse[out_row] = lse;
   }
 }
 

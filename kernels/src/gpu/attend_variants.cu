@@ -31,11 +31,13 @@ constexpr Variant MakeVariant() {
 // All on 64-key tiles, one program per SM (measured on the H200: 32-key tiles with two
 // programs per SM were slower). 16 heads: 8 warps with Q in registers (256 threads, up to 255
 // registers each); 4 warps were 20-30 % slower. 32 and 64 heads: 4 warps per 16 heads, Q read
-// from shared memory (at 32 heads 3-10 % faster than 8 warps per 16 heads).
+// from shared memory (at 32 heads 3-10 % faster than 8 warps per 16 heads). A 16-key MFMA
+// n-tile allows at most 4 wavefronts per 16 heads on gfx950 (not measured there).
+inline constexpr int kW16 = kWarpSize == 32 ? 8 : 4;
 constexpr std::array kVariants = {
-    MakeVariant<512, 16, 8, true, 64, 1>(),  MakeVariant<512, 32, 4, false, 64, 1>(),
-    MakeVariant<512, 64, 4, false, 64, 1>(), MakeVariant<576, 16, 8, true, 64, 1>(),
-    MakeVariant<576, 32, 4, false, 64, 1>(), MakeVariant<576, 64, 4, false, 64, 1>(),
+    MakeVariant<512, 16, kW16, true, 64, 1>(), MakeVariant<512, 32, 4, false, 64, 1>(),
+    MakeVariant<512, 64, 4, false, 64, 1>(),   MakeVariant<576, 16, kW16, true, 64, 1>(),
+    MakeVariant<576, 32, 4, false, 64, 1>(),   MakeVariant<576, 64, 4, false, 64, 1>(),
 };
 
 // Direct kernels (fp8_dsv4 and fp8_per_tensor segments). 16-head programs are register-capped
@@ -51,7 +53,7 @@ struct DirectVariant {
 template <int kQk, int kHb, int kBlocks>
 constexpr DirectVariant MakeDirect() {
   using C = DirectConfig<kQk, kHb, kBlocks>;
-  static_assert(C::kThreads == 256, "the launch below assumes 8 warps");
+  static_assert(C::kThreads == 256, "the launch below assumes 256 threads");
   return {kQk, kHb, kBlocks, &SparseMlaAttendDirectKernel<C>};
 }
 
@@ -136,9 +138,9 @@ absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int h
   const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   void* args[] = {const_cast<AttendKernelParams*>(&p)};
-  return ToStatus(cudaLaunchKernel(reinterpret_cast<const void*>(v->fn),
-                                   dim3(static_cast<unsigned>(programs)), dim3(256), args,
-                                   static_cast<size_t>(shared_bytes), stream),
+  return ToStatus(LaunchKernel(reinterpret_cast<const void*>(v->fn),
+                               dim3(static_cast<unsigned>(programs)), dim3(256), args,
+                               static_cast<size_t>(shared_bytes), stream),
                   "direct attention kernel launch");
 }
 
@@ -153,13 +155,12 @@ bool AttendVariantExists(int qk_width, int head_block) {
 
 absl::Status PrepareAttendVariants(int64_t max_bytes) {
   for (const Variant& v : kVariants) {
-    SMLA_GPU_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        reinterpret_cast<const void*>(v.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes)));
+    SMLA_GPU_RETURN_IF_ERROR(
+        SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
   for (const DirectVariant& v : kDirectVariants) {
-    SMLA_GPU_RETURN_IF_ERROR(cudaFuncSetAttribute(reinterpret_cast<const void*>(v.fn),
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(max_bytes)));
+    SMLA_GPU_RETURN_IF_ERROR(
+        SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
   return absl::OkStatus();
 }
@@ -174,9 +175,9 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
   const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   void* args[] = {const_cast<AttendKernelParams*>(&p)};
-  return ToStatus(cudaLaunchKernel(reinterpret_cast<const void*>(v->fn),
-                                   dim3(static_cast<unsigned>(programs)), dim3(v->threads), args,
-                                   static_cast<size_t>(shared_bytes), stream),
+  return ToStatus(LaunchKernel(reinterpret_cast<const void*>(v->fn),
+                               dim3(static_cast<unsigned>(programs)), dim3(v->threads), args,
+                               static_cast<size_t>(shared_bytes), stream),
                   "attention kernel launch");
 }
 

@@ -29,6 +29,28 @@ inline constexpr int kWarpSize = 32;
 
 #if defined(SMLA_DEVICE_CUDA)
 
+using LaneMask = uint32_t;  // one bit per lane of a warp
+
+// This lane's index in its warp (the kernels launch 1-D blocks).
+__device__ __forceinline__ int LaneId() { return static_cast<int>(threadIdx.x % kWarpSize); }
+// Bit i set when lane i's predicate is true.
+__device__ __forceinline__ LaneMask WarpBallot(bool pred) {
+  return __ballot_sync(0xffffffffu, pred);
+}
+// Whether the predicate holds in every lane.
+__device__ __forceinline__ bool WarpAll(bool pred) { return __all_sync(0xffffffffu, pred); }
+// v of lane `src`.
+__device__ __forceinline__ uint32_t WarpShuffle(uint32_t v, int src) {
+  return __shfl_sync(0xffffffffu, v, src);
+}
+__device__ __forceinline__ uint64_t WarpShuffle(uint64_t v, int src) {
+  return __shfl_sync(0xffffffffu, static_cast<unsigned long long>(v), src);
+}
+template <class T>
+__device__ __forceinline__ T* WarpShufflePtr(T* p, int src) {
+  return reinterpret_cast<T*>(WarpShuffle(reinterpret_cast<uint64_t>(p), src));
+}
+
 __device__ __forceinline__ float WarpXorMax(float v, int mask) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, mask));
 }
@@ -105,6 +127,10 @@ __device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
+
+// The scale pair dequantised KV values are multiplied by (a bf16 pair here, two f32 on HIP).
+using KvScale = __nv_bfloat162;
+__device__ __forceinline__ KvScale UnitKvScale() { return __float2bfloat162_rn(1.0f); }
 
 // Four e4m3 codes (byte i of `codes`) to four bf16 values times `scale` (bf16x2, both halves
 // equal), as two packed words: codes 0-1 and 2-3. The code's bits are placed in a bf16 whose

@@ -80,6 +80,9 @@ __device__ __forceinline__ LaneMask WarpBallot(bool pred) {
   return static_cast<LaneMask>(__ballot(pred));
 }
 
+// Whether the predicate holds in every lane of the wavefront.
+__device__ __forceinline__ bool WarpAll(bool pred) { return __all(pred) != 0; }
+
 // This lane's index in its wavefront.
 __device__ __forceinline__ int LaneId() {
 #if defined(__HIP_DEVICE_COMPILE__)
@@ -311,6 +314,17 @@ __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, KvScale scal
 // The same without a scale (fp8_per_tensor folds its scale into the scores and P).
 __device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
   return E4m3x4ToBf16Scaled(codes, UnitKvScale());
+}
+
+// The folded fp8_dsv4 conversion's names (CUDA multiplies once by 2^(120 + k) in bf16): here
+// the factor is the scale times 2^120 in f32 and the conversion takes the 2^120 back out, both
+// exact, so the result equals E4m3x4ToBf16Scaled's.
+__device__ __forceinline__ KvScale E8m0PairTimes2p120(uint32_t lo, uint32_t hi) {
+  return KvScale{BitsFloat((lo + 120) << 23), BitsFloat((hi + 120) << 23)};
+}
+__device__ __forceinline__ uint2 E4m3x4ToBf16Times(uint32_t codes, KvScale factor) {
+  constexpr float k2m120 = 0x1p-120f;
+  return E4m3x4ToBf16Scaled(codes, KvScale{factor[0] * k2m120, factor[1] * k2m120});
 }
 
 // Bytes of (a, b) chosen by `selector` as CUDA's __byte_perm: result byte i is byte
