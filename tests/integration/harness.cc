@@ -6,7 +6,12 @@ void Harness::Start(const std::vector<std::string>& args, const std::string& mod
   auto s = ServerProcess::Start(args);
   ASSERT_TRUE(s.ok()) << s.status();
   server = std::move(*s);
-  client = server->Connect();
+  Attach(server->Connect(), model);
+}
+
+void Harness::Attach(std::unique_ptr<client::Client> c, const std::string& model) {
+  ASSERT_NE(c, nullptr);
+  client = std::move(c);
   auto info = client->Info();
   ASSERT_TRUE(info.ok()) << info.status();
   bool found = false;

@@ -20,6 +20,8 @@ class Harness {
  public:
   // Starts a server with `args` and picks `model` from its ServerInfo.
   void Start(const std::vector<std::string>& args, const std::string& model);
+  // Acts through `c` (one more client, e.g. another tenant) on a server owned elsewhere.
+  void Attach(std::unique_ptr<client::Client> c, const std::string& model);
   // Uploads sinks (when the model has them) and a rope table of `positions` rows, to the
   // server and to the reference.
   void UploadTables(int32_t positions);

@@ -52,20 +52,6 @@ std::unique_ptr<client::Client> ConnectAs(const ServerProcess& s, const std::str
   return c.ok() ? std::move(*c) : nullptr;
 }
 
-// A harness acting for one tenant on a server it does not own.
-void Attach(Harness& h, std::unique_ptr<client::Client> c, const std::string& model) {
-  h.client = std::move(c);
-  auto info = h.client->Info();
-  ASSERT_TRUE(info.ok()) << info.status();
-  for (const auto& m : info->models()) {
-    if (m.profile() == model) h.model_ = m;
-  }
-  ASSERT_EQ(h.model_.profile(), model);
-  auto r = client::Reference::Create(h.model_, 1 << 16);
-  ASSERT_TRUE(r.ok()) << r.status();
-  h.ref = std::move(*r);
-}
-
 int32_t FirstLayer(const v1::ModelInfo& m, v1::LayerKind kind) {
   for (int32_t l = 0; l < m.layers_size(); ++l) {
     if (m.layers(l).kind() == kind) return l;
@@ -177,7 +163,7 @@ TEST(SecurityTest, TenantQuotas) {
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string model = "dsv4.1-flash";
   Harness a;
-  ASSERT_NO_FATAL_FAILURE(Attach(a, ConnectAs(**s, "tok-alice-1234"), model));
+  ASSERT_NO_FATAL_FAILURE(a.Attach(ConnectAs(**s, "tok-alice-1234"), model));
   auto bob = ConnectAs(**s, "tok-bob-5678");
   ASSERT_TRUE(a.client->CreateSequence(model, "s1").ok());
   ASSERT_TRUE(a.client->CreateSequence(model, "s2").ok());
@@ -215,7 +201,7 @@ TEST(SecurityTest, IdleSequencesAreReleased) {
   auto s = ServerProcess::Start({kDsv41, "--sequence_idle_timeout=400ms"});
   ASSERT_TRUE(s.ok()) << s.status();
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(Attach(h, (*s)->Connect(), "dsv4.1-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.Attach((*s)->Connect(), "dsv4.1-flash"));
   ASSERT_NO_FATAL_FAILURE(h.UploadTables(4096));
   const int32_t topk_layer = FirstLayer(h.model_, v1::LAYER_KIND_SWA_TOPK);
   ASSERT_GE(topk_layer, 0);
@@ -350,8 +336,8 @@ TEST(SecurityTest, CrossTenantIsolation) {
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string model = "dsv4.1-flash";
   Harness a, b;
-  ASSERT_NO_FATAL_FAILURE(Attach(a, ConnectAs(**s, "tok-alice-1234"), model));
-  ASSERT_NO_FATAL_FAILURE(Attach(b, ConnectAs(**s, "tok-bob-5678"), model));
+  ASSERT_NO_FATAL_FAILURE(a.Attach(ConnectAs(**s, "tok-alice-1234"), model));
+  ASSERT_NO_FATAL_FAILURE(b.Attach(ConnectAs(**s, "tok-bob-5678"), model));
   b.rng.seed(999);  // different data from a; the same tables below
   ASSERT_NO_FATAL_FAILURE(a.UploadTables(4096));
   std::mt19937_64 same_tables{12345};
