@@ -48,6 +48,8 @@ ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
 ABSL_FLAG(int64_t, inject_backend_failure_after, -1,
           "Fault tests: every Attend after this many served ones fails (INTERNAL); -1 = off");
+ABSL_FLAG(int32_t, inject_attend_delay_ms, 0,
+          "Fault tests: hold every served Attend this many ms before it runs (a slow device)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -201,13 +203,15 @@ int Run() {
                  m.heads_per_rank, kernels::KvFormatName(m.kv_format), m.page_rows, m.pool_bytes);
   }
   edge::FaultInjectingBackend* fault = nullptr;
-  if (absl::GetFlag(FLAGS_inject_backend_failure_after) >= 0) {
-    auto wrapped = std::make_unique<edge::FaultInjectingBackend>(
-        std::move(*backend), absl::GetFlag(FLAGS_inject_backend_failure_after));
+  const edge::FaultOptions faults{
+      .attends_before_failure = absl::GetFlag(FLAGS_inject_backend_failure_after),
+      .attend_delay = absl::Milliseconds(absl::GetFlag(FLAGS_inject_attend_delay_ms))};
+  if (faults.attends_before_failure >= 0 || faults.attend_delay > absl::ZeroDuration()) {
+    auto wrapped = std::make_unique<edge::FaultInjectingBackend>(std::move(*backend), faults);
     fault = wrapped.get();
     *backend = std::move(wrapped);
-    spdlog::warn("fault injection: Attend fails after {} calls",
-                 absl::GetFlag(FLAGS_inject_backend_failure_after));
+    spdlog::warn("fault injection: Attend fails after {} calls (-1: never), each held {}",
+                 faults.attends_before_failure, absl::FormatDuration(faults.attend_delay));
   }
   auto core = ServiceCore::Create(*config, std::move(*backend));
   if (!core.ok()) {

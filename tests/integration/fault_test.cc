@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "harness.h"
+#include "heavy_step.h"
 
 namespace smla::testing {
 namespace {
@@ -43,45 +44,7 @@ int64_t RssBytes(pid_t pid) {
   return -1;
 }
 
-// A harness for one more client of a server owned elsewhere.
-void Attach(Harness& h, const ServerProcess& s, const std::string& model) {
-  h.client = s.Connect();
-  auto info = h.client->Info();
-  ASSERT_TRUE(info.ok()) << info.status();
-  for (const auto& m : info->models()) {
-    if (m.profile() == model) h.model_ = m;
-  }
-  ASSERT_EQ(h.model_.profile(), model);
-  auto r = client::Reference::Create(h.model_, 1 << 16);
-  ASSERT_TRUE(r.ok()) << r.status();
-  h.ref = std::move(*r);
-}
-
 std::string Seq(int i) { return absl::StrCat("s", i); }
-
-constexpr int32_t kHeavyBase = 256;
-constexpr int32_t kHeavyRows = 1536;
-
-// A GLM step that runs for a second or more on the CPU backend (see lifecycle_test.cc).
-v1::StepRequest PrepareHeavy(Harness& h) {
-  EXPECT_TRUE(h.client->CreateSequence(h.ModelName(), "heavy").ok());
-  h.StepAndCheck(h.Make(0, {{"heavy", 0, kHeavyBase, 0}}));
-  return h.Make(0, {{"heavy", kHeavyBase, kHeavyRows, 0}});
-}
-
-int64_t PagesUsed(Harness& h) {
-  auto info = h.client->Info();
-  return info.ok() ? info->models(0).pool().pages_used() : -1;
-}
-
-// Waits until a launch has reserved the heavy step's pages (the kernel is then running).
-void WaitLaunched(Harness& h, int64_t pages_before) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (PagesUsed(h) < pages_before + kHeavyRows / h.model_.pool().page_rows() &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-}
 
 // The child side of KilledClientMidStream: steps its own sequence through a stream until
 // killed. Skipped unless the parent test started it.
@@ -198,7 +161,8 @@ TEST(FaultTest, SlowReaderHoldsBoundedMemory) {
 
 TEST(FaultTest, BurstPastTheQueueLimit) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--max_queued_requests=4"}, "glm-5.3-flash"));
+  ASSERT_NO_FATAL_FAILURE(
+      h.Start({kGlm53, kHoldBackend, "--max_queued_requests=4"}, "glm-5.3-flash"));
   const v1::StepRequest heavy = PrepareHeavy(h);
   std::vector<v1::StepRequest> small;
   for (int i = 0; i < 5; ++i) {
@@ -242,7 +206,7 @@ TEST(FaultTest, BurstPastTheQueueLimit) {
 // is promised; after a deadline the caller reads the stored length to learn the outcome.
 TEST(FaultTest, DeadlineExpiresWhileKernelRuns) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, kHoldBackend}, "glm-5.3-flash"));
   const v1::StepRequest heavy = PrepareHeavy(h);
   const int64_t before = PagesUsed(h);
   auto late = std::async(std::launch::async,
@@ -292,7 +256,7 @@ TEST(FaultTest, SigtermUnderLoad) {
   constexpr int kClients = 4;
   std::vector<Harness> hs(kClients);
   for (int i = 0; i < kClients; ++i) {
-    ASSERT_NO_FATAL_FAILURE(Attach(hs[i], *h.server, "glm-5.3-flash"));
+    ASSERT_NO_FATAL_FAILURE(hs[i].Attach(h.server->Connect(), "glm-5.3-flash"));
     hs[i].rng.seed(100 + i);
     ASSERT_TRUE(hs[i].client->CreateSequence(hs[i].ModelName(), Seq(i)).ok());
   }
@@ -338,7 +302,7 @@ TEST(FaultTest, SoakAtHighConcurrency) {
   constexpr int kClients = 12;
   std::vector<Harness> hs(kClients);
   for (int i = 0; i < kClients; ++i) {
-    ASSERT_NO_FATAL_FAILURE(Attach(hs[i], *h.server, "dsv4.1-flash"));
+    ASSERT_NO_FATAL_FAILURE(hs[i].Attach(h.server->Connect(), "dsv4.1-flash"));
     ASSERT_NO_FATAL_FAILURE(hs[i].UploadTables(1 << 16));  // the same tables for everyone
     hs[i].rng.seed(1000 + i);
     ASSERT_TRUE(hs[i].client->CreateSequence(hs[i].ModelName(), Seq(i)).ok());

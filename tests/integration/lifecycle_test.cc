@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "harness.h"
+#include "heavy_step.h"
 #include "prometheus_text.h"
 
 namespace smla::testing {
@@ -16,36 +17,13 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr int32_t kHeavyBase = 256;
-constexpr int32_t kHeavyRows = 1536;
-
-// Prefills "heavy" with kHeavyBase positions and returns a request that appends kHeavyRows
-// more, each choosing up to 2,048 earlier positions: a step that runs for one to two seconds
-// on the CPU backend, so other calls queue behind it.
-v1::StepRequest PrepareHeavy(Harness& h) {
-  EXPECT_TRUE(h.client->CreateSequence(h.ModelName(), "heavy").ok());
-  h.StepAndCheck(h.Make(0, {{"heavy", 0, kHeavyBase, 0}}));
-  return h.Make(0, {{"heavy", kHeavyBase, kHeavyRows, 0}});
-}
-
-int64_t PagesUsed(Harness& h) {
-  auto info = h.client->Info();
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->models(0).pool().pages_used() : -1;
-}
-
 // Sends the heavy step and returns once the server has launched it: a launch reserves the
 // pages of its new rows before the kernel runs (the stored length moves only at the end).
 std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(Harness& h,
                                                           const v1::StepRequest& heavy) {
   const int64_t before = PagesUsed(h);
-  const int64_t page_rows = h.model_.pool().page_rows();
   auto running = std::async(std::launch::async, [&h, &heavy] { return h.client->Step(heavy); });
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (PagesUsed(h) < before + kHeavyRows / page_rows &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(2));
-  }
+  WaitLaunched(h, before);
   EXPECT_EQ(h.Length("heavy", 0), kHeavyBase) << "the heavy step ended before the test ran";
   return running;
 }
@@ -58,7 +36,7 @@ absl::StatusOr<Exposition> Scrape(const ServerProcess& s) {
 
 TEST(LifecycleTest, CancelAndDeadlineWhileQueued) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, kHoldBackend}, "glm-5.3-flash"));
   const v1::StepRequest heavy = PrepareHeavy(h);
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "q").ok());
   h.StepAndCheck(h.Make(0, {{"q", 0, 8, 0}}));
@@ -122,7 +100,7 @@ TEST(LifecycleTest, CancelAndDeadlineWhileQueued) {
 
 TEST(LifecycleTest, SigtermFinishesWorkInFlightThenExitsZero) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, kHoldBackend}, "glm-5.3-flash"));
   const v1::StepRequest heavy = PrepareHeavy(h);
   auto running = LaunchHeavy(h, heavy);
   const auto signalled = std::chrono::steady_clock::now();

@@ -1,6 +1,8 @@
-// A backend wrapper for fault tests (--inject_backend_failure_after N): after N more Attend
-// calls from the moment it is armed, every Attend fails with INTERNAL, as a device fault would.
-// Everything else is passed through.
+// A backend wrapper for fault tests. Once armed: with --inject_backend_failure_after N, every
+// Attend after N more fails with INTERNAL, as a device fault would; with
+// --inject_attend_delay_ms D, every Attend is held D ms before it runs, as on a slow device, so
+// that tests can queue calls behind a running step on any backend. Everything else is passed
+// through.
 #pragma once
 
 #include <atomic>
@@ -9,14 +11,24 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "smla/kernels/backend.h"
 
 namespace smla::server::edge {
 
+struct FaultOptions {
+  int64_t attends_before_failure = -1;  // -1: never fail
+  absl::Duration attend_delay;
+};
+
 class FaultInjectingBackend final : public kernels::Backend {
  public:
-  FaultInjectingBackend(std::unique_ptr<kernels::Backend> inner, int64_t attends_before_failure)
-      : inner_(std::move(inner)), budget_(attends_before_failure) {}
+  FaultInjectingBackend(std::unique_ptr<kernels::Backend> inner, const FaultOptions& options)
+      : inner_(std::move(inner)),
+        fail_(options.attends_before_failure >= 0),
+        budget_(options.attends_before_failure),
+        delay_(options.attend_delay) {}
 
   // Starts counting (after warm-up, so the count is in served calls).
   void Arm() { armed_.store(true); }
@@ -44,9 +56,11 @@ class FaultInjectingBackend final : public kernels::Backend {
     return inner_->WriteRows(params, stream);
   }
   absl::Status Attend(const kernels::AttendParams& params, kernels::Stream& stream) override {
-    if (armed_.load() && budget_.fetch_sub(1) <= 0) {
+    if (!armed_.load()) return inner_->Attend(params, stream);
+    if (fail_ && budget_.fetch_sub(1) <= 0) {
       return absl::InternalError("injected backend failure (--inject_backend_failure_after)");
     }
+    if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
     return inner_->Attend(params, stream);
   }
   absl::Status Synchronize(kernels::Stream& stream) override {
@@ -55,8 +69,10 @@ class FaultInjectingBackend final : public kernels::Backend {
 
  private:
   std::unique_ptr<kernels::Backend> inner_;
+  const bool fail_;
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> budget_;
+  const absl::Duration delay_;
 };
 
 }  // namespace smla::server::edge

@@ -1,0 +1,28 @@
+#include "heavy_step.h"
+
+#include <chrono>
+#include <thread>
+
+namespace smla::testing {
+
+v1::StepRequest PrepareHeavy(Harness& h) {
+  EXPECT_TRUE(h.client->CreateSequence(h.ModelName(), "heavy").ok());
+  h.StepAndCheck(h.Make(0, {{"heavy", 0, kHeavyBase, 0}}));
+  return h.Make(0, {{"heavy", kHeavyBase, kHeavyRows, 0}});
+}
+
+int64_t PagesUsed(Harness& h) {
+  auto info = h.client->Info();
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->models(0).pool().pages_used() : -1;
+}
+
+void WaitLaunched(Harness& h, int64_t pages_before) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (PagesUsed(h) < pages_before + kHeavyRows / h.model_.pool().page_rows() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+}  // namespace smla::testing

@@ -1,0 +1,27 @@
+// A step that keeps the backend busy while a test queues other calls behind it, on any backend:
+// the server runs with kHoldBackend, which holds every Attend for a while (a GPU finishes the
+// step itself in milliseconds, the CPU backend in about a second).
+#pragma once
+
+#include <cstdint>
+
+#include "harness.h"
+
+namespace smla::testing {
+
+inline constexpr int32_t kHeavyBase = 256;
+inline constexpr int32_t kHeavyRows = 1536;
+inline const char kHoldBackend[] = "--inject_attend_delay_ms=500";
+
+// Prefills sequence "heavy" with kHeavyBase positions and returns a request that appends
+// kHeavyRows more, each choosing up to 2,048 earlier positions.
+v1::StepRequest PrepareHeavy(Harness& h);
+
+// Pages in use in the served model's pool.
+int64_t PagesUsed(Harness& h);
+
+// Waits (up to 30 s) until a launch has reserved the heavy step's pages: the step then runs,
+// and its stored length moves only when it ends.
+void WaitLaunched(Harness& h, int64_t pages_before);
+
+}  // namespace smla::testing
