@@ -223,13 +223,14 @@ std::string TextSummary(const RunStats& r) {
       "N=%d%s: %.2fs, %lld calls, %lld steps, %.1f calls/s, %.2f steps/s, %.0f rows/s\n"
       "  call latency ms: p50 %.3f p90 %.3f p95 %.3f p99 %.3f max %.3f mean %.3f\n"
       "  step latency ms: p50 %.3f p99 %.3f\n"
-      "  per call p50 ms: overhead %.3f, queue %.3f, kernel %.3f; e2e-kernel %.3f; mean batch "
-      "%.2f requests\n",
+      "  per call p50 ms: overhead %.3f (transport %.3f, service %.3f), queue %.3f, kernel %.3f; "
+      "e2e-kernel %.3f; mean batch %.2f requests\n",
       r.concurrency, r.rate > 0 ? absl::StrFormat(" rate %.1f/s", r.rate) : "", r.seconds,
       static_cast<long long>(r.calls), static_cast<long long>(r.steps), r.calls_per_s,
       r.steps_per_s, r.rows_per_s, r.call_ms.p50, r.call_ms.p90, r.call_ms.p95, r.call_ms.p99,
       r.call_ms.max, r.call_ms.mean, r.step_ms.p50, r.step_ms.p99, r.overhead_ms.p50,
-      r.queue_ms.p50, r.kernel_ms.p50, r.e2e_minus_kernel_ms.p50, r.mean_batch_requests);
+      r.transport_ms.p50, r.service_ms.p50, r.queue_ms.p50, r.kernel_ms.p50,
+      r.e2e_minus_kernel_ms.p50, r.mean_batch_requests);
   absl::StrAppendFormat(&o, "  goodput: %.2f steps/s, %.0f rows/s%s\n", r.goodput_steps_per_s,
                         r.goodput_rows_per_s, r.slo_met ? "" : " (SLO broken)");
   if (!r.errors.empty()) {
@@ -266,6 +267,8 @@ std::string ToJson(const Report& rep) {
         ",\n     \"call_ms\": ", JsonPercentiles(r.call_ms),
         ",\n     \"step_ms\": ", JsonPercentiles(r.step_ms),
         ",\n     \"overhead_ms\": ", JsonPercentiles(r.overhead_ms),
+        ",\n     \"transport_ms\": ", JsonPercentiles(r.transport_ms),
+        ",\n     \"service_ms\": ", JsonPercentiles(r.service_ms),
         ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
         ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
         ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),

@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 struct CallSample {
-  double e2e_ms, queue_ms, kernel_ms;
+  double e2e_ms, server_ms, queue_ms, kernel_ms;
   int batch_requests;
 };
 
@@ -109,8 +109,9 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
           break;
         }
         const auto& tm = resp.timings();
-        step.calls.push_back(CallSample{Ms(now - call_start), tm.queued_us() / 1e3,
-                                        tm.kernel_us() / 1e3, tm.batch_requests()});
+        step.calls.push_back(CallSample{Ms(now - call_start), tm.server_us() / 1e3,
+                                        tm.queued_us() / 1e3, tm.kernel_us() / 1e3,
+                                        tm.batch_requests()});
         step.rows += resp.out().shape_size() > 0 ? resp.out().shape(0) : 0;
         call_start = now;
       }
@@ -160,7 +161,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   if (options.steps > 0) r.seconds = std::chrono::duration<double>(t_end - measure_from).count();
   r.seconds = std::max(r.seconds, 1e-9);
   r.errors = out.errors;
-  std::vector<double> call_ms, step_ms, overhead, queue, kernel, e2e_minus_kernel;
+  std::vector<double> call_ms, step_ms, overhead, transport, service, queue, kernel,
+      e2e_minus_kernel;
   double batch_sum = 0;
   int64_t good_rows = 0;
   for (const StepSample& s : out.steps) {
@@ -178,6 +180,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
       queue.push_back(c.queue_ms);
       kernel.push_back(c.kernel_ms);
       overhead.push_back(std::max(0.0, c.e2e_ms - c.queue_ms - c.kernel_ms));
+      transport.push_back(std::max(0.0, c.e2e_ms - c.server_ms));
+      service.push_back(std::max(0.0, c.server_ms - c.queue_ms - c.kernel_ms));
       e2e_minus_kernel.push_back(c.e2e_ms - c.kernel_ms);
       batch_sum += c.batch_requests;
     }
@@ -191,6 +195,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   r.call_ms = Summarise(call_ms);
   r.step_ms = Summarise(step_ms);
   r.overhead_ms = Summarise(overhead);
+  r.transport_ms = Summarise(transport);
+  r.service_ms = Summarise(service);
   r.queue_ms = Summarise(queue);
   r.kernel_ms = Summarise(kernel);
   r.e2e_minus_kernel_ms = Summarise(e2e_minus_kernel);

@@ -47,8 +47,10 @@ struct RunStats {
   std::vector<HistogramBin> histogram;    // of call latency
   std::map<std::string, int64_t> errors;  // status code name -> measured calls
   // Per call, from the server's timings: end-to-end = overhead + queue + kernel, where
-  // overhead is transport, parsing and response building (client and server side).
-  Percentiles overhead_ms, queue_ms, kernel_ms, e2e_minus_kernel_ms;
+  // overhead is transport, parsing and response building (client and server side). Overhead
+  // splits into transport (end-to-end minus the server's own time: client, gRPC, network) and
+  // service (the server's time outside queue and kernel: parsing, validation, the response).
+  Percentiles overhead_ms, transport_ms, service_ms, queue_ms, kernel_ms, e2e_minus_kernel_ms;
   double mean_batch_requests = 0;
   int64_t good_steps = 0;  // within the SLO
   double goodput_steps_per_s = 0, goodput_rows_per_s = 0;
