@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 5, item 3: smla-server (CUDA backend) and smla-bench on one GPU machine for
 # dsv4.1-flash fp8_dsv4 TP4, decode C=1,16,32,64 at 128K, shared memory and inline bytes, one
-# and four streams. Writes docs/results/bench-h200-c<C>-<transport>.{json,html}.
+# and four streams. Writes docs/results/bench-h200-c<C>-<transport>.{json,html} (SMLA_OUT_DIR).
+# Knobs: DURATION_S (10), PREFILL_CHUNK (16384 rows per pre-fill call), FOUR_STREAMS (cells
+# also run with four streams, default "32-shm").
 # Usage: scripts/bench_h200.sh [BUILD_DIR] (default build-gpu, configured with
 # -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
 set -euo pipefail
@@ -31,14 +33,20 @@ for _ in $(seq 120); do
 done
 
 # Layer 20 is a c1 layer (SWA 128 + top-512 of the 1/1 cache), the layer kbench times.
+# Four streams (batching) run where FOUR_STREAMS names the cell: pre-filling 4 x C sequences of
+# 128K is the long part of the run.
+duration=${DURATION_S:-10}
 for c in 1 16 32 64; do
-  levels=1,4
-  [ "$c" = 64 ] && levels=${C64_LEVELS:-1}  # pre-filling 4 x 64 sequences of 128K is long
   for t in shm inline; do
+    levels=1
+    [[ " ${FOUR_STREAMS:-32-shm} " == *" $c-$t "* ]] && levels=1,4
+    echo "$(date -u +%T) bench: C=$c $t, streams $levels"
     "$bench_bin" --server 127.0.0.1:$port \
       --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
       --output mxfp8 --inverse_rope --transport "$t" --mode stream \
-      --concurrency "$levels" --sweep_min_gain -1 --warmup_s 2 --duration_s 10 \
+      --concurrency "$levels" --sweep_min_gain -1 --warmup_s 2 --duration_s "$duration" \
+      --prefill_chunk "${PREFILL_CHUNK:-16384}" \
       --json "$out/bench-h200-c$c-$t.json" --html "$out/bench-h200-c$c-$t.html"
   done
 done
+echo "$(date -u +%T) bench: done"
