@@ -171,7 +171,7 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
 
 // One tile: scores, the shared row maxima, P, then P V. `m_run` is the same in every warp;
 // `l_run` is this lane's share of the row sums (its own keys only). [gr][r]: head
-// 16 gr + MmaTile::Row(lane, r) of the block.
+// MmaTile::Row(16 gr, lane, r) of the block.
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
@@ -201,10 +201,8 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
     if (lane % T::kRowLanes == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        red_max[(16 * gr + T::Row(lane, r)) * C::kWarps + warp] = tmax[r];
-      }
+      ForEachIndex<kRows>(
+          [&](auto r) { red_max[T::Row(16 * gr, lane, r) * C::kWarps + warp] = tmax[r]; });
     }
   }
   __syncthreads();
@@ -214,7 +212,7 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
     float m_use[kRows], alpha[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float* rm = red_max + (16 * gr + T::Row(lane, r)) * C::kWarps;
+      const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
       float tm = rm[0];
 #pragma unroll
       for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
@@ -231,7 +229,7 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
       l_run[gr][r] = (i % kCols) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
       const int key = T::kN * warp + T::Col(lane, i % kCols);
       const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
-      p_s[(16 * gr + T::Row(lane, r)) * C::kPStride + pos] =
+      p_s[T::Row(16 * gr, lane, r) * C::kPStride + pos] =
           static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
     }
 #pragma unroll
@@ -352,7 +350,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   float acc[C::kGroups][C::kNTiles][4];
-  float m_run[C::kGroups][kRows];  // heads 16 gr + T::Row(lane, r), base 2
+  float m_run[C::kGroups][kRows];  // heads T::Row(16 gr, lane, r), base 2
   float l_run[C::kGroups][kRows];
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
@@ -408,7 +406,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int r = 0; r < kRows; ++r) {
       l_run[gr][r] = RowGroupSum<T::kRowLanes>(l_run[gr][r]);
       if (lane % T::kRowLanes == 0)
-        red_sum[(16 * gr + T::Row(lane, r)) * C::kWarps + warp] = l_run[gr][r];
+        red_sum[T::Row(16 * gr, lane, r) * C::kWarps + warp] = l_run[gr][r];
     }
   }
   __syncthreads();
@@ -418,7 +416,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int r = 0; r < kRows; ++r) {
       float l = 0.0f;
 #pragma unroll
-      for (int w = 0; w < C::kWarps; ++w) l += red_sum[(16 * gr + T::Row(lane, r)) * C::kWarps + w];
+      for (int w = 0; w < C::kWarps; ++w) l += red_sum[T::Row(16 * gr, lane, r) * C::kWarps + w];
       l_run[gr][r] = l;
     }
   }
@@ -430,7 +428,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const int head = head0 + 16 * gr + T::Row(lane, r);
+        const int head = T::Row(head0 + 16 * gr, lane, r);
         if (head >= p.num_heads) continue;
         const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
         float* dst = p.part_acc + ph * kValueWidth + col_base;
@@ -459,7 +457,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int head = head0 + 16 * gr + T::Row(lane, r);
+      const int head = T::Row(head0 + 16 * gr, lane, r);
       const bool live = head < p.num_heads;
       const bool has_sink = p.sink != nullptr;
       const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;

@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float acc[C::kNTiles][4];
 #pragma unroll
   for (int j = 0; j < C::kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m_run[kRows];  // rows T::Row(lane, r) of the group, base 2
+  float m_run[kRows];  // rows T::Row(qrow, lane, r) of the block, base 2
   float l_run[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) m_run[r] = -INFINITY, l_run[r] = 0.0f;
@@ -494,15 +494,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
     if (lane % T::kRowLanes == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) red_max[(qrow + T::Row(lane, r)) * C::kW + wg] = tmax[r];
+      ForEachIndex<kRows>([&](auto r) { red_max[T::Row(qrow, lane, r) * C::kW + wg] = tmax[r]; });
     }
     __syncthreads();
     float m_new[kRows], m_use[kRows], alpha[kRows], psum[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       psum[r] = 0.0f;
-      const float* rm = red_max + (qrow + T::Row(lane, r)) * C::kW;
+      const float* rm = red_max + T::Row(qrow, lane, r) * C::kW;
       float tm = rm[0];
 #pragma unroll
       for (int w = 1; w < C::kW; ++w) tm = fmaxf(tm, rm[w]);
@@ -521,27 +520,25 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
       const int key = C::kKeysPerWarp * wg + T::kN * j + T::Col(lane, 0);
       const float ps = s.p_scale;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        uint16_t* dst = p_s + (qrow + T::Row(lane, r)) * C::kPStride + key;
+      ForEachIndex<kRows>([&](auto r) {
+        uint16_t* dst = p_s + T::Row(qrow, lane, r) * C::kPStride + key;
         if constexpr (kCols == 2) {
           *reinterpret_cast<uint32_t*>(dst) =
               PackBf16(pv[T::CIndex(r, 0)] * ps, pv[T::CIndex(r, 1)] * ps);
         } else {
           *dst = static_cast<uint16_t>(PackBf16(pv[T::CIndex(r, 0)] * ps, 0.0f));
         }
-      }
+      });
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) psum[r] = RowGroupSum<T::kRowLanes>(psum[r]);
     if (lane % T::kRowLanes == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) red_sum[(qrow + T::Row(lane, r)) * C::kW + wg] = psum[r];
+      ForEachIndex<kRows>([&](auto r) { red_sum[T::Row(qrow, lane, r) * C::kW + wg] = psum[r]; });
     }
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float* rs = red_sum + (qrow + T::Row(lane, r)) * C::kW;
+      const float* rs = red_sum + T::Row(qrow, lane, r) * C::kW;
       float ts = 0.0f;
 #pragma unroll
       for (int w = 0; w < C::kW; ++w) ts += rs[w];
@@ -580,7 +577,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   if (p.splits > 1) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int head = head0 + qrow + T::Row(lane, r);
+      const int head = T::Row(head0 + qrow, lane, r);
       if (head >= p.num_heads) continue;
       const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
       float* dst = p.part_acc + ph * kValueWidth;
@@ -603,7 +600,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int head = head0 + qrow + T::Row(lane, r);
+    const int head = T::Row(head0 + qrow, lane, r);
     const bool live = head < p.num_heads;
     const bool has_sink = p.sink != nullptr;
     const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;

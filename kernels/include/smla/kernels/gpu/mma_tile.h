@@ -4,7 +4,8 @@
 // ldmatrix), gfx950's the 16x16x32 MFMA of a 64-lane wavefront (primitives_hip.h).
 //
 // Accumulator c[4] of a lane: row slot r (0..kRowsPerLane-1), column slot i (0..kColsPerRow-1)
-// is c[CIndex(r, i)], at tile row Row(lane, r) and column Col(lane, i). The kRowLanes lanes
+// is c[CIndex(r, i)], at row Row(row0, lane, r) of a tile whose first row is row0, and column
+// Col(lane, i). The kRowLanes lanes
 // holding one row are an aligned group, so row reductions are butterflies inside it.
 //
 // P.V output columns: the tile kernel's warp owns a window of output columns, kNTiles n-tiles of
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "smla/kernels/gpu/primitives.h"
 #include "smla/kernels/hd.h"
@@ -31,7 +33,9 @@ struct MmaTile {
   static constexpr int kColsPerRow = 1;
   static constexpr int kRowLanes = 16;
   SMLA_HD static constexpr int CIndex(int r, int i) { return r * kColsPerRow + i; }
-  SMLA_HD static constexpr int Row(int lane, int r) { return Mfma16x16x32::CRow(lane, r); }
+  SMLA_HD static constexpr int Row(int row0, int lane, int r) {
+    return row0 + Mfma16x16x32::CRow(lane, r);
+  }
   SMLA_HD static constexpr int Col(int lane, int i) { return Mfma16x16x32::CCol(lane, i); }
   SMLA_HD static constexpr int OutCol(int lane, int f) { return 8 * (lane % 16) + f; }
   // The MXFP8 group (32 window columns) of a lane's value group q (values 8q..8q+7).
@@ -104,7 +108,7 @@ struct MmaTile {
   static constexpr int kColsPerRow = 2;
   static constexpr int kRowLanes = 4;
   SMLA_HD static constexpr int CIndex(int r, int i) { return r * kColsPerRow + i; }
-  SMLA_HD static constexpr int Row(int lane, int r) { return lane / 4 + 8 * r; }
+  SMLA_HD static constexpr int Row(int row0, int lane, int r) { return row0 + lane / 4 + 8 * r; }
   SMLA_HD static constexpr int Col(int lane, int i) { return 2 * (lane % 4) + i; }
   SMLA_HD static constexpr int OutCol(int lane, int f) {
     return 2 * (lane % 4) + 8 * (f / 2) + f % 2;
@@ -166,6 +170,17 @@ __device__ __forceinline__ void LoadValueB2N(BFrag (&b)[2], const uint16_t* p, i
 }
 
 #endif
+
+// f(integral_constant<int, i>) for i = 0..n-1 as straight-line code, not a loop unrolled late:
+// the compiler then hoists the statements' address arithmetic as for hand-written ones.
+template <class F, int... i>
+__device__ __forceinline__ void ForEachIndex(F&& f, std::integer_sequence<int, i...>) {
+  (f(std::integral_constant<int, i>{}), ...);
+}
+template <int n, class F>
+__device__ __forceinline__ void ForEachIndex(F&& f) {
+  ForEachIndex(f, std::make_integer_sequence<int, n>{});
+}
 
 // Ascending xor masks: the order (and so the rounding) of the kernels' row sums.
 template <int kLanes>
