@@ -262,7 +262,21 @@ __device__ __forceinline__ void PvStep(const uint8_t* stage, int stride, const u
 
 #endif
 
-static_assert(QkDim(0, 0) == 0 && QkDim(kQkSteps - 1, 64 / kQkSteps - 1) < 64,
-              "k-steps cover a 64-dim chunk");
+// Every dim of a 64-dim chunk is fed to Q.K^T exactly once.
+constexpr bool QkDimsArePermutation() {
+  bool seen[64] = {};
+  for (int s = 0; s < kQkSteps; ++s) {
+    for (int l = 0; l < 64 / kQkSteps; ++l) {
+      const int d = QkDim(s, l);
+      if (d < 0 || d >= 64 || seen[d]) return false;
+      seen[d] = true;
+    }
+  }
+  return true;
+}
+static_assert(kQkSteps * MmaTile::kK == 64 && QkDimsArePermutation(),
+              "the k-steps of a chunk cover its 64 dims once");
+static_assert(kPvKeys * (kWarpSize / MmaTile::kN) == MmaTile::kK,
+              "a k-step's keys are split over the lanes of a column");
 
 }  // namespace smla::kernels::gpu::direct

@@ -171,6 +171,13 @@ __device__ __forceinline__ void LoadValueB2N(BFrag (&b)[2], const uint16_t* p, i
 
 #endif
 
+static_assert(MmaTile::kM * MmaTile::kN == kWarpSize * 4 &&
+                  MmaTile::kRowsPerLane * MmaTile::kColsPerRow == 4,
+              "a lane holds 4 accumulators of the tile");
+static_assert(MmaTile::kRowLanes * MmaTile::kColsPerRow == MmaTile::kN &&
+                  kWarpSize / MmaTile::kRowLanes * MmaTile::kRowsPerLane == MmaTile::kM,
+              "a row's lanes hold its kN columns; the lane groups hold the kM rows");
+
 // f(integral_constant<int, i>) for i = 0..n-1 as straight-line code, not a loop unrolled late:
 // the compiler then hoists the statements' address arithmetic as for hand-written ones.
 template <class F, int... i>
