@@ -44,6 +44,13 @@ void RunSpeculativeDecode(Harness& h, const std::vector<int32_t>& layers,
         ASSERT_TRUE((*stream)->Read(&resp));
         ASSERT_EQ(resp.code(), 0) << resp.message();
         h.Check(req, resp);
+        // The batch's time holds the kernel's; the stream's parts fit in the server's time.
+        const v1::StepTimings& tm = resp.timings();
+        EXPECT_GE(tm.batch_us(), tm.kernel_us());
+        EXPECT_GE(tm.parse_us(), 0);
+        EXPECT_GE(tm.admit_us(), 0);
+        EXPECT_LE(tm.parse_us() + tm.admit_us() + tm.queued_us() + tm.batch_us(),
+                  tm.server_us() + 2);  // each rounded down to whole microseconds
       }
       for (size_t i = 0; i < seqs.size(); ++i) {
         EXPECT_EQ(h.Length(seqs[i], layer), length[i] + 6);

@@ -231,6 +231,8 @@ std::string TextSummary(const RunStats& r) {
       r.call_ms.max, r.call_ms.mean, r.step_ms.p50, r.step_ms.p99, r.overhead_ms.p50,
       r.transport_ms.p50, r.service_ms.p50, r.queue_ms.p50, r.kernel_ms.p50,
       r.e2e_minus_kernel_ms.p50, r.mean_batch_requests);
+  absl::StrAppendFormat(&o, "  service p50 ms: parse %.3f, admit %.3f, batch outside kernel %.3f\n",
+                        r.parse_ms.p50, r.admit_ms.p50, r.batch_extra_ms.p50);
   absl::StrAppendFormat(&o, "  goodput: %.2f steps/s, %.0f rows/s%s\n", r.goodput_steps_per_s,
                         r.goodput_rows_per_s, r.slo_met ? "" : " (SLO broken)");
   if (!r.errors.empty()) {
@@ -272,6 +274,9 @@ std::string ToJson(const Report& rep) {
         ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
         ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
         ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),
+        ",\n     \"parse_ms\": ", JsonPercentiles(r.parse_ms),
+        ",\n     \"admit_ms\": ", JsonPercentiles(r.admit_ms),
+        ",\n     \"batch_extra_ms\": ", JsonPercentiles(r.batch_extra_ms),
         ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
         ", \"good_steps\": ", r.good_steps,
         ", \"goodput_steps_per_s\": ", Num(r.goodput_steps_per_s),

@@ -21,6 +21,7 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 struct CallSample {
   double e2e_ms, server_ms, queue_ms, kernel_ms;
   int batch_requests;
+  double parse_ms, admit_ms, batch_ms;
 };
 
 struct StepSample {
@@ -109,9 +110,9 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
           break;
         }
         const auto& tm = resp.timings();
-        step.calls.push_back(CallSample{Ms(now - call_start), tm.server_us() / 1e3,
-                                        tm.queued_us() / 1e3, tm.kernel_us() / 1e3,
-                                        tm.batch_requests()});
+        step.calls.push_back(CallSample{
+            Ms(now - call_start), tm.server_us() / 1e3, tm.queued_us() / 1e3, tm.kernel_us() / 1e3,
+            tm.batch_requests(), tm.parse_us() / 1e3, tm.admit_us() / 1e3, tm.batch_us() / 1e3});
         step.rows += resp.out().shape_size() > 0 ? resp.out().shape(0) : 0;
         call_start = now;
       }
@@ -162,7 +163,7 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   r.seconds = std::max(r.seconds, 1e-9);
   r.errors = out.errors;
   std::vector<double> call_ms, step_ms, overhead, transport, service, queue, kernel,
-      e2e_minus_kernel;
+      e2e_minus_kernel, parse, admit, batch_extra;
   double batch_sum = 0;
   int64_t good_rows = 0;
   for (const StepSample& s : out.steps) {
@@ -183,6 +184,9 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
       transport.push_back(std::max(0.0, c.e2e_ms - c.server_ms));
       service.push_back(std::max(0.0, c.server_ms - c.queue_ms - c.kernel_ms));
       e2e_minus_kernel.push_back(c.e2e_ms - c.kernel_ms);
+      parse.push_back(c.parse_ms);
+      admit.push_back(c.admit_ms);
+      batch_extra.push_back(std::max(0.0, c.batch_ms - c.kernel_ms));
       batch_sum += c.batch_requests;
     }
   }
@@ -200,6 +204,9 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   r.queue_ms = Summarise(queue);
   r.kernel_ms = Summarise(kernel);
   r.e2e_minus_kernel_ms = Summarise(e2e_minus_kernel);
+  r.parse_ms = Summarise(parse);
+  r.admit_ms = Summarise(admit);
+  r.batch_extra_ms = Summarise(batch_extra);
   r.slo_met = options.slo_ms <= 0 || r.step_ms.p99 <= options.slo_ms;
   // Log-spaced bins (x1.25) from 10 µs, enough to cover the slowest call.
   if (!call_ms.empty()) {

@@ -51,6 +51,10 @@ struct RunStats {
   // splits into transport (end-to-end minus the server's own time: client, gRPC, network) and
   // service (the server's time outside queue and kernel: parsing, validation, the response).
   Percentiles overhead_ms, transport_ms, service_ms, queue_ms, kernel_ms, e2e_minus_kernel_ms;
+  // Parts of service (streams only, zero for unary): the edge's parsing, admission (the
+  // core's validation) and the executor's batch outside the kernel (page reservations,
+  // commits); the rest of service is hand-offs between threads and building the response.
+  Percentiles parse_ms, admit_ms, batch_extra_ms;
   double mean_batch_requests = 0;
   int64_t good_steps = 0;  // within the SLO
   double goodput_steps_per_s = 0, goodput_rows_per_s = 0;

@@ -199,6 +199,7 @@ void Scheduler::Loop() {
       }
       const absl::Time launch = absl::Now();
       std::vector<absl::StatusOr<StepResult>> results = runner_.RunBatch(requests);
+      const absl::Duration batch_time = absl::Now() - launch;
       {
         absl::MutexLock lock(&mu_);
         ++stats_.batches;
@@ -209,6 +210,8 @@ void Scheduler::Loop() {
         absl::StatusOr<StepResult>& result = results[i];
         if (result.ok()) {
           result->timings.queued = launch - batch[i]->admitted;
+          result->timings.batch = batch_time;
+          result->timings.admitted = batch[i]->admitted;
           result->timings.batch_requests = static_cast<int32_t>(batch.size());
           result->timings.batch_rows = static_cast<int32_t>(rows);
         }

@@ -75,6 +75,7 @@ void StepStreamReactor::OnReadDone(bool ok) {
     absl::Status st =
         service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step, &entry->storage);
     entry->request_id = step.request_id;
+    entry->parsed = absl::Now();
     if (!st.ok()) {
       Complete(entry, st);
     } else {
@@ -96,7 +97,10 @@ void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>&
   if (result.ok()) {
     const absl::Duration server_time = absl::Now() - entry->start;
     FillStepResponse(*result, &resp, entry->request.get());
-    resp.mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
+    v1::StepTimings* tm = resp.mutable_timings();
+    tm->set_server_us(absl::ToInt64Microseconds(server_time));
+    tm->set_parse_us(absl::ToInt64Microseconds(entry->parsed - entry->start));
+    tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - entry->parsed));
     service_->metrics()->ObserveStep(*result, server_time);
   }
   const grpc::Status g = service_->Finished("StepStream", entry->request_id, result.status());

@@ -37,6 +37,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     ParseStorage storage;
     std::string request_id;
     absl::Time start;
+    absl::Time parsed;  // written before the step is submitted, read by its callback
     v1::StepResponse response;
     bool done = false;
   };

@@ -67,6 +67,8 @@ struct StepRequest {
 struct StepTimings {
   absl::Duration queued;  // admission to launch
   absl::Duration kernel;  // write + attend on the backend, for the whole batch
+  absl::Duration batch;   // the executor's whole batch: page reservations, kernel, commits
+  absl::Time admitted;    // when the scheduler queued the step
   int32_t batch_requests = 0;
   int32_t batch_rows = 0;
 };
