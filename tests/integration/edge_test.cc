@@ -181,6 +181,7 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   res.timings.kernel = absl::Microseconds(345);
   res.timings.batch_requests = 3;
   res.timings.batch_rows = 18;
+  res.timings.batch = absl::Microseconds(401);
   v1::StepResponse pb;
   FillStepResponse(res, &pb);
   EXPECT_EQ(pb.out().dtype(), v1::DTYPE_E4M3);
@@ -191,6 +192,7 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   EXPECT_EQ(pb.timings().kernel_us(), 345);
   EXPECT_EQ(pb.timings().batch_requests(), 3);
   EXPECT_EQ(pb.timings().batch_rows(), 18);
+  EXPECT_EQ(pb.timings().batch_us(), 401);
   EXPECT_EQ(pb.code(), 0);
 }
 

@@ -193,6 +193,30 @@ class GpuBackend : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override {
+#if defined(SMLA_GPU_HIP)
+    SMLA_GPU_RETURN_IF_ERROR(hipHostRegister(data, bytes, hipHostRegisterDefault));
+#else
+    SMLA_GPU_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault));
+#endif
+    return absl::OkStatus();
+  }
+
+  void UnregisterHostMemory(void* data) override {
+    // Nothing to report to: the caller is about to unmap the memory either way.
+#if defined(SMLA_GPU_HIP)
+    static_cast<void>(hipHostUnregister(data));
+#else
+    static_cast<void>(cudaHostUnregister(data));
+#endif
+  }
+
+  absl::StatusOr<Buffer> AllocateHost(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes > 0) SMLA_GPU_RETURN_IF_ERROR(gpu::MallocHost(&p, bytes));
+    return Buffer(p, bytes, [](void* q) { static_cast<void>(gpu::FreeHost(q)); });
+  }
+
  private:
   static GpuStream* Cast(Stream& s) { return dynamic_cast<GpuStream*>(&s); }
   static absl::Status NotOurs() {

@@ -169,6 +169,10 @@ class ServiceCoreImpl : public ServiceCore {
   void Drain() override { scheduler_->Drain(); }
 
   bool Healthy() const override { return executor_->healthy(); }
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override {
+    return backend_->RegisterHostMemory(data, bytes);
+  }
+  void UnregisterHostMemory(void* data) override { backend_->UnregisterHostMemory(data); }
 
  private:
   absl::StatusOr<ModelRuntime*> Find(const std::string& model) const {

@@ -119,6 +119,22 @@ absl::Status StepExecutor::Ensure(kernels::Buffer& buffer, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint8_t*> StepExecutor::HostStaging(size_t bytes) {
+  if (!host_staging_) return nullptr;
+  if (host_in_.size() < bytes || host_in_.data() == nullptr) {
+    const size_t size = std::max<size_t>({bytes, host_in_.size() * 2, size_t{1} << 20});
+    host_in_ = kernels::Buffer();
+    absl::StatusOr<kernels::Buffer> fresh = backend_.AllocateHost(size);
+    if (absl::IsUnimplemented(fresh.status())) {
+      host_staging_ = false;
+      return nullptr;
+    }
+    if (!fresh.ok()) return fresh.status();
+    host_in_ = *std::move(fresh);
+  }
+  return host_in_.as<uint8_t>();
+}
+
 absl::Status StepExecutor::WarmUp() {
   for (auto& [name, model] : models_) {
     const int32_t heads = model->config().heads_per_rank;
@@ -242,7 +258,22 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(Ensure(q_, q_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(write_rows) * row_bytes));
 
-  // Inputs to backend memory, slots and segments on the host.
+  // Inputs to backend memory, slots and segments on the host. A GPU backend gets the batch's
+  // queries and rows gathered into page-locked memory and copied in two transfers: one
+  // copy per span from pageable memory costs a synchronous bounce-buffer copy each.
+  const size_t rows_bytes = static_cast<size_t>(write_rows) * row_bytes;
+  absl::StatusOr<uint8_t*> staging = HostStaging(q_bytes + rows_bytes);
+  if (!staging.ok()) return staging.status();
+  uint8_t* const q_stage = *staging;
+  uint8_t* const rows_stage = q_stage == nullptr ? nullptr : q_stage + q_bytes;
+  auto put = [&](uint8_t* stage, uint8_t* device, size_t off, std::span<const uint8_t> src) {
+    if (src.empty()) return absl::OkStatus();
+    if (stage != nullptr) {
+      std::memcpy(stage + off, src.data(), src.size());
+      return absl::OkStatus();
+    }
+    return backend_.CopyToDevice(device + off, src.data(), src.size(), *stream_);
+  };
   std::vector<int64_t> slots;
   slots.reserve(write_rows);
   std::vector<int32_t> main_indptr{0}, main_idx, extra_indptr{0}, extra_idx, positions;
@@ -256,16 +287,14 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     const PreparedStep& p = *prepared[i];
     for (size_t si = 0; si < r.spans.size(); ++si) {
       const SpanInput& s = r.spans[si];
-      SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(q_base + q_off, s.q.data(), s.q.size(), *stream_));
+      SMLA_RETURN_IF_ERROR(put(q_stage, q_base, q_off, s.q));
       q_off += s.q.size();
-      SMLA_RETURN_IF_ERROR(
-          backend_.CopyToDevice(rows_base + row_off, s.kv_rows.data(), s.kv_rows.size(), *stream_));
+      SMLA_RETURN_IF_ERROR(put(rows_stage, rows_base, row_off, s.kv_rows));
       row_off += s.kv_rows.size();
       for (int32_t t = 0; t < s.num_rows; ++t)
         slots.push_back(p.MainSlot(si, s.first_position + t));
       if (spec.has_compressed() && !s.compressed_rows.empty()) {
-        SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(rows_base + row_off, s.compressed_rows.data(),
-                                                   s.compressed_rows.size(), *stream_));
+        SMLA_RETURN_IF_ERROR(put(rows_stage, rows_base, row_off, s.compressed_rows));
         row_off += s.compressed_rows.size();
         const int64_t e0 = s.first_position / spec.ratio;
         const int64_t n = static_cast<int64_t>(s.compressed_rows.size() / row_bytes);
@@ -297,6 +326,14 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
         extra_indptr.push_back(static_cast<int32_t>(extra_idx.size()));
         if (inverse_rope) positions.push_back(static_cast<int32_t>(pos));
       }
+    }
+  }
+
+  if (q_stage != nullptr) {
+    SMLA_CHECK(q_off == q_bytes && row_off <= rows_bytes, "staged input sizes");
+    if (q_off > 0) SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(q_base, q_stage, q_off, *stream_));
+    if (row_off > 0) {
+      SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(rows_base, rows_stage, row_off, *stream_));
     }
   }
 

@@ -17,6 +17,14 @@ using kernels::Geometry;
 bool FindNonFinite(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
                    float& value) {
   const int64_t n = static_cast<int64_t>(bytes.size() / 2);
+  // A branch-free pass the compiler vectorises; the position is searched only when it fails.
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes.data() + 2 * i, 2);
+    any |= (bits & 0x7f80u) == 0x7f80u;
+  }
+  if (!any) return false;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
@@ -187,6 +195,15 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
         const int64_t p = s.first_position + t;
         // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
         const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
+        // Branch-free vectorisable pass: e is in [-1, visible) iff uint32(e) + 1 <= visible
+        // (capped at 2^31, above every int32); the loop below only runs to name a bad entry.
+        const int32_t* row = s.topk.data() + int64_t{t} * s.topk_width;
+        const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(visible, int64_t{1} << 31));
+        bool outside = false;
+        for (int32_t k = 0; k < s.topk_width; ++k) {
+          outside |= static_cast<uint32_t>(row[k]) + 1u > limit;
+        }
+        if (!outside) continue;
         for (int32_t k = 0; k < s.topk_width; ++k) {
           const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
           if (e == -1) continue;

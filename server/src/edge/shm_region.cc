@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace smla::server::edge {
 namespace {
@@ -40,8 +41,8 @@ absl::Status CheckRegionName(const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
-                                                             uint64_t size) {
+absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name, uint64_t size,
+                                                             const HostPinning& pinning) {
   if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
   if (size == 0) return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size 0"));
   std::shared_ptr<ShmMapping> m(new ShmMapping());
@@ -67,10 +68,19 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& 
   }
   m->data_ = static_cast<uint8_t*>(p);
   m->size_ = size;
+  if (pinning.pin && pinning.unpin) {
+    if (absl::Status st = pinning.pin(m->data_, size); st.ok()) {
+      m->unpin_ = pinning.unpin;
+    } else {
+      spdlog::warn("region {}: not page-locked, copies to and from it will be slower: {}", name,
+                   st.ToString());
+    }
+  }
   return m;
 }
 
 ShmMapping::~ShmMapping() {
+  if (unpin_) unpin_(data_);
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
 }
@@ -99,7 +109,7 @@ absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t sessio
     }
   }
   // Mapping happens outside the lock; a racing registration of the same name is caught below.
-  auto mapping = ShmMapping::Open(name, size);
+  auto mapping = ShmMapping::Open(name, size, pinning_);
   if (!mapping.ok()) return mapping.status();
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = regions_.try_emplace(name);
@@ -155,6 +165,16 @@ absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
                                                     const std::string& field,
                                                     const std::string& name, uint64_t offset,
                                                     uint64_t size, uint64_t align) const {
+  absl::StatusOr<std::shared_ptr<ShmMapping>> mapping = Lookup(tenant, field, name);
+  if (!mapping.ok()) return mapping.status();
+  absl::StatusOr<std::span<uint8_t>> bytes = Slice(**mapping, field, name, offset, size, align);
+  if (!bytes.ok()) return bytes.status();
+  return RegionBytes{*bytes, *std::move(mapping)};
+}
+
+absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::string& tenant,
+                                                                   const std::string& field,
+                                                                   const std::string& name) const {
   std::shared_ptr<ShmMapping> mapping;
   {
     absl::MutexLock lock(&mu_);
@@ -168,18 +188,25 @@ absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
     }
     mapping = it->second.mapping;
   }
+  if (absl::Status st = mapping->CheckStillBacked(); !st.ok()) return st;
+  return mapping;
+}
+
+absl::StatusOr<std::span<uint8_t>> RegionRegistry::Slice(const ShmMapping& mapping,
+                                                         const std::string& field,
+                                                         const std::string& name, uint64_t offset,
+                                                         uint64_t size, uint64_t align) {
   // offset + size <= region size, written so that it cannot overflow.
-  if (offset > mapping->size() || size > mapping->size() - offset) {
+  if (offset > mapping.size() || size > mapping.size() - offset) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + size ", size,
                                                    " is outside region '", name, "' of ",
-                                                   mapping->size(), " bytes"));
+                                                   mapping.size(), " bytes"));
   }
   if (align > 1 && offset % align != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": offset ", offset, " is not a multiple of ", align, " (the element size)"));
   }
-  if (absl::Status st = mapping->CheckStillBacked(); !st.ok()) return st;
-  return RegionBytes{std::span<uint8_t>(mapping->data() + offset, size), std::move(mapping)};
+  return std::span<uint8_t>(mapping.data() + offset, size);
 }
 
 int64_t RegionRegistry::size() const {

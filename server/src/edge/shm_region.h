@@ -34,12 +34,21 @@
 
 namespace smla::server::edge {
 
-// One mapped POSIX shared-memory object. Unmapped (and its descriptor closed) on destruction.
+// Page-locks host memory for the backend's copies (ServiceCore::RegisterHostMemory), so steps
+// copy straight between a region and the GPU; empty functions leave mappings unpinned.
+struct HostPinning {
+  std::function<absl::Status(void*, size_t)> pin;
+  std::function<void(void*)> unpin;
+};
+
+// One mapped POSIX shared-memory object. Unpinned, unmapped (and its descriptor closed) on
+// destruction.
 class ShmMapping {
  public:
   // Opens `name` read/write and maps its first `size` bytes; the object must hold at least
-  // that many.
-  static absl::StatusOr<std::shared_ptr<ShmMapping>> Open(const std::string& name, uint64_t size);
+  // that many. Pins the mapping with `pinning` when given; a pin that fails only costs speed.
+  static absl::StatusOr<std::shared_ptr<ShmMapping>> Open(const std::string& name, uint64_t size,
+                                                          const HostPinning& pinning = {});
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
@@ -51,6 +60,7 @@ class ShmMapping {
 
  private:
   ShmMapping() = default;
+  std::function<void(void*)> unpin_;  // set while the mapping is pinned
   std::string name_;
   int fd_ = -1;
   uint8_t* data_ = nullptr;
@@ -72,6 +82,8 @@ class RegionRegistry {
   // Ends a session from the registry's side (unregister, shutdown); runs without the lock.
   using EndSession = std::function<void()>;
 
+  explicit RegionRegistry(HostPinning pinning = {}) : pinning_(std::move(pinning)) {}
+
   // Maps and records `name` for `tenant`; `end` is called once when the region is dropped by
   // Unregister or CloseAll (not by DropSession, which the session itself calls). Errors:
   // INVALID_ARGUMENT (name, size 0), ALREADY_EXISTS (registered by this tenant),
@@ -91,6 +103,14 @@ class RegionRegistry {
   absl::StatusOr<RegionBytes> Resolve(const std::string& tenant, const std::string& field,
                                       const std::string& name, uint64_t offset, uint64_t size,
                                       uint64_t align) const;
+  // Resolve in two halves, so a request naming one region many times looks it up once: the
+  // region of `tenant` (registered, owned, still backed), then a reference's bytes within it.
+  absl::StatusOr<std::shared_ptr<ShmMapping>> Lookup(const std::string& tenant,
+                                                     const std::string& field,
+                                                     const std::string& name) const;
+  static absl::StatusOr<std::span<uint8_t>> Slice(const ShmMapping& mapping,
+                                                  const std::string& field, const std::string& name,
+                                                  uint64_t offset, uint64_t size, uint64_t align);
 
   int64_t size() const;
   uint64_t NewSession() { return next_session_.fetch_add(1); }
@@ -102,6 +122,7 @@ class RegionRegistry {
     std::shared_ptr<ShmMapping> mapping;
     EndSession end;
   };
+  const HostPinning pinning_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_session_{1};

@@ -110,7 +110,12 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
       metrics_(metrics),
       options_(std::move(options)),
       streams_(options_.limits.tenant_max_streams) {
-  if (options_.allow_shm) regions_ = std::make_unique<RegionRegistry>();
+  if (options_.allow_shm) {
+    ServiceCore* core = core_;
+    regions_ = std::make_unique<RegionRegistry>(
+        HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
+                    [core](void* p) { core->UnregisterHostMemory(p); }});
+  }
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;

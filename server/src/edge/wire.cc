@@ -51,11 +51,19 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
                                                    ref.size(), ", the tensor needs ", want,
                                                    " bytes"));
   }
-  auto r = regions->registry->Resolve(regions->tenant, field, ref.region(), ref.offset(),
-                                      ref.size(), static_cast<uint64_t>(align));
-  if (!r.ok()) return r.status();
-  storage->regions.push_back(std::move(r->keep_alive));
-  return r->bytes;
+  const ShmMapping* mapping = nullptr;
+  for (const auto& [name, m] : storage->looked_up) {
+    if (name == ref.region()) mapping = m.get();
+  }
+  if (mapping == nullptr) {
+    auto m = regions->registry->Lookup(regions->tenant, field, ref.region());
+    if (!m.ok()) return m.status();
+    mapping = m->get();
+    storage->regions.push_back(*m);
+    storage->looked_up.emplace_back(ref.region(), *std::move(m));
+  }
+  return RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
+                               static_cast<uint64_t>(align));
 }
 
 // Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes
@@ -309,6 +317,7 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
   v1::StepTimings* tm = pb->mutable_timings();
   tm->set_queued_us(absl::ToInt64Microseconds(result.timings.queued));
   tm->set_kernel_us(absl::ToInt64Microseconds(result.timings.kernel));
+  tm->set_batch_us(absl::ToInt64Microseconds(result.timings.batch));
   tm->set_batch_requests(result.timings.batch_requests);
   tm->set_batch_rows(result.timings.batch_rows);
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,9 +26,13 @@ struct WireModel {
 // Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned, or that sit
 // in a client's region where the client could change them after validation) and the region
 // mappings the request's views point into; must live as long as the StepRequest.
+class ShmMapping;
+
 struct ParseStorage {
   std::vector<std::vector<int32_t>> int32_copies;
   std::vector<std::shared_ptr<const void>> regions;
+  // The regions this request named, each looked up once (name, mapping).
+  std::vector<std::pair<std::string, std::shared_ptr<ShmMapping>>> looked_up;
 };
 
 class RegionRegistry;

@@ -87,6 +87,20 @@ class Backend {
 
   // Waits for everything enqueued on the stream; reports asynchronous device errors.
   virtual absl::Status Synchronize(Stream& stream) = 0;
+
+  // Host memory that many calls copy from and to (a client's shared-memory region): a GPU
+  // backend page-locks it so those copies are direct DMA instead of synchronous bounce-buffer
+  // copies. The memory must be unregistered before it is unmapped. Where copies gain nothing
+  // (the CPU backend) both do nothing.
+  virtual absl::Status RegisterHostMemory(void* /*data*/, size_t /*bytes*/) {
+    return absl::OkStatus();
+  }
+  virtual void UnregisterHostMemory(void* /*data*/) {}
+  // Page-locked host memory for gathering many small inputs into one copy. Unimplemented where
+  // a copy to backend memory is a plain memcpy anyway (the CPU backend).
+  virtual absl::StatusOr<Buffer> AllocateHost(size_t /*bytes*/) {
+    return absl::UnimplementedError("this backend has no page-locked host memory");
+  }
 };
 
 enum class BackendChoice : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2, kHip = 3 };

@@ -95,6 +95,13 @@ class ServiceCore {
   virtual void Drain() = 0;
   // False after a backend failure: health turns NOT_SERVING.
   virtual bool Healthy() const = 0;
+
+  // Host memory that steps will read and write in place (shared-memory regions); see
+  // kernels::Backend::RegisterHostMemory. Unregister before unmapping.
+  virtual absl::Status RegisterHostMemory(void* /*data*/, size_t /*bytes*/) {
+    return absl::OkStatus();
+  }
+  virtual void UnregisterHostMemory(void* /*data*/) {}
 };
 
 }  // namespace smla::server

@@ -84,6 +84,9 @@ class StepExecutor : public BatchRunner {
   StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
                std::vector<ModelRuntime*> models);
   absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
+  // Page-locked host bytes to gather a batch's inputs into, or null where the backend has
+  // none (its copies are plain memcpys, so inputs are copied span by span).
+  absl::StatusOr<uint8_t*> HostStaging(size_t bytes);
   // Runs the launch for the prepared steps (indices into `steps`), filling their results.
   // `rope` is the table the steps were checked against.
   absl::Status Launch(ModelRuntime& model, int32_t layer, const ModelRuntime::Rope& rope,
@@ -97,6 +100,8 @@ class StepExecutor : public BatchRunner {
   std::atomic<bool> healthy_{true};
   // Staging buffers in backend memory, grown as needed; only the executor thread uses them.
   kernels::Buffer q_, rows_, out_, scales_, lse_;
+  kernels::Buffer host_in_;
+  bool host_staging_ = true;  // false once the backend said it has no page-locked memory
 };
 
 }  // namespace smla::server

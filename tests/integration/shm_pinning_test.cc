@@ -1,0 +1,106 @@
+// RegionRegistry's page-locking hooks and its two-step lookup, without a server: a region is
+// pinned once when registered and unpinned exactly when its last user lets go of the mapping.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "edge/shm_region.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace smla::server::edge {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBytes = 8192;
+
+// A POSIX shared-memory object of kBytes, removed at the end of the test.
+class ShmObject {
+ public:
+  explicit ShmObject(const std::string& tag)
+      : name_(absl::StrCat("/smla-pin-test-", getpid(), "-", tag)) {
+    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, kBytes), 0);
+    close(fd);
+  }
+  ~ShmObject() { shm_unlink(name_.c_str()); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
+
+struct PinLog {
+  std::vector<std::pair<void*, size_t>> pinned;
+  std::vector<void*> unpinned;
+  absl::Status answer = absl::OkStatus();
+  HostPinning Hooks() {
+    return HostPinning{[this](void* p, size_t n) {
+                         pinned.emplace_back(p, n);
+                         return answer;
+                       },
+                       [this](void* p) { unpinned.push_back(p); }};
+  }
+};
+
+TEST(ShmPinningTest, PinsOnRegisterAndUnpinsWhenTheLastUserLetsGo) {
+  ShmObject obj("a");
+  PinLog log;
+  RegionRegistry registry(log.Hooks());
+  ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
+  ASSERT_EQ(log.pinned.size(), 1u);
+  EXPECT_NE(log.pinned[0].first, nullptr);
+  EXPECT_EQ(log.pinned[0].second, kBytes);
+
+  // A step's reference keeps the mapping (and its pin) past the unregistration.
+  absl::StatusOr<RegionBytes> held = registry.Resolve("t1", "q", obj.name(), 64, 128, 2);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->bytes.data(), static_cast<uint8_t*>(log.pinned[0].first) + 64);
+  ASSERT_TRUE(registry.Unregister("t1", obj.name()).ok());
+  EXPECT_TRUE(log.unpinned.empty());
+  held->keep_alive.reset();
+  ASSERT_EQ(log.unpinned.size(), 1u);
+  EXPECT_EQ(log.unpinned[0], log.pinned[0].first);
+}
+
+TEST(ShmPinningTest, AFailedPinStillRegistersAndNeverUnpins) {
+  ShmObject obj("b");
+  PinLog log;
+  log.answer = absl::InternalError("no page-locking here");
+  {
+    RegionRegistry registry(log.Hooks());
+    ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
+    EXPECT_EQ(log.pinned.size(), 1u);
+    EXPECT_TRUE(registry.Resolve("t1", "q", obj.name(), 0, kBytes, 1).ok());
+  }
+  EXPECT_TRUE(log.unpinned.empty());
+}
+
+TEST(ShmPinningTest, LookupChecksOwnerAndSliceChecksBounds) {
+  ShmObject obj("c");
+  RegionRegistry registry;
+  ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
+  EXPECT_EQ(registry.Lookup("t2", "q", obj.name()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry.Lookup("t1", "q", "/smla-none").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::shared_ptr<ShmMapping>> m = registry.Lookup("t1", "q", obj.name());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(RegionRegistry::Slice(**m, "q", obj.name(), kBytes - 8, 8, 4).ok());
+  absl::StatusOr<std::span<uint8_t>> past =
+      RegionRegistry::Slice(**m, "q", obj.name(), kBytes - 8, 9, 1);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(past.status().message(), HasSubstr("outside region"));
+  // offset + size wrapping around 2^64 must not pass.
+  EXPECT_FALSE(RegionRegistry::Slice(**m, "q", obj.name(), 16, ~uint64_t{0} - 7, 1).ok());
+  absl::StatusOr<std::span<uint8_t>> odd = RegionRegistry::Slice(**m, "q", obj.name(), 2, 4, 4);
+  EXPECT_THAT(odd.status().message(), HasSubstr("not a multiple of 4"));
+}
+
+}  // namespace
+}  // namespace smla::server::edge
