@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -17,14 +18,15 @@ using kernels::Geometry;
 bool FindNonFinite(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
                    float& value) {
   const int64_t n = static_cast<int64_t>(bytes.size() / 2);
-  // A branch-free pass the compiler vectorises; the position is searched only when it fails.
-  bool any = false;
+  // A branch-free pass the compiler vectorises (an all-ones exponent carries into bit 15); the
+  // position is searched only when it fails.
+  uint32_t any = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
-    any |= (bits & 0x7f80u) == 0x7f80u;
+    any |= ((bits & 0x7f80u) + 0x80u) & 0x8000u;
   }
-  if (!any) return false;
+  if (any == 0) return false;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
@@ -195,15 +197,18 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
         const int64_t p = s.first_position + t;
         // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
         const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
-        // Branch-free vectorisable pass: e is in [-1, visible) iff uint32(e) + 1 <= visible
-        // (capped at 2^31, above every int32); the loop below only runs to name a bad entry.
+        // A branch-free pass the compiler vectorises (plain SSE2): for e in [-1, vis) both e + 1
+        // and vis - 1 - e are non-negative, so a sign bit in their OR flags the row. vis is
+        // capped to int32; the exact loop below decides and names the entry.
         const int32_t* row = s.topk.data() + int64_t{t} * s.topk_width;
-        const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(visible, int64_t{1} << 31));
-        bool outside = false;
+        const uint32_t last = static_cast<uint32_t>(
+            std::min<int64_t>(visible, std::numeric_limits<int32_t>::max()) - 1);
+        uint32_t signs = 0;
         for (int32_t k = 0; k < s.topk_width; ++k) {
-          outside |= static_cast<uint32_t>(row[k]) + 1u > limit;
+          const uint32_t e = static_cast<uint32_t>(row[k]);
+          signs |= (e + 1u) | (last - e);
         }
-        if (!outside) continue;
+        if ((signs & 0x80000000u) == 0) continue;
         for (int32_t k = 0; k < s.topk_width; ++k) {
           const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
           if (e == -1) continue;
