@@ -66,6 +66,13 @@ class FaultInjectingBackend final : public kernels::Backend {
   absl::Status Synchronize(kernels::Stream& stream) override {
     return inner_->Synchronize(stream);
   }
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override {
+    return inner_->RegisterHostMemory(data, bytes);
+  }
+  void UnregisterHostMemory(void* data) override { inner_->UnregisterHostMemory(data); }
+  absl::StatusOr<kernels::Buffer> AllocateHost(size_t bytes) override {
+    return inner_->AllocateHost(bytes);
+  }
 
  private:
   std::unique_ptr<kernels::Backend> inner_;
