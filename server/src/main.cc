@@ -1,6 +1,7 @@
 // smla-server: the sparse-MLA attention service (service.md). Flags override the --config
 // file, which overrides the built-in defaults.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <optional>
@@ -46,6 +47,9 @@ ABSL_FLAG(int32_t, shutdown_grace_s, 0, "Seconds to wait for open calls at shutd
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
+ABSL_FLAG(std::string, max_pinned_bytes, "",
+          "Bytes of shared-memory regions page-locked at once for faster GPU copies, e.g. 32GiB "
+          "(regions past it work unpinned); default a quarter of physical memory");
 ABSL_FLAG(int64_t, inject_backend_failure_after, -1,
           "Fault tests: every Attend after this many served ones fails (INTERNAL); -1 = off");
 ABSL_FLAG(int32_t, inject_attend_delay_ms, 0,
@@ -230,6 +234,17 @@ int Run() {
   options.auth.token_file = absl::GetFlag(FLAGS_token_file);
   options.auth.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   options.allow_shm = absl::GetFlag(FLAGS_allow_shm);
+  if (absl::GetFlag(FLAGS_max_pinned_bytes).empty()) {
+    options.max_pinned_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                               static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 4;
+  } else {
+    absl::StatusOr<int64_t> pinned = ParseByteSize(absl::GetFlag(FLAGS_max_pinned_bytes));
+    if (!pinned.ok()) {
+      spdlog::error("--max_pinned_bytes: {}", pinned.status().ToString());
+      return 1;
+    }
+    options.max_pinned_bytes = static_cast<uint64_t>(*pinned);
+  }
   auto server = edge::EdgeServer::Start(core->get(), config->limits, options);
   if (!server.ok()) {
     spdlog::error("edge: {}", server.status().ToString());

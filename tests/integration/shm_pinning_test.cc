@@ -102,5 +102,27 @@ TEST(ShmPinningTest, LookupChecksOwnerAndSliceChecksBounds) {
   EXPECT_THAT(odd.status().message(), HasSubstr("not a multiple of 4"));
 }
 
+// A region past the pinned-bytes budget is served unpinned; unpinning one frees its share.
+TEST(ShmPinningTest, BudgetKeepsPinnedBytesBounded) {
+  PinLog log;
+  HostPinning budgeted = BudgetedPinning(log.Hooks(), 3 * kBytes);
+  int a = 0, b = 0, c = 0;
+  EXPECT_TRUE(budgeted.pin(&a, 2 * kBytes).ok());
+  const absl::Status over = budgeted.pin(&b, 2 * kBytes);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(std::string(over.message()), HasSubstr("--max_pinned_bytes"));
+  EXPECT_EQ(log.pinned.size(), 1u);  // the refused pin never reached the backend
+  EXPECT_TRUE(budgeted.pin(&c, kBytes).ok());
+  budgeted.unpin(&a);
+  EXPECT_EQ(log.unpinned, std::vector<void*>{&a});
+  EXPECT_TRUE(budgeted.pin(&b, 2 * kBytes).ok());
+  // A backend refusal gives its share back.
+  log.answer = absl::InternalError("no");
+  budgeted.unpin(&b);
+  EXPECT_FALSE(budgeted.pin(&a, 2 * kBytes).ok());
+  log.answer = absl::OkStatus();
+  EXPECT_TRUE(budgeted.pin(&a, 2 * kBytes).ok());
+}
+
 }  // namespace
 }  // namespace smla::server::edge

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.limits = limits;
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
   eo.allow_shm = options.allow_shm;
+  eo.max_pinned_bytes = options.max_pinned_bytes;
   std::shared_ptr<const TokenTable> tokens;
   if (!options.auth.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);

@@ -29,6 +29,8 @@ struct EdgeServerOptions {
   AuthOptions auth;
   // Registered shared-memory regions (the zero-copy transport); off by default.
   bool allow_shm = false;
+  // Bytes of regions page-locked at once; regions past it are served unpinned.
+  uint64_t max_pinned_bytes = 0;
 };
 
 // The largest request or response a legal step (or rope/sink upload) can need, in bytes,

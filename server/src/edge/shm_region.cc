@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -39,6 +40,43 @@ absl::Status CheckRegionName(const std::string& name) {
     }
   }
   return absl::OkStatus();
+}
+
+HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes) {
+  struct Budget {
+    absl::Mutex mu;
+    uint64_t used ABSL_GUARDED_BY(mu) = 0;
+    absl::flat_hash_map<void*, uint64_t> sizes ABSL_GUARDED_BY(mu);
+  };
+  auto budget = std::make_shared<Budget>();
+  auto pin = [inner, budget, max_bytes](void* p, size_t n) -> absl::Status {
+    {
+      absl::MutexLock lock(&budget->mu);
+      if (n > max_bytes - budget->used) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("page-locking ", n, " more bytes would pass --max_pinned_bytes (",
+                         max_bytes, ", ", budget->used, " in use)"));
+      }
+      budget->used += n;
+      budget->sizes[p] = n;
+    }
+    absl::Status st = inner.pin(p, n);
+    if (!st.ok()) {
+      absl::MutexLock lock(&budget->mu);
+      budget->used -= n;
+      budget->sizes.erase(p);
+    }
+    return st;
+  };
+  auto unpin = [inner, budget](void* p) {
+    inner.unpin(p);
+    absl::MutexLock lock(&budget->mu);
+    auto it = budget->sizes.find(p);
+    if (it == budget->sizes.end()) return;
+    budget->used -= it->second;
+    budget->sizes.erase(it);
+  };
+  return HostPinning{std::move(pin), std::move(unpin)};
 }
 
 absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name, uint64_t size,

@@ -41,6 +41,11 @@ struct HostPinning {
   std::function<void(void*)> unpin;
 };
 
+// `inner` limited to `max_bytes` page-locked at once (locked memory is the host's, and any
+// tenant may register regions): past the limit `pin` answers RESOURCE_EXHAUSTED without
+// calling `inner`, and the region is served unpinned (slower copies, same results).
+HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes);
+
 // One mapped POSIX shared-memory object. Unpinned, unmapped (and its descriptor closed) on
 // destruction.
 class ShmMapping {

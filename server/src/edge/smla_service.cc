@@ -112,9 +112,10 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
       streams_(options_.limits.tenant_max_streams) {
   if (options_.allow_shm) {
     ServiceCore* core = core_;
-    regions_ = std::make_unique<RegionRegistry>(
+    regions_ = std::make_unique<RegionRegistry>(BudgetedPinning(
         HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
-                    [core](void* p) { core->UnregisterHostMemory(p); }});
+                    [core](void* p) { core->UnregisterHostMemory(p); }},
+        options_.max_pinned_bytes));
   }
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);

@@ -31,6 +31,8 @@ struct EdgeOptions {
   int64_t max_message_bytes = 0;  // reported in ServerInfo
   // Registered shared-memory regions (RegisterRegion, RegionRef tensors); off by default.
   bool allow_shm = false;
+  // Bytes of regions page-locked at once (BudgetedPinning).
+  uint64_t max_pinned_bytes = 0;
 };
 
 class SmlaService final : public v1::Smla::CallbackService {
