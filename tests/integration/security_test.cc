@@ -198,7 +198,9 @@ TEST(SecurityTest, TenantQuotas) {
 }
 
 TEST(SecurityTest, IdleSequencesAreReleased) {
-  auto s = ServerProcess::Start({kDsv41, "--sequence_idle_timeout=400ms"});
+  // The lease is long against the 100 ms between uses of "busy", so a loaded machine (the
+  // sanitizer suite on 2 cores) cannot let it lapse, and short against the test's length.
+  auto s = ServerProcess::Start({kDsv41, "--sequence_idle_timeout=1s"});
   ASSERT_TRUE(s.ok()) << s.status();
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Attach((*s)->Connect(), "dsv4.1-flash"));
@@ -209,13 +211,13 @@ TEST(SecurityTest, IdleSequencesAreReleased) {
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "busy").ok());
   h.StepAndCheck(h.Make(0, {{"idle", 0, 64, 0}, {"busy", 0, 64, 0}}));
   h.StepAndCheck(h.Make(topk_layer, {{"idle", 0, 64, 0}, {"busy", 0, 64, 0}}));
-  for (int i = 0; i < 12; ++i) {  // 1.2 s: "busy" is used every 100 ms
+  for (int i = 0; i < 30; ++i) {  // 3 s: "busy" is used every 100 ms
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ASSERT_TRUE(h.client->Length({h.ModelName(), "busy"}, 0).ok());
   }
   EXPECT_EQ(h.client->Length({h.ModelName(), "idle"}, 0).status().code(),
             absl::StatusCode::kNotFound);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   auto info = h.client->Info();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->sequences(), 0);
