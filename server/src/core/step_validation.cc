@@ -210,7 +210,7 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
         }
         if ((signs & 0x80000000u) == 0) continue;
         for (int32_t k = 0; k < s.topk_width; ++k) {
-          const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
+          const int32_t e = row[k];
           if (e == -1) continue;
           if (e < -1) {
             return absl::InvalidArgumentError(

@@ -59,7 +59,6 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
     auto m = regions->registry->Lookup(regions->tenant, field, ref.region());
     if (!m.ok()) return m.status();
     mapping = m->get();
-    storage->regions.push_back(*m);
     storage->looked_up.emplace_back(ref.region(), *std::move(m));
   }
   return RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),

@@ -30,8 +30,8 @@ class ShmMapping;
 
 struct ParseStorage {
   std::vector<std::vector<int32_t>> int32_copies;
-  std::vector<std::shared_ptr<const void>> regions;
-  // The regions this request named, each looked up once (name, mapping).
+  // The regions this request named, each looked up once (name, mapping); holding the mapping
+  // keeps the request's views valid.
   std::vector<std::pair<std::string, std::shared_ptr<ShmMapping>>> looked_up;
 };
 
