@@ -170,9 +170,7 @@ TEST(FaultTest, BurstPastTheQueueLimit) {
     ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), id).ok());
     small.push_back(h.Make(0, {{id, 0, 4, 0}}));
   }
-  const int64_t before = PagesUsed(h);
-  auto running = std::async(std::launch::async, [&] { return h.client->Step(heavy); });
-  WaitLaunched(h, before);
+  auto running = LaunchHeavy(h, heavy);
   // Exactly the limit is admitted while the kernel runs ...
   std::vector<std::future<absl::StatusOr<v1::StepResponse>>> queued;
   for (int i = 0; i < 4; ++i) {
@@ -208,10 +206,7 @@ TEST(FaultTest, DeadlineExpiresWhileKernelRuns) {
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, kHoldBackend}, "glm-5.3-flash"));
   const v1::StepRequest heavy = PrepareHeavy(h);
-  const int64_t before = PagesUsed(h);
-  auto late = std::async(std::launch::async,
-                         [&] { return h.client->Step(heavy, absl::Milliseconds(400)); });
-  WaitLaunched(h, before);
+  auto late = LaunchHeavy(h, heavy, absl::Milliseconds(400));
   auto r = late.get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   int64_t len = -1;

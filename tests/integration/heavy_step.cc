@@ -25,4 +25,15 @@ void WaitLaunched(Harness& h, int64_t pages_before) {
   }
 }
 
+std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(Harness& h,
+                                                          const v1::StepRequest& heavy,
+                                                          absl::Duration timeout) {
+  const int64_t before = PagesUsed(h);
+  auto running = std::async(std::launch::async,
+                            [&h, &heavy, timeout] { return h.client->Step(heavy, timeout); });
+  WaitLaunched(h, before);
+  EXPECT_EQ(h.Length("heavy", 0), kHeavyBase) << "the heavy step ended before the test ran";
+  return running;
+}
+
 }  // namespace smla::testing

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 #include "harness.h"
 
@@ -23,5 +27,10 @@ int64_t PagesUsed(Harness& h);
 // Waits (up to 30 s) until a launch has reserved the heavy step's pages: the step then runs,
 // and its stored length moves only when it ends.
 void WaitLaunched(Harness& h, int64_t pages_before);
+
+// Sends `heavy` (with the client call's `timeout`, zero = the client's default) and returns once
+// the server has launched it, checking that it has not ended yet.
+std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(
+    Harness& h, const v1::StepRequest& heavy, absl::Duration timeout = absl::ZeroDuration());
 
 }  // namespace smla::testing

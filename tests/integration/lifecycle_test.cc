@@ -17,17 +17,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Sends the heavy step and returns once the server has launched it: a launch reserves the
-// pages of its new rows before the kernel runs (the stored length moves only at the end).
-std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(Harness& h,
-                                                          const v1::StepRequest& heavy) {
-  const int64_t before = PagesUsed(h);
-  auto running = std::async(std::launch::async, [&h, &heavy] { return h.client->Step(heavy); });
-  WaitLaunched(h, before);
-  EXPECT_EQ(h.Length("heavy", 0), kHeavyBase) << "the heavy step ended before the test ran";
-  return running;
-}
-
 absl::StatusOr<Exposition> Scrape(const ServerProcess& s) {
   auto text = s.ScrapeMetrics();
   if (!text.ok()) return text.status();
