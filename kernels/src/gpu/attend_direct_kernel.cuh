@@ -10,6 +10,14 @@
 // contiguous, conflict-free bytes of a stage row. Without the bf16 tile a program needs about
 // 100 KB of shared memory, so two run per SM, and a tile costs three block barriers. Row sums
 // stay per lane until the end; only the maxima cross the warps per tile.
+//
+// On CUDA (direct::kF16Operands) the fp8 codes enter both products as f16 (one paired
+// conversion instruction per two codes, exact) instead of scaled bf16: Q is staged as f16 times
+// a per-head power of two, fp8_dsv4's chunk scales multiply each chunk's partial score, and its
+// per-key value scales multiply P per warp (each warp's 64 columns are one scale group), with a
+// per-warp unit for acc. The values are those of operator.md 5's bf16 staging (power-of-two
+// scales, exact codes); a tile whose scale bytes spread too far for f16 P runs bf16 operands.
+// gfx950 keeps the bf16 operands (its P.V product spans two scale groups).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +46,7 @@ struct DirectConfig {
   static constexpr int kChunks = kQkWidth / 64;  // 64-dim chunks of Q.K^T
   static constexpr int kQStride = kQkWidth + 8;  // bf16 elements
   static constexpr int kPStride = kKeys + 8;     // bf16 elements
+  static constexpr int kRopeStride = 64 + 8;     // bf16 elements of the rope chunk's Q copy
   static constexpr int kColsPerWarp = kValueWidth / kWarps;
   static constexpr int kNTiles = kColsPerWarp / MmaTile::kN;
 
@@ -55,11 +64,18 @@ struct DirectConfig {
 // fp8_dsv4 scale bytes up to this fold the 2^120 rebias into the scale (one multiply per pair).
 inline constexpr uint32_t kFoldMax = 134;
 
+// With f16 operands (direct::kF16Operands): Q is staged as f16 times a per-head power of two
+// 2^kq (q_scale holds 2^-kq), with a bf16 copy of the rope chunk times the same 2^kq (the
+// fp8_dsv4 rope keys are bf16); P is staged twice, bf16 and f16 times 2^15.
 template <class C>
 struct DirectSmem {
+  static constexpr int kF16 = direct::kF16Operands ? 1 : 0;
   static constexpr int kQ = 0;
   static constexpr int kP = kQ + C::kHeadBlock * C::kQStride * 2;
-  static constexpr int kRedMax = kP + C::kHeadBlock * C::kPStride * 2;
+  static constexpr int kP16 = kP + C::kHeadBlock * C::kPStride * 2;
+  static constexpr int kQRope = kP16 + kF16 * C::kHeadBlock * C::kPStride * 2;
+  static constexpr int kQScale = kQRope + kF16 * C::kHeadBlock * C::kRopeStride * 2;
+  static constexpr int kRedMax = kQScale + kF16 * C::kHeadBlock * 4;
   static constexpr int kRedSum = kRedMax + C::kHeadBlock * C::kWarps * 4;
   static constexpr int kValid = kRedSum + C::kHeadBlock * C::kWarps * 4;
   static constexpr int kStages = kValid + kDirectMaxStages * C::kKeys * 4;
@@ -262,13 +278,258 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
   return WarpAll(top <= kFoldMax);
 }
 
+// ---- f16 operands (direct::kF16Operands) ----
+
+// Scores as DirectScores, with the fp8 chunks' codes as f16 operands: an fp8_dsv4 chunk's partial
+// score is multiplied by its key's scale (C column Col(lane, i)); the rope chunk runs in bf16
+// against the rope copy of Q. Scores are in units of 2^kq of the row's head (q_scale).
+template <class C, int kFormat>
+__device__ __forceinline__ void DirectScoresF16(const uint8_t* stage, int stride,
+                                                const uint16_t* q16_s, const uint16_t* qrope_s,
+                                                float (&sc)[C::kGroups][4]) {
+  using T = MmaTile;
+  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int c = direct::FragPair(lane);
+  const int key = T::kN * warp + direct::FragGroup(lane);
+  const uint8_t* row = stage + key * stride;
+  const uint16_t* a_row = FragRowPtr(q16_s, 0, C::kQStride, lane);
+  const uint16_t* r_row = FragRowPtr(qrope_s, 0, C::kRopeStride, lane);
+  uint2 rec[T::kColsPerRow];
+  if constexpr (kDsv4) {
+#pragma unroll
+    for (int i = 0; i < T::kColsPerRow; ++i) {
+      rec[i] = *reinterpret_cast<const uint2*>(stage + C::kKeys * stride +
+                                               (T::kN * warp + T::Col(lane, i)) * kDsv4ScaleBytes);
+    }
+  }
+  float s0[C::kGroups][4], s1[C::kGroups][4];
+#pragma unroll
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s0[gr][i] = s1[gr][i] = 0.0f;
+  }
+#pragma unroll
+  for (int ch = 0; ch < C::kChunks; ++ch) {
+    if (kDsv4 && ch * 64 >= kNopeWidth) {
+      uint32_t b[8];
+      const uint8_t* src = row + kNopeWidth + 2 * (ch * 64 - kNopeWidth) + 2 * direct::QkRun(c, 0);
+      const uint4 x = *reinterpret_cast<const uint4*>(src);
+      const uint4 y = *reinterpret_cast<const uint4*>(src + 2 * direct::QkRun(0, 1));
+      b[0] = x.x, b[1] = x.y, b[2] = x.z, b[3] = x.w;
+      b[4] = y.x, b[5] = y.y, b[6] = y.z, b[7] = y.w;
+#pragma unroll
+      for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+        for (int s = 0; s < direct::kQkSteps; ++s) {
+          AFrag a;
+          LoadA(a, r_row + 16 * gr * C::kRopeStride + (ch * 64 - kNopeWidth) + MmaTile::kK * s);
+          Mma(s % 2 == 0 ? s0[gr] : s1[gr], a, direct::ScoreB(b, s));
+        }
+      }
+    } else if constexpr (kDsv4) {
+      float t0[C::kGroups][4], t1[C::kGroups][4];
+#pragma unroll
+      for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t0[gr][i] = t1[gr][i] = 0.0f;
+      }
+      direct::ScoreChunkF16<C::kGroups>(row + ch * 64, c, a_row + ch * 64, 16 * C::kQStride, t0,
+                                        t1);
+      float f[T::kColsPerRow];
+#pragma unroll
+      for (int i = 0; i < T::kColsPerRow; ++i) {
+        const uint32_t word = ch < 4 ? rec[i].x : rec[i].y;
+        f[i] = E8m0ToFloat((word >> (8 * (ch % 4))) & 0xffu) * static_cast<float>(1 << kF16CodeExp);
+      }
+#pragma unroll
+      for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s0[gr][i] += (t0[gr][i] + t1[gr][i]) * f[i % T::kColsPerRow];
+      }
+    } else {
+      direct::ScoreChunkF16<C::kGroups>(row + ch * 64, c, a_row + ch * 64, 16 * C::kQStride, s0,
+                                        s1);
+    }
+  }
+#pragma unroll
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[gr][i] = s0[gr][i] + s1[gr][i];
+  }
+}
+
+// acc += P V over the tile's 64 keys for this warp's fp8 columns (direct::PvStepF16's kMode).
+template <class C, int kMode>
+__device__ __forceinline__ void DirectPvF16(const uint8_t* stage, int stride, const uint16_t* p_src,
+                                            int eb, float (&acc)[C::kGroups][C::kNTiles][4]) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int c = direct::FragPair(lane);
+  const int col = C::kColsPerWarp * warp + direct::PvLaneColumn(lane);
+  const uint16_t* a_row = FragRowPtr(p_src, 0, C::kPStride, lane);
+  const uint8_t* rec = stage + C::kKeys * stride + direct::ScaleGroup(warp, col);
+#pragma unroll
+  for (int ks = 0; ks < C::kKeys / MmaTile::kK; ++ks) {
+    AFrag a[C::kGroups];
+#pragma unroll
+    for (int gr = 0; gr < C::kGroups; ++gr) {
+      LoadA(a[gr], a_row + 16 * gr * C::kPStride + MmaTile::kK * ks);
+    }
+    direct::PvStepF16<C::kGroups, C::kNTiles, kMode>(stage, stride, rec, MmaTile::kK * ks, col, c,
+                                                     eb, a, acc);
+  }
+}
+
+// 2^(e - 127) as f32 for 0 <= e <= 254 + 127, exact (subnormal below e = 1).
+__device__ __forceinline__ float Pow2Biased(int e) {
+  return __uint_as_float(e >= 1 ? static_cast<uint32_t>(e) << 23 : 0x00400000u >> min(-e, 31));
+}
+
+// One tile with f16 operands. acc is kept per warp in units of `unit` (true = acc * unit): an
+// fp8_dsv4 warp's unit is 2^(142 - eb) for the largest scale byte eb of its group seen so far,
+// fp8_per_tensor's sigma * 2^-15, the bf16 rope columns' 1; a new unit rescales acc with alpha.
+template <class C, int kFormat>
+__device__ __forceinline__ void DirectTileF16(
+    const SegmentArgs& s, const uint8_t* stage, const int32_t* valid, const uint16_t* q16_s,
+    const uint16_t* qrope_s, const float* qscale_s, uint16_t* p_s, uint16_t* p16_s,
+    float* red_max, float (&acc)[C::kGroups][C::kNTiles][4],
+    float (&m_run)[C::kGroups][MmaTile::kRowsPerLane],
+    float (&l_run)[C::kGroups][MmaTile::kRowsPerLane], float& unit, int& eb) {
+  using T = MmaTile;
+  constexpr int kRows = T::kRowsPerLane;
+  constexpr int kCols = T::kColsPerRow;
+  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int stride = DirectRowStride(kFormat, C::kQkWidth);
+  float sc[C::kGroups][4];
+  DirectScoresF16<C, kFormat>(stage, stride, q16_s, qrope_s, sc);
+  // fp8_per_tensor scores are in units of 2^-kF16CodeExp too (fp8_dsv4's chunk scales hold it).
+  const float score_scale = kDsv4 ? s.score_scale2
+                                  : s.score_scale2 * static_cast<float>(1 << kF16CodeExp);
+#pragma unroll
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+    float tmax[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) tmax[r] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = T::kN * warp + T::Col(lane, i % kCols);
+      const float qs = qscale_s[T::Row(16 * gr, lane, i / kCols)];
+      const float x = valid[key] ? sc[gr][i] * (score_scale * qs) : -INFINITY;
+      sc[gr][i] = x;
+      tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
+    if (lane % T::kRowLanes == 0) {
+      ForEachIndex<kRows>(
+          [&](auto r) { red_max[T::Row(16 * gr, lane, r) * C::kWarps + warp] = tmax[r]; });
+    }
+  }
+
+  // This warp's P.V operands and unit for the tile (warp-uniform).
+  const int col0 = C::kColsPerWarp * warp;
+  const bool rope_cols = kDsv4 && direct::RopeColumns(col0, col0);
+  int mode = 0;
+  constexpr int kE = kF16CodeExp;
+  float unit_t = s.p_scale * Pow2Biased(2 * kE - 15 + 127);
+  if (kDsv4 && rope_cols) {
+    mode = 3;
+    unit_t = 1.0f;
+  } else if (kDsv4) {
+    const uint8_t* rec = stage + C::kKeys * stride + direct::ScaleGroup(warp, col0);
+    float bmax = 0.0f, bmin = 255.0f;
+#pragma unroll
+    for (int k = lane; k < C::kKeys; k += kWarpSize) {
+      if (valid[k]) {
+        const float b = static_cast<float>(rec[k * kDsv4ScaleBytes]);
+        bmax = fmaxf(bmax, b);
+        bmin = fminf(bmin, b);
+      }
+    }
+    bmax = RowGroupMax<kWarpSize>(bmax);
+    bmin = -RowGroupMax<kWarpSize>(-bmin);
+    // The new unit never undercuts the one acc is in (after fp8_per_tensor tiles of a mixed
+    // call), so the rescale below cannot overflow: 2^(eb - 142) >= unit.
+    int floor_eb = 0;
+    if (unit >= 1.17549435e-38f) {
+      const uint32_t u = __float_as_uint(unit);
+      floor_eb = static_cast<int>(u >> 23) + 15 - kE + ((u & 0x7fffffu) != 0 ? 1 : 0);
+    }
+    eb = min(max(max(eb, static_cast<int>(bmax)), floor_eb), 269 - kE);
+    mode = static_cast<float>(eb) - bmin <= static_cast<float>(14 + kE) ? 1 : 2;
+    unit_t = Pow2Biased(eb + kE - 15);
+  }
+  const float ratio = unit == 0.0f ? 0.0f : unit / unit_t;
+  unit = unit_t;
+
+  __syncthreads();
+#pragma unroll
+  for (int gr = 0; gr < C::kGroups; ++gr) {
+    float m_use[kRows], alpha[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
+      float tm = rm[0];
+#pragma unroll
+      for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
+      const float m_new = fmaxf(m_run[gr][r], tm);
+      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[gr][r] - m_use[r]);
+      m_run[gr][r] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i / kCols;
+      const float p = exp2f(sc[gr][i] - m_use[r]);
+      l_run[gr][r] = (i % kCols) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
+      const int key = T::kN * warp + T::Col(lane, i % kCols);
+      const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
+      const int at = T::Row(16 * gr, lane, r) * C::kPStride + pos;
+      const float pb = RoundToBf16Fast(p);
+      p_s[at] = static_cast<uint16_t>(PackBf16(pb, 0.0f));
+      p16_s[at] = F32ToF16Bits(pb * static_cast<float>(1 << (15 - kE)));
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) alpha[r] *= ratio;
+#pragma unroll
+    for (int j = 0; j < C::kNTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[gr][j][i] *= alpha[i / kCols];
+    }
+  }
+  __syncthreads();  // P complete
+  switch (mode) {
+    case 0:
+      DirectPvF16<C, 0>(stage, stride, p16_s, eb, acc);
+      break;
+    case 1:
+      DirectPvF16<C, 1>(stage, stride, p16_s, eb, acc);
+      break;
+    case 2:
+      DirectPvF16<C, 2>(stage, stride, p_s, eb, acc);
+      break;
+    default:
+      DirectPv<C, kFormat, false>(stage, stride, p_s, acc);
+      break;
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendDirectKernel(const __grid_constant__ AttendKernelParams p) {
   using S = DirectSmem<C>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);
+  uint16_t* q16_s = q_s;  // the f16 Q with direct::kF16Operands
   uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + S::kP);
+  uint16_t* p16_s = reinterpret_cast<uint16_t*>(smem + S::kP16);
+  uint16_t* qrope_s = reinterpret_cast<uint16_t*>(smem + S::kQRope);
+  float* qscale_s = reinterpret_cast<float*>(smem + S::kQScale);
   float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
   int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
@@ -323,7 +584,64 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // Q in the permuted dim order of direct_layout.h (heads past H are zero and never stored).
-  {
+  if constexpr (direct::kF16Operands) {
+    // One warp per head: f16 of q * 2^kq with kq such that the head's largest |q| lands in
+    // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-28 of that maximum is exact.
+    constexpr int kUnits = C::kQkWidth / 8;
+    constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
+    for (int h = warp; h < C::kHeadBlock; h += C::kWarps) {
+      const bool live = head0 + h < p.num_heads;
+      float v[kPer][8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int u = lane + k * kWarpSize;
+        const int p0 = (u % kUnits) * 8;
+        const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
+        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + base;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float2 f = make_float2(0.0f, 0.0f);
+          if (live && u < kUnits) {
+            const int64_t at = off + direct::QkUnitOffset(i);
+            if (p.q_fp8) {
+              f = E4m3x2ToFloat2(
+                  *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at));
+            } else {
+              const uint32_t w =
+                  *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + at);
+              f = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+            }
+          }
+          v[k][2 * i] = f.x, v[k][2 * i + 1] = f.y;
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      amax = RowGroupMax<kWarpSize>(amax);
+      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;
+      const int kq = amax == 0.0f ? 0 : min(max(14 - ex, -113), 120);
+      const float up = __uint_as_float(static_cast<uint32_t>(kq + 127) << 23);
+      if (lane == 0) qscale_s[h] = __uint_as_float(static_cast<uint32_t>(127 - kq) << 23);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int u = lane + k * kWarpSize;
+        if (u >= kUnits) continue;
+        const int p0 = u * 8;
+        uint32_t w[4], r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float a = v[k][2 * i] * up, b = v[k][2 * i + 1] * up;
+          w[i] = uint32_t{F32ToF16Bits(a)} | (uint32_t{F32ToF16Bits(b)} << 16);
+          r[i] = PackBf16(a, b);
+        }
+        *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
+        if (C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
+          *reinterpret_cast<uint4*>(qrope_s + h * C::kRopeStride + (p0 - kNopeWidth)) =
+              make_uint4(r[0], r[1], r[2], r[3]);
+        }
+      }
+    }
+  } else {
     constexpr int kUnits = C::kQkWidth / 8;
     for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
       const int h = u / kUnits;
@@ -362,6 +680,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int r = 0; r < kRows; ++r) m_run[gr][r] = -INFINITY, l_run[gr][r] = 0.0f;
   }
 
+  float unit = 0.0f;  // direct::kF16Operands: true acc = acc * unit (DirectTileF16)
+  int eb = 0;
   for (int t = t_begin; t < t_end; ++t) {
     const int stage = (t - t_begin) % n_stages;
     switch (n_stages) {
@@ -386,7 +706,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     const uint8_t* st = stages + stage * p.stage_bytes;
     const int32_t* valid = valid_s + stage * C::kKeys;
     constexpr int kDsv4 = static_cast<int>(KvFormat::kFp8Dsv4);
-    if (s.format == kDsv4) {
+    if constexpr (direct::kF16Operands) {
+      if (s.format == kDsv4) {
+        DirectTileF16<C, kDsv4>(s, st, valid, q16_s, qrope_s, qscale_s, p_s, p16_s, red_max, acc,
+                                m_run, l_run, unit, eb);
+      } else {
+        DirectTileF16<C, static_cast<int>(KvFormat::kFp8PerTensor)>(
+            s, st, valid, q16_s, qrope_s, qscale_s, p_s, p16_s, red_max, acc, m_run, l_run, unit,
+            eb);
+      }
+    } else if (s.format == kDsv4) {
       if (p.fold_scales && DirectTileFolds<C>(st)) {
         DirectTile<C, kDsv4, true>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
       } else {
@@ -398,6 +727,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
   }
   AsyncWait<0>();
+  if constexpr (direct::kF16Operands) {
+#pragma unroll
+    for (int gr = 0; gr < C::kGroups; ++gr) {
+#pragma unroll
+      for (int j = 0; j < C::kNTiles; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[gr][j][i] *= unit;
+      }
+    }
+  }
 
   // Row sums: the row's lanes, then the warps.
 #pragma unroll

@@ -132,6 +132,17 @@ __device__ __forceinline__ void PvStep(const uint8_t* stage, int stride, const u
   }
 }
 
+// gfx950 keeps bf16 operands for both dots: a wavefront's P.V product spans two fp8_dsv4 scale
+// groups, so per-key scales cannot be folded into P (kF16Operands below). The f16 helpers are
+// declared for the kernel's discarded branches and never instantiated.
+inline constexpr bool kF16Operands = false;
+template <int kGroups>
+__device__ void ScoreChunkF16(const uint8_t* chunk, int c, const uint16_t* a_row, int gr_stride,
+                              float (&t0)[kGroups][4], float (&t1)[kGroups][4]);
+template <int kGroups, int kNTiles, int kMode>
+__device__ void PvStepF16(const uint8_t* stage, int stride, const uint8_t* rec, int key0, int col,
+                          int c, int eb, AFrag (&a)[kGroups], float (&acc)[kGroups][kNTiles][4]);
+
 #else
 
 // m16n8k16 (32 lanes): g = lane / 4 is the A/C row and the B column, c = lane % 4 picks the
@@ -254,6 +265,106 @@ __device__ __forceinline__ void PvStep(const uint8_t* stage, int stride, const u
         for (int gr = 0; gr < kGroups; ++gr) {
           MmaBf16(acc[gr][j], a[gr].r, b01.x, b23.x);
           MmaBf16(acc[gr][j + 1], a[gr].r, b01.y, b23.y);
+        }
+      }
+    }
+  }
+}
+
+// f16 operands for the fp8 codes (attend_direct_kernel.cuh): e4m3 -> f16 is one paired
+// conversion instruction per two values and exact, so K and V enter the products as raw codes
+// and the power-of-two scales are applied outside them: to each 64-dim chunk's partial score
+// (Q.K^T) and to P per key (P.V, one scale group per warp's 64 columns). Values equal the bf16
+// staging of operator.md 5 (the scales are powers of two, the codes exact in both types).
+inline constexpr bool kF16Operands = true;
+
+// t0/t1 += Q16 K^T over one 64-dim chunk of fp8 codes (k-steps alternate between t0 and t1):
+// `chunk` is the lane's key row at the chunk, `a_row` the lane's staged f16 Q (FragRowPtr) at
+// the chunk, `gr_stride` the elements between 16-head groups.
+template <int kGroups>
+__device__ __forceinline__ void ScoreChunkF16(const uint8_t* chunk, int c, const uint16_t* a_row,
+                                              int gr_stride, float (&t0)[kGroups][4],
+                                              float (&t1)[kGroups][4]) {
+  const uint2 x = *reinterpret_cast<const uint2*>(chunk + QkRun(c, 0));
+  const uint2 y = *reinterpret_cast<const uint2*>(chunk + QkRun(c, 1));
+  const uint2 w0 = E4m3x4ToF16(x.x), w1 = E4m3x4ToF16(x.y);
+  const uint2 w2 = E4m3x4ToF16(y.x), w3 = E4m3x4ToF16(y.y);
+  const uint32_t b[8] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y, w3.x, w3.y};
+#pragma unroll
+  for (int gr = 0; gr < kGroups; ++gr) {
+#pragma unroll
+    for (int s = 0; s < kQkSteps; ++s) {
+      AFrag a;
+      LoadA(a, a_row + gr * gr_stride + MmaTile::kK * s);
+      MmaF16(s % 2 == 0 ? t0[gr] : t1[gr], a.r, b[s], b[4 + s]);
+    }
+  }
+}
+
+// acc[gr][j] += P V for one k-step of fp8 columns col .. col+7 with codes as operands.
+// With E = kF16CodeExp (f16 codes are code * 2^-E): kMode 0: `a` is f16 P times 2^(15-E), no
+// per-key scale (fp8_per_tensor); acc is in units of 2^(2E-15). kMode 1: `a` is f16 P times
+// 2^(15-E), multiplied per key by 2^(byte - eb + E) (a normal f16: the caller checked the tile's
+// spread). kMode 2: `a` is bf16 P, multiplied per key by 2^(byte - eb + 15 - E) (flushed to 0
+// below bf16's range), exact bf16 codes. Modes 1 and 2 give acc in units of 2^(eb + E - 142).
+// Keys that are not valid have zero P and zero-filled rows.
+template <int kGroups, int kNTiles, int kMode>
+__device__ __forceinline__ void PvStepF16(const uint8_t* stage, int stride, const uint8_t* rec,
+                                          int key0, int col, int c, int eb, AFrag (&a)[kGroups],
+                                          float (&acc)[kGroups][kNTiles][4]) {
+  int key[kPvKeys];
+#pragma unroll
+  for (int m = 0; m < kPvKeys; ++m) key[m] = key0 + PvLaneKey(c, m);
+  uint2 v[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) v[m] = *reinterpret_cast<const uint2*>(stage + key[m] * stride + col);
+  if constexpr (kMode != 0) {
+    // a.r[0], a.r[1]: keys key[0], key[1] (rows g, g+8); a.r[2], a.r[3]: keys key[2], key[3].
+    uint32_t f[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int b = static_cast<int>(rec[key[m] * kDsv4ScaleBytes]);
+      f[m] = static_cast<uint32_t>(
+          max(b - eb + (kMode == 1 ? 15 + kF16CodeExp : 142 - kF16CodeExp), 0));
+    }
+    const int sh = kMode == 1 ? 10 : 7;
+    const uint32_t f01 = (f[0] << sh) | (f[1] << (16 + sh));
+    const uint32_t f23 = (f[2] << sh) | (f[3] << (16 + sh));
+#pragma unroll
+    for (int gr = 0; gr < kGroups; ++gr) {
+      if constexpr (kMode == 1) {
+        a[gr].r[0] = MulF16x2(a[gr].r[0], f01), a[gr].r[1] = MulF16x2(a[gr].r[1], f01);
+        a[gr].r[2] = MulF16x2(a[gr].r[2], f23), a[gr].r[3] = MulF16x2(a[gr].r[3], f23);
+      } else {
+        a[gr].r[0] = MulBf16x2(a[gr].r[0], f01), a[gr].r[1] = MulBf16x2(a[gr].r[1], f01);
+        a[gr].r[2] = MulBf16x2(a[gr].r[2], f23), a[gr].r[3] = MulBf16x2(a[gr].r[3], f23);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t x0 = h == 0 ? v[0].x : v[0].y, x1 = h == 0 ? v[1].x : v[1].y;
+    const uint32_t x2 = h == 0 ? v[2].x : v[2].y, x3 = h == 0 ? v[3].x : v[3].y;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      // Codes (key0 col j, key1 col j, key0 col j+1, key1 col j+1), j = 4h + 2q.
+      const uint32_t sel = q == 0 ? 0x5140u : 0x7362u;
+      const uint32_t c01 = PermuteBytes(x0, x1, sel);
+      const uint32_t c23 = PermuteBytes(x2, x3, sel);
+      const int j = 4 * h + 2 * q;
+      if constexpr (kMode == 2) {
+        const uint2 b01 = E4m3x4ToBf16(c01), b23 = E4m3x4ToBf16(c23);
+#pragma unroll
+        for (int gr = 0; gr < kGroups; ++gr) {
+          MmaBf16(acc[gr][j], a[gr].r, b01.x, b23.x);
+          MmaBf16(acc[gr][j + 1], a[gr].r, b01.y, b23.y);
+        }
+      } else {
+        const uint2 b01 = E4m3x4ToF16(c01), b23 = E4m3x4ToF16(c23);
+#pragma unroll
+        for (int gr = 0; gr < kGroups; ++gr) {
+          MmaF16(acc[gr][j], a[gr].r, b01.x, b23.x);
+          MmaF16(acc[gr][j + 1], a[gr].r, b01.y, b23.y);
         }
       }
     }

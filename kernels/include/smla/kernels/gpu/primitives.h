@@ -213,6 +213,54 @@ __device__ __forceinline__ __nv_bfloat162 E8m0PairToBf16x2(uint32_t lo, uint32_t
   return *reinterpret_cast<const __nv_bfloat162*>(&w);
 }
 
+// ---- f16 operands (the direct kernel's fp8 path, direct_layout.h kF16Operands) ----
+
+// c += a * b on the tensor cores, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four e4m3 codes (byte i of `codes`) to their exact f16 values (every e4m3 value, subnormals
+// included, is a normal f16; kF16CodeExp = 0), as two packed words: codes 0-1 and 2-3. One
+// paired conversion instruction per word.
+inline constexpr int kF16CodeExp = 0;
+__device__ __forceinline__ uint2 E4m3x4ToF16(uint32_t codes) {
+  uint32_t lo, hi;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+  return make_uint2(lo, hi);
+}
+
+// 2^(byte-127) of a UE8M0 scale byte as an exact f32 (byte 0 is the subnormal 2^-127).
+__device__ __forceinline__ float E8m0ToFloat(uint32_t byte) {
+  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
+}
+
+// Packed f16 pair product (round to nearest even), and the same for a bf16 pair.
+__device__ __forceinline__ uint32_t MulF16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162*>(&b);
+  x = __hmul2(x, y);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+// One f16 value (nearest even) in the low 16 bits.
+__device__ __forceinline__ uint16_t F32ToF16Bits(float x) {
+  return __half_as_ushort(__float2half_rn(x));
+}
+
 // Bytes of (a, b) chosen by `selector` (four 4-bit byte indices, a = 0-3, b = 4-7).
 __device__ __forceinline__ uint32_t PermuteBytes(uint32_t a, uint32_t b, uint32_t selector) {
   return __byte_perm(a, b, selector);

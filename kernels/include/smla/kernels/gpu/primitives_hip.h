@@ -276,6 +276,13 @@ __device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
 #endif
 }
 
+// One f16 value (nearest even) in the low 16 bits. (The direct kernel's f16 operands are a
+// CUDA path, direct_layout.h kF16Operands; this keeps its discarded branches well-formed.)
+inline constexpr int kF16CodeExp = 0;
+__device__ __forceinline__ uint16_t F32ToF16Bits(float x) {
+  return __builtin_bit_cast(uint16_t, static_cast<_Float16>(x));
+}
+
 // The scales dequantised KV values are multiplied by, one per half of a packed pair (a power
 // of two for fp8_dsv4, 1 for fp8_per_tensor tiles): two f32 here, a bf16 pair on CUDA. The
 // CUDA names are kept so that kernels read the same on both vendors.
