@@ -151,9 +151,10 @@ absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request,
   return resp;
 }
 
-absl::StatusOr<std::unique_ptr<StepStream>> Client::OpenStream() {
+absl::StatusOr<std::unique_ptr<StepStream>> Client::OpenStream(absl::Duration timeout) {
   std::unique_ptr<StepStream> s(new StepStream());
   s->context_ = std::make_unique<grpc::ClientContext>();
+  if (timeout != absl::InfiniteDuration()) Prepare(s->context_.get(), timeout);
   s->stream_ = stub_->StepStream(s->context_.get());
   if (!s->stream_) return absl::UnavailableError("cannot open StepStream");
   return s;

@@ -180,16 +180,23 @@ TEST(SecurityTest, TenantQuotas) {
   EXPECT_THAT(std::string(over.status().message()), ::testing::HasSubstr("tenant quota of pages"));
   a.StepAndCheck(a.Make(0, {{"s2", 0, 16, 0}}));  // exactly the 6th page
 
-  // Streams: the second open stream of a tenant is refused at once.
-  auto s1 = a.client->OpenStream();
+  // Streams: the second open stream of a tenant is refused at once. The two streams race to
+  // the server, so the first answers a step (the page quota, per response) before the second
+  // opens. Deadlines turn a wrong outcome into a failure instead of a hang.
+  const absl::Duration limit = absl::Seconds(60);
+  auto s1 = a.client->OpenStream(limit);
   ASSERT_TRUE(s1.ok());
-  auto s2 = a.client->OpenStream();
-  ASSERT_TRUE(s2.ok());
   v1::StepResponse r;
+  ASSERT_TRUE((*s1)->Write(a.Make(0, {{"s2", 16, 16, 0}})));
+  ASSERT_TRUE((*s1)->Read(&r));
+  EXPECT_EQ(r.code(), static_cast<int32_t>(grpc::StatusCode::RESOURCE_EXHAUSTED)) << r.message();
+  auto s2 = a.client->OpenStream(limit);
+  ASSERT_TRUE(s2.ok());
   EXPECT_FALSE((*s2)->Read(&r));
   absl::Status refused = (*s2)->Finish();
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  auto bob_stream = bob->OpenStream();  // bob's own quota
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("tenant quota of streams"));
+  auto bob_stream = bob->OpenStream(limit);  // bob's own quota
   ASSERT_TRUE(bob_stream.ok());
   ASSERT_TRUE((*bob_stream)->WritesDone());
   EXPECT_TRUE((*bob_stream)->Finish().ok());

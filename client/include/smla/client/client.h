@@ -83,8 +83,9 @@ class Client {
   // One step; `timeout` overrides the client's default for this call.
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
                                         absl::Duration timeout = absl::ZeroDuration());
-  // Opens a step stream (no deadline).
-  absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
+  // Opens a step stream; the stream has no deadline unless `timeout` is finite.
+  absl::StatusOr<std::unique_ptr<StepStream>> OpenStream(
+      absl::Duration timeout = absl::InfiniteDuration());
 
   v1::Smla::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
