@@ -16,7 +16,6 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=${root}/scripts/sanitize/lsan.supp:print_suppressions=0"
 cd "$build"
 # Sanitized steps run many times slower: one test at a time on small machines.
-# A failed test runs once more (until-pass:2), as in scripts/test.sh.
 # shellcheck disable=SC2086
-ctest --output-on-failure -j "$(( jobs > 2 ? jobs / 2 : 1 ))" --timeout 1800 --repeat until-pass:2 \
+ctest --output-on-failure -j "$(( jobs > 2 ? jobs / 2 : 1 ))" --timeout 1800 \
   ${SMLA_CTEST_ARGS:-}
