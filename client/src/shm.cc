@@ -127,14 +127,22 @@ uint64_t ShmRegion::BytesFor(const v1::StepRequest& request) {
   return n + AlignUp(o.out) + AlignUp(o.scales) + AlignUp(o.lse);
 }
 
-absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t offset) const {
+absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t offset,
+                                          Layout layout) const {
+  return PlaceInto(data_, size_, name_, request, offset, layout);
+}
+
+absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
+                                              const std::string& name, v1::StepRequest* request,
+                                              uint64_t offset, Layout layout) {
+  const OutputBytes o = OutputsOf(*request);  // before packing clears the spans' q
   uint64_t at = AlignUp(offset);
   auto take = [&](uint64_t bytes, v1::RegionRef* ref) -> absl::Status {
-    if (bytes > size_ || at > size_ - bytes) {
+    if (bytes > size || at > size - bytes) {
       return absl::OutOfRangeError(absl::StrCat(
-          "region ", name_, " of ", size_, " bytes is too small for the step at offset ", offset));
+          "region ", name, " of ", size, " bytes is too small for the step at offset ", offset));
     }
-    ref->set_region(name_);
+    ref->set_region(name);
     ref->set_offset(at);
     ref->set_size(bytes);
     at = AlignUp(at + bytes);
@@ -144,13 +152,81 @@ absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t off
     if (t->data_case() != v1::Tensor::kInlineData) {
       return absl::InvalidArgumentError("Place: the request is not fully inline");
     }
+  }
+  if (layout == Layout::kPacked) {
+    // Each tensor kind of all spans, concatenated in span order, in one range.
+    int64_t topk_width = -1;
+    for (const v1::Span& s : request->spans()) {
+      if (!s.has_topk()) continue;
+      const int64_t w = s.topk().shape_size() == 2 ? s.topk().shape(1) : -1;
+      if (topk_width >= 0 && w != topk_width) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Place: packed spans need one top-k width, got ", topk_width, " and ", w));
+      }
+      topk_width = w;
+    }
+    v1::PackedInputs* packed = request->mutable_packed();
+    using Field = v1::Tensor* (v1::Span::*)();
+    auto pack = [&](Field field, bool (v1::Span::*has)() const,
+                    v1::RegionRef* ref) -> absl::Status {
+      uint64_t bytes = 0;
+      bool any = false;
+      for (v1::Span& s : *request->mutable_spans()) {
+        if (!(s.*has)()) continue;
+        any = true;
+        bytes += (s.*field)()->inline_data().size();
+      }
+      if (!any) return absl::OkStatus();
+      if (absl::Status st = take(bytes, ref); !st.ok()) return st;
+      uint64_t at_bytes = ref->offset();
+      for (v1::Span& s : *request->mutable_spans()) {
+        if (!(s.*has)()) continue;
+        const std::string& b = (s.*field)()->inline_data();
+        if (!b.empty()) std::memcpy(data + at_bytes, b.data(), b.size());
+        at_bytes += b.size();
+      }
+      return absl::OkStatus();
+    };
+    if (absl::Status st = pack(&v1::Span::mutable_kv_rows, &v1::Span::has_kv_rows,
+                               packed->mutable_kv_rows());
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = pack(&v1::Span::mutable_q, &v1::Span::has_q, packed->mutable_q());
+        !st.ok()) {
+      return st;
+    }
+    bool any_compressed = false;
+    for (const v1::Span& s : request->spans()) any_compressed |= s.has_compressed_rows();
+    if (any_compressed) {
+      if (absl::Status st = pack(&v1::Span::mutable_compressed_rows,
+                                 &v1::Span::has_compressed_rows, packed->mutable_compressed_rows());
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (topk_width >= 0) {
+      if (absl::Status st =
+              pack(&v1::Span::mutable_topk, &v1::Span::has_topk, packed->mutable_topk());
+          !st.ok()) {
+        return st;
+      }
+      packed->set_topk_width(static_cast<int32_t>(topk_width));
+    }
+    for (v1::Span& s : *request->mutable_spans()) {
+      s.clear_kv_rows();
+      s.clear_q();
+      s.clear_compressed_rows();
+      s.clear_topk();
+    }
+  }
+  for (v1::Tensor* t : layout == Layout::kPacked ? std::vector<v1::Tensor*>{} : Inputs(request)) {
     std::string bytes = std::move(*t->mutable_inline_data());
     v1::RegionRef ref;
     if (absl::Status st = take(bytes.size(), &ref); !st.ok()) return st;
-    if (!bytes.empty()) std::memcpy(data_ + ref.offset(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(data + ref.offset(), bytes.data(), bytes.size());
     *t->mutable_region() = ref;
   }
-  const OutputBytes o = OutputsOf(*request);
   if (absl::Status st = take(o.out, request->mutable_out_region()); !st.ok()) return st;
   if (o.scales > 0) {
     if (absl::Status st = take(o.scales, request->mutable_mx_scales_region()); !st.ok()) return st;

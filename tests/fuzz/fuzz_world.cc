@@ -52,7 +52,7 @@ FuzzWorld& FuzzWorld::Get() {
     w->core_ = *std::move(core);
     for (const server::ModelConfig& m : w->core_->Info().models) {
       const server::ModelProfile* p = server::FindProfile(m.profile);
-      w->models_[m.profile] = {m.heads_per_rank, kernels::QkWidth(p->geometry)};
+      w->models_[m.profile] = server::edge::MakeWireModel(m.heads_per_rank, *p);
       if (p->has_sink) {
         std::vector<float> sinks(int64_t{p->num_layers()} * m.heads_per_rank, 0.5f);
         if (auto st = w->core_->SetSinks(m.profile, sinks); !st.ok()) Die(st);

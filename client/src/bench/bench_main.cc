@@ -32,7 +32,9 @@ ABSL_FLAG(std::string, cell, "dsv4.1-flash fp8_dsv4 TP4 decode C=1 128K",
 ABSL_FLAG(std::string, layer, "all", "Layer to step, or 'all' for whole model steps");
 ABSL_FLAG(int64_t, context, 0, "Override the cell's context (positions), e.g. small on CPU");
 ABSL_FLAG(int32_t, prefill_chunk, 4096, "Rows per pre-fill call");
-ABSL_FLAG(std::string, transport, "inline", "inline or shm (registered shared memory)");
+ABSL_FLAG(std::string, transport, "inline",
+          "inline, shm (registered shared memory, one range per tensor kind for all spans) or "
+          "shm_spans (shared memory, each span's tensors named separately)");
 ABSL_FLAG(bool, prefill_shm, true,
           "Pre-fill through a shared-memory region when the server allows it, whatever "
           "--transport (the pre-fill is set-up, not measured)");
@@ -106,10 +108,12 @@ int Run() {
   spec.want_lse = absl::GetFlag(FLAGS_lse);
   spec.inverse_rope = absl::GetFlag(FLAGS_inverse_rope);
   const std::string transport_name = absl::GetFlag(FLAGS_transport);
-  if (transport_name != "inline" && transport_name != "shm") {
-    return Fail(absl::InvalidArgumentError("--transport: inline or shm"));
+  if (transport_name != "inline" && transport_name != "shm" && transport_name != "shm_spans") {
+    return Fail(absl::InvalidArgumentError("--transport: inline, shm or shm_spans"));
   }
-  const Transport transport = transport_name == "shm" ? Transport::kShm : Transport::kInline;
+  const Transport transport = transport_name == "shm"         ? Transport::kShm
+                              : transport_name == "shm_spans" ? Transport::kShmSpans
+                                                              : Transport::kInline;
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "stream" && mode != "unary") {
     return Fail(absl::InvalidArgumentError("--mode: stream or unary"));

@@ -159,7 +159,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     requests_.push_back(client::MakeStep(model_, layer, spans, o, rng));
     next_position_.push_back(call_first);
   }
-  const bool calls_in_region = transport_ == Transport::kShm;
+  const bool calls_in_region = transport_ != Transport::kInline;
   if (calls_in_region || (prefill_shm && call_first > 0)) {
     uint64_t bytes = 0;
     if (calls_in_region) {
@@ -188,7 +188,9 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     }  // else: the server takes no regions, so the pre-fill goes inline too
     uint64_t at = 0;
     for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
-      auto end = region_->Place(&requests_[i], at);
+      auto end = region_->Place(&requests_[i], at,
+                               transport_ == Transport::kShm ? client::ShmRegion::Layout::kPacked
+                                                             : client::ShmRegion::Layout::kPerSpan);
       if (!end.ok()) return end.status();
       at = *end;
     }

@@ -50,7 +50,9 @@ struct WorkloadSpec {
 // C=8", "prefill 8K"), context ("128K"), in any order after the model.
 absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell);
 
-enum class Transport { kInline, kShm };
+// kShm: the calls' inputs packed in a registered region, one range per tensor kind
+// (StepRequest.packed); kShmSpans: the per-span form (each span's tensors name the region).
+enum class Transport { kInline, kShm, kShmSpans };
 
 struct Connection {
   std::string server;

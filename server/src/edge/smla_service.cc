@@ -120,7 +120,7 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;
-    models_[m.profile] = WireModel{m.heads_per_rank, kernels::QkWidth(profile->geometry)};
+    models_[m.profile] = MakeWireModel(m.heads_per_rank, *profile);
   }
 }
 

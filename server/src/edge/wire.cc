@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 
@@ -124,9 +125,87 @@ std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* s
   if (!always_copy && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
     return {reinterpret_cast<const int32_t*>(bytes.data()), n};
   }
-  auto& copy = storage->int32_copies.emplace_back(n);
-  if (n > 0) std::memcpy(copy.data(), bytes.data(), n * 4);
-  return copy;
+  // Not value-initialised: every element is copied over.
+  auto& copy = storage->int32_copies.emplace_back(new int32_t[std::max<size_t>(n, 1)]);
+  if (n > 0) std::memcpy(copy.get(), bytes.data(), n * 4);
+  return {copy.get(), n};
+}
+
+// A packed request's inputs (StepRequest.packed): one region reference per tensor kind, split
+// among `out->spans` (already parsed, tensors unset) in span order.
+absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model,
+                               int64_t total_rows, StepRequest* out, ParseStorage* storage,
+                               const RegionContext* regions) {
+  const v1::PackedInputs& p = pb.packed();
+  if (!RegionsOn(regions)) return RegionsOff("packed");
+  if (!p.has_topk() && p.topk_width() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed.topk_width: ", p.topk_width(), " without packed.topk"));
+  }
+  if (p.has_topk() && p.topk_width() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed.topk_width: ", p.topk_width(), ", must be positive"));
+  }
+  if (!p.has_kv_rows()) return absl::InvalidArgumentError("packed.kv_rows: unset");
+  if (!p.has_q()) return absl::InvalidArgumentError("packed.q: unset");
+  // An unknown model is the core's NOT_FOUND; without its widths no size can be checked.
+  if (model == nullptr) return absl::OkStatus();
+  const int64_t row_bytes = int64_t{model->qk_width} * 2;
+  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
+  if (!kv.ok()) return kv.status();
+  auto q = ResolveRef(p.q(), "packed.q", total_rows * model->heads * row_bytes, 2, regions,
+                      storage);
+  if (!q.ok()) return q.status();
+  // Compressed entries split by the layer's ratio; an unknown layer is the core's NOT_FOUND.
+  const bool layer_known =
+      pb.layer() >= 0 && pb.layer() < static_cast<int32_t>(model->compression_ratios.size());
+  const int32_t ratio = layer_known ? model->compression_ratios[pb.layer()] : 0;
+  std::span<const uint8_t> compressed;
+  if (ratio > 0) {
+    int64_t entries = 0;
+    for (const SpanInput& s : out->spans) {
+      entries += (s.first_position + s.num_rows) / ratio - s.first_position / ratio;
+    }
+    if (p.has_compressed_rows() || entries > 0) {
+      if (!p.has_compressed_rows()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "packed.compressed_rows: unset, the spans complete ", entries, " entries of the 1/",
+            ratio, " cache (", entries * row_bytes, " bytes)"));
+      }
+      auto c = ResolveRef(p.compressed_rows(), "packed.compressed_rows", entries * row_bytes, 2,
+                          regions, storage);
+      if (!c.ok()) return c.status();
+      compressed = *c;
+    }
+  } else if (layer_known && p.has_compressed_rows() && p.compressed_rows().size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed.compressed_rows: layer ", pb.layer(), " has no compressed cache, got ",
+                     p.compressed_rows().size(), " bytes"));
+  }
+  std::span<const int32_t> topk;
+  if (p.has_topk()) {
+    auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
+                        storage);
+    if (!t.ok()) return t.status();
+    topk = AsInt32(*t, storage, /*always_copy=*/true);
+  }
+  int64_t row = 0, entry = 0;
+  for (SpanInput& s : out->spans) {
+    const int64_t n = s.num_rows;
+    s.kv_rows = kv->subspan(row * row_bytes, n * row_bytes);
+    s.q = q->subspan(row * model->heads * row_bytes, n * model->heads * row_bytes);
+    if (!compressed.empty()) {
+      const int64_t e = (s.first_position + n) / ratio - s.first_position / ratio;
+      s.compressed_rows = compressed.subspan(entry * row_bytes, e * row_bytes);
+      entry += e;
+    }
+    if (p.has_topk()) {
+      s.topk = topk.subspan(row * p.topk_width(), n * p.topk_width());
+      s.topk_width = p.topk_width();
+    }
+    row += n;
+  }
+  return absl::OkStatus();
 }
 
 // Output regions: all or nothing (out, plus mx_scales for MXFP8 and lse when asked), each of
@@ -176,6 +255,14 @@ absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* mode
 
 }  // namespace
 
+WireModel MakeWireModel(int32_t heads, const ModelProfile& profile) {
+  WireModel m{heads, kernels::QkWidth(profile.geometry), {}};
+  for (const LayerSpec& l : profile.layers) {
+    m.compression_ratios.push_back(l.has_compressed() ? l.ratio : 0);
+  }
+  return m;
+}
+
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               int32_t max_rows_per_step, int32_t max_spans_per_step,
                               StepRequest* out, ParseStorage* storage,
@@ -205,6 +292,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
   const int64_t w = model ? model->qk_width : -1;
   const int64_t h = model ? model->heads : -1;
   int64_t total_rows = 0;
+  const bool packed = pb.has_packed();
   out->spans.clear();
   out->spans.reserve(pb.spans_size());
   for (int i = 0; i < pb.spans_size(); ++i) {
@@ -232,6 +320,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
     }
     const int64_t n = span.num_rows;
     if (s.roles_size() != 0) {
+      span.roles.reserve(s.roles_size());
       if (s.roles_size() != n) {
         return absl::InvalidArgumentError(
             absl::StrCat(f, ".roles: ", s.roles_size(), " roles for ", n, " rows"));
@@ -244,6 +333,21 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
         }
         span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
       }
+    }
+    if (packed) {
+      // The packed ranges carry every span's tensors.
+      for (const auto& [set, name] :
+           {std::pair{s.has_kv_rows(), "kv_rows"}, std::pair{s.has_q(), "q"},
+            std::pair{s.has_compressed_rows(), "compressed_rows"},
+            std::pair{s.has_topk(), "topk"}}) {
+        if (set) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(f, ".", name, ": set in a packed request (packed.", name,
+                           " carries every span's)"));
+        }
+      }
+      out->spans.push_back(std::move(span));
+      continue;
     }
     auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w}, regions, storage);
     if (!kv.ok()) return kv.status();
@@ -266,6 +370,10 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));
     }
     out->spans.push_back(std::move(span));
+  }
+  if (packed) {
+    absl::Status st = ParsePackedInputs(pb, model, total_rows, out, storage, regions);
+    if (!st.ok()) return st;
   }
   return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
 }

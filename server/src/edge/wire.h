@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "smla/server/model_profile.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
 #include "smla/v1/tensor.pb.h"
@@ -21,7 +22,13 @@ namespace smla::server::edge {
 struct WireModel {
   int32_t heads = 0;     // heads per rank
   int32_t qk_width = 0;  // 512 or 576
+  // Per layer, r of its 1/r compressed cache (0 when none): how a packed request's compressed
+  // entries split among its spans.
+  std::vector<int32_t> compression_ratios = {};
 };
+
+// The WireModel of a served profile at `heads` heads per rank.
+WireModel MakeWireModel(int32_t heads, const ModelProfile& profile);
 
 // Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned, or that sit
 // in a client's region where the client could change them after validation) and the region
@@ -29,7 +36,7 @@ struct WireModel {
 class ShmMapping;
 
 struct ParseStorage {
-  std::vector<std::vector<int32_t>> int32_copies;
+  std::vector<std::unique_ptr<int32_t[]>> int32_copies;
   // The regions this request named, each looked up once (name, mapping); holding the mapping
   // keeps the request's views valid.
   std::vector<std::pair<std::string, std::shared_ptr<ShmMapping>>> looked_up;
@@ -47,7 +54,10 @@ struct RegionContext {
 // the model is unknown: shapes are then checked only for internal consistency and the core
 // answers NOT_FOUND. `pb` and `storage` must outlive `out`. Without `regions` (or with a null
 // registry) a tensor naming a region is INVALID_ARGUMENT; with it, region references are
-// resolved for the context's tenant and output regions become `out->destination`.
+// resolved for the context's tenant and output regions become `out->destination`. A packed
+// request (pb.packed set) is resolved with one lookup per region and its spans' views are
+// slices of the packed ranges; its top-k ids are copied once (the client could change them
+// after validation).
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               int32_t max_rows_per_step, int32_t max_spans_per_step,
                               StepRequest* out, ParseStorage* storage,

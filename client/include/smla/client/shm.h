@@ -41,13 +41,31 @@ class ShmRegion {
   // Ends the registration; later steps naming the region fail with NOT_FOUND.
   absl::Status Unregister();
 
-  // Bytes Place needs for `request` (inputs and outputs, each 64-byte aligned).
+  // How Place lays a request's inputs out in the region.
+  enum class Layout {
+    // Every span's tensors name their own range (Span.kv_rows.region, ...).
+    kPerSpan,
+    // One range per tensor kind for all spans (StepRequest.packed): the request carries a
+    // few references whatever its span count, and the server resolves them once. All spans
+    // with top-k ids must have the same width.
+    kPacked,
+  };
+
+  // Bytes Place needs for `request` (inputs and outputs, each 64-byte aligned; the packed
+  // layout needs at most as many).
   static uint64_t BytesFor(const v1::StepRequest& request);
   // Moves every inline input tensor of `request` into the region from `offset` (a multiple of
   // 64) on and points the outputs (out, and mx_scales / lse when the request asks for them)
   // at it; returns the end of what it used. `request` must be fully inline; OUT_OF_RANGE when
-  // the region is too small. Several requests can live side by side at different offsets.
-  absl::StatusOr<uint64_t> Place(v1::StepRequest* request, uint64_t offset = 0) const;
+  // the region is too small, INVALID_ARGUMENT when a packed request's spans differ in top-k
+  // width. Several requests can live side by side at different offsets.
+  absl::StatusOr<uint64_t> Place(v1::StepRequest* request, uint64_t offset = 0,
+                                 Layout layout = Layout::kPerSpan) const;
+  // Place into any mapping of `size` bytes at `data` that the server knows as `name` (e.g. a
+  // region registered by other means).
+  static absl::StatusOr<uint64_t> PlaceInto(uint8_t* data, uint64_t size, const std::string& name,
+                                            v1::StepRequest* request, uint64_t offset = 0,
+                                            Layout layout = Layout::kPerSpan);
   // The bytes of a tensor that names this region (bounds checked).
   absl::StatusOr<std::span<const uint8_t>> Bytes(const v1::Tensor& tensor) const;
   // Replaces the response's region tensors by inline copies of their bytes, e.g. to compare
