@@ -14,19 +14,45 @@ namespace {
 
 using kernels::Geometry;
 
+// The hot passes of validation are built for baseline x86-64 and, where the CPU has it, AVX2
+// (twice the lanes); the loader picks one at start-up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__clang_analyzer__)
+#define SMLA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SMLA_VECTOR_CLONES
+#endif
+
+// Whether any bf16 value of `bytes` is non-finite: a branch-free pass over 16-bit lanes (an
+// all-ones exponent carries into bit 15, and no lane overflows).
+SMLA_VECTOR_CLONES bool AnyNonFinite(const uint8_t* bytes, int64_t n) {
+  uint16_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    any |= static_cast<uint16_t>((bits & 0x7f80u) + 0x80u);
+  }
+  return (any & 0x8000u) != 0;
+}
+
+// Whether some entry of `row` lies outside [-1, last] (last = visible - 1, at most int32's
+// largest): for e in [-1, last] both e + 1 and last - e are non-negative, so a sign bit in
+// their OR flags the row. Branch-free, so it vectorises.
+SMLA_VECTOR_CLONES bool AnyOutside(const int32_t* row, int32_t n, uint32_t last) {
+  uint32_t signs = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    const uint32_t e = static_cast<uint32_t>(row[k]);
+    signs |= (e + 1u) | (last - e);
+  }
+  return (signs & 0x80000000u) != 0;
+}
+
 // First non-finite bf16 value of a [rows, width] tensor, as (row, column), or false.
 bool FindNonFinite(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
                    float& value) {
   const int64_t n = static_cast<int64_t>(bytes.size() / 2);
-  // A branch-free pass the compiler vectorises (an all-ones exponent carries into bit 15); the
-  // position is searched only when it fails.
-  uint32_t any = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, bytes.data() + 2 * i, 2);
-    any |= ((bits & 0x7f80u) + 0x80u) & 0x8000u;
-  }
-  if (any == 0) return false;
+  // The position is searched only when the fast pass fails.
+  if (!AnyNonFinite(bytes.data(), n)) return false;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
@@ -197,18 +223,11 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
         const int64_t p = s.first_position + t;
         // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
         const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
-        // A branch-free pass the compiler vectorises (plain SSE2): for e in [-1, vis) both e + 1
-        // and vis - 1 - e are non-negative, so a sign bit in their OR flags the row. vis is
-        // capped to int32; the exact loop below decides and names the entry.
+        // The fast pass flags the row; the exact loop below decides and names the entry.
         const int32_t* row = s.topk.data() + int64_t{t} * s.topk_width;
         const uint32_t last = static_cast<uint32_t>(
             std::min<int64_t>(visible, std::numeric_limits<int32_t>::max()) - 1);
-        uint32_t signs = 0;
-        for (int32_t k = 0; k < s.topk_width; ++k) {
-          const uint32_t e = static_cast<uint32_t>(row[k]);
-          signs |= (e + 1u) | (last - e);
-        }
-        if ((signs & 0x80000000u) == 0) continue;
+        if (!AnyOutside(row, s.topk_width, last)) continue;
         for (int32_t k = 0; k < s.topk_width; ++k) {
           const int32_t e = row[k];
           if (e == -1) continue;
