@@ -60,10 +60,23 @@ EdgeMetrics::EdgeMetrics(const ServiceCore* core) : core_(core) {
 }
 
 void EdgeMetrics::CountRequest(std::string_view method, absl::StatusCode code) {
-  registry_
-      .GetCounter("smla_requests_total", "Finished calls by method and status code.",
-                  {{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
-      .Inc();
+  std::atomic<Counter*>* cached = nullptr;
+  if (code == absl::StatusCode::kOk) {
+    if (method == "StepStream") cached = &stream_ok_;
+    if (method == "Step") cached = &step_ok_;
+  }
+  if (cached != nullptr) {
+    if (Counter* c = cached->load(std::memory_order_acquire); c != nullptr) {
+      c->Inc();
+      return;
+    }
+  }
+  Counter& counter =
+      registry_
+          .GetCounter("smla_requests_total", "Finished calls by method and status code.",
+                      {{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}});
+  if (cached != nullptr) cached->store(&counter, std::memory_order_release);
+  counter.Inc();
 }
 
 void EdgeMetrics::ObserveStep(const StepResult& result, absl::Duration server_time) {

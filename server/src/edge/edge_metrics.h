@@ -3,6 +3,7 @@
 // exposes them as Prometheus text.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,6 +44,9 @@ class EdgeMetrics {
   Histogram* queue_seconds_;
   Histogram* kernel_seconds_;
   Histogram* server_seconds_;
+  // The counters of successful Step and StepStream calls, found on first use (the per-step
+  // path then skips building label strings and the registry's lookups).
+  std::atomic<Counter*> step_ok_{nullptr}, stream_ok_{nullptr};
 };
 
 // GET /metrics over HTTP/1.1 on its own thread.
