@@ -1,9 +1,15 @@
 #include "fuzz_world.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -69,6 +75,29 @@ FuzzWorld& FuzzWorld::Get() {
       }
       if (auto st = w->core_->SetRopeTable(m.profile, rope, positions); !st.ok()) Die(st);
     }
+    // The regions: created, registered (the registry maps them itself), then unlinked so that
+    // a crashing fuzzer leaves nothing behind in /dev/shm.
+    w->regions_ = std::make_unique<server::edge::RegionRegistry>();
+    for (const auto& [name, tenant, bytes] :
+         {std::tuple{&w->region_name_, kTenant, kRegionBytes},
+          std::tuple{&w->foreign_region_name_, "other", uint64_t{4096}}}) {
+      *name = "/smla-fuzz-" + std::string(tenant) + "-" + std::to_string(getpid());
+      const int fd = shm_open(name->c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        Die(absl::InternalError("fuzz world: cannot create " + *name));
+      }
+      if (name == &w->region_name_) {
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) Die(absl::InternalError("fuzz world: cannot map " + *name));
+        w->region_data_ = static_cast<uint8_t*>(p);
+      }
+      close(fd);
+      if (auto st = w->regions_->Register(tenant, w->regions_->NewSession(), *name, bytes, {});
+          !st.ok()) {
+        Die(st);
+      }
+      shm_unlink(name->c_str());
+    }
     server::edge::EdgeOptions eo;
     eo.limits = config.limits;
     server::edge::FillServerInfo(*w->core_, eo, &w->info_);
@@ -90,12 +119,15 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
       created.insert(s.sequence_id());
     }
   }
+  std::memset(region_data_, 0, kIdsAt);
+  std::memset(region_data_ + kIdsAt, 0xff, kOutputsAt - kIdsAt);
   server::StepRequest step;
   server::edge::ParseStorage storage;
   const auto it = models_.find(pb.model());
+  const server::edge::RegionContext regions{regions_.get(), kTenant};
   absl::Status st = server::edge::ParseStepRequest(
       pb, it == models_.end() ? nullptr : &it->second, limits_.max_rows_per_step,
-      limits_.max_spans_per_step, &step, &storage);
+      limits_.max_spans_per_step, &step, &storage, &regions);
   if (st.ok()) {
     step.tenant = kTenant;
     absl::Notification done;

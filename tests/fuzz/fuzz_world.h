@@ -1,7 +1,7 @@
 // The service the step fuzzer drives: a service core on the CPU backend with small pools and
 // two small models (one with sinks and RoPE, one without), the tables uploaded, and the one
-// input path: protobuf parse, the edge's wire checks, then the core's validation and
-// execution. Shared by the libFuzzer target, the seed generator and the replay test.
+// input path: protobuf parse, the edge's wire checks (with registered shared-memory regions),
+// then the core's validation and execution. Shared by the libFuzzer target, the seed generator and the replay test.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "edge/shm_region.h"
 #include "edge/smla_service.h"
 #include "edge/wire.h"
 #include "smla/server/service_core.h"
@@ -29,8 +30,21 @@ class FuzzWorld {
 
   const v1::ServerInfo& info() const { return info_; }
 
+  // A registered shared-memory region of the fuzz tenant (and one of another tenant), so
+  // inputs can name regions, per-span or packed (StepRequest.packed). Before every input its
+  // first kIdsAt bytes are zero (finite bf16 inputs), [kIdsAt, kOutputsAt) all ones (top-k
+  // ids -1); outputs may go from kOutputsAt on.
+  static constexpr uint64_t kRegionBytes = 4 << 20;
+  static constexpr uint64_t kIdsAt = 2 << 20;
+  static constexpr uint64_t kOutputsAt = 3 << 20;
+  const std::string& region_name() const { return region_name_; }
+  const std::string& foreign_region_name() const { return foreign_region_name_; }
+
  private:
   FuzzWorld() = default;
+  std::unique_ptr<server::edge::RegionRegistry> regions_;
+  std::string region_name_, foreign_region_name_;
+  uint8_t* region_data_ = nullptr;  // this process's own mapping of region_name_
   std::unique_ptr<server::ServiceCore> core_;
   std::map<std::string, server::edge::WireModel> models_;
   server::Limits limits_;

@@ -1,11 +1,13 @@
 // Writes serialized valid StepRequests for the fuzz world's models into a directory: every
-// layer kind, one and several spans, drafts, both output formats, LSE and inverse RoPE.
+// layer kind, one and several spans, drafts, both output formats, LSE and inverse RoPE; each
+// inline and packed in the world's shared-memory region (StepRequest.packed).
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <string>
 
 #include "fuzz_world.h"
+#include "packed_seed.h"
 #include "smla/client/workload.h"
 
 int main(int argc, char** argv) {
@@ -31,10 +33,19 @@ int main(int argc, char** argv) {
         std::vector<smla::client::SpanSpec> spans = {{"a", 0, 8 + 8 * variant, variant}};
         if (variant > 0) spans.push_back({"b", 0, 5, 0});
         const smla::v1::StepRequest req = smla::client::MakeStep(m, layer, spans, o, rng);
-        const std::string bytes = req.SerializeAsString();
-        const std::string path = dir + "/seed_" + std::to_string(n++);
-        std::ofstream(path, std::ios::binary) << bytes;
-        if (world.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()).ok()) ++ok;
+        // The inline request, and the same step packed in the world's region.
+        for (const smla::v1::StepRequest& r : {req, smla::fuzz::PackedSeed(world, req)}) {
+          const std::string bytes = r.SerializeAsString();
+          const std::string path = dir + "/seed_" + std::to_string(n++);
+          std::ofstream(path, std::ios::binary) << bytes;
+          if (world.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()).ok()) {
+            ++ok;
+          } else {
+            std::fprintf(stderr, "make_seeds: %s fails: %s\n", path.c_str(),
+                         world.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                      bytes.size()).ToString().c_str());
+          }
+        }
       }
     }
   }

@@ -1,5 +1,6 @@
 // Replays the fuzzer's regression inputs (tests/fuzz/regressions: every crash found, kept)
-// and freshly generated seeds through the same path as the fuzzer, under the normal build.
+// and freshly generated seeds (inline and packed in a shared-memory region) through the same
+// path as the fuzzer, under the normal build.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "fuzz_world.h"
+#include "packed_seed.h"
 #include "gtest/gtest.h"
 #include "smla/client/workload.h"
 
@@ -35,15 +37,20 @@ TEST(FuzzReplayTest, ValidSeedsRunAndMutantsAreAnswered) {
   for (const v1::ModelInfo& m : w.info().models()) {
     for (int32_t layer : std::set<int32_t>{0, std::min(2, m.layers_size() - 1),
                                            m.layers_size() - 1}) {
-      const v1::StepRequest req = client::MakeStep(m, layer, {{"a", 0, 16, 4}}, {}, rng);
-      std::string bytes = req.SerializeAsString();
-      absl::Status st = w.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-      EXPECT_TRUE(st.ok()) << m.profile() << " layer " << layer << ": " << st;
-      // Byte flips: every one is answered (no crash); most are errors.
-      for (int i = 0; i < 200; ++i) {
-        std::string mutant = bytes;
-        mutant[rng() % mutant.size()] ^= static_cast<char>(1 + rng() % 255);
-        w.RunOne(reinterpret_cast<const uint8_t*>(mutant.data()), mutant.size()).IgnoreError();
+      const v1::StepRequest req =
+          client::MakeStep(m, layer, {{"a", 0, 16, 4}, {"b", 0, 5, 0}}, {}, rng);
+      // Inline, and packed in the world's region (StepRequest.packed).
+      for (const v1::StepRequest& r : {req, PackedSeed(w, req)}) {
+        std::string bytes = r.SerializeAsString();
+        absl::Status st = w.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+        EXPECT_TRUE(st.ok()) << m.profile() << " layer " << layer
+                             << (r.has_packed() ? " packed: " : ": ") << st;
+        // Byte flips: every one is answered (no crash); most are errors.
+        for (int i = 0; i < 200; ++i) {
+          std::string mutant = bytes;
+          mutant[rng() % mutant.size()] ^= static_cast<char>(1 + rng() % 255);
+          w.RunOne(reinterpret_cast<const uint8_t*>(mutant.data()), mutant.size()).IgnoreError();
+        }
       }
     }
   }
