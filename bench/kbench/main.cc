@@ -45,6 +45,8 @@ struct Options {
   std::string out = "auto";
   int force_splits = 0;
   int force_head_block = 0;
+  bool tile_kernel = false;  // AttendParams::force_tile_kernel (A/B)
+  bool no_fold = false;      // AttendParams::no_scale_fold (A/B)
   bool gemm = true;
 };
 
@@ -297,6 +299,8 @@ class Runner {
       p.out.lse = lse.get<float>();
       p.force_splits = opt_.force_splits;
       p.force_head_block = opt_.force_head_block;
+      p.force_tile_kernel = opt_.tile_kernel;
+      p.no_scale_fold = opt_.no_fold;
       absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, info_);
       Check(l.status(), "plan");
       calls[s].launch = *l;
@@ -425,11 +429,16 @@ int Main(int argc, char** argv) {
       o.force_head_block = std::atoi(val());
     } else if (a == "--no-gemm") {
       o.gemm = false;
+    } else if (a == "--tile-kernel") {
+      o.tile_kernel = true;
+    } else if (a == "--no-fold") {
+      o.no_fold = true;
     } else {
       std::fprintf(stderr,
                    "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
                    "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
-                   "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm]\n");
+                   "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm] [--tile-kernel] "
+                   "[--no-fold]\n");
       return 2;
     }
   }

@@ -278,6 +278,44 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
   return WarpAll(top <= kFoldMax);
 }
 
+// Issues the asynchronous gather of one tile (as IssueTileStrided, same stage layout): warp w's
+// keys w + kWarps j (lane j holds key j's slot) are copied as one run of kRowChunks 16-byte
+// chunks per key spread evenly over the lanes, so every lane issues the same number of copies
+// and each copy's row comes from one shuffle; lane j copies key j's fp8_dsv4 scale record.
+template <class C, int kRowChunks>
+__device__ __forceinline__ void IssueTileDirect(const SegmentArgs& s, int32_t my_slot,
+                                                uint8_t* stage, int32_t* valid, int stride,
+                                                int rec_offset, bool dsv4) {
+  constexpr int kKeysPerWarp = C::kGatherKeysPerWarp;
+  constexpr int kTotal = kKeysPerWarp * kRowChunks;
+  static_assert(kTotal % kWarpSize == 0, "whole rounds of copies");
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const bool my_ok = my_slot >= 0 && my_slot < s.num_slots;
+  const int slot = my_ok ? my_slot : 0;
+  const uint64_t page = static_cast<uint64_t>(slot >> s.rows_per_page_log2) * s.pitch;
+  const int row = slot & (s.rows_per_page - 1);
+  const uint64_t my_off = page + static_cast<uint64_t>(row) * (16 * kRowChunks);
+  if (lane < kKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
+  const LaneMask ok_mask = WarpBallot(my_ok);
+  const uint32_t st = SharedAddress(stage);
+#pragma unroll
+  for (int m = 0; m < kTotal / kWarpSize; ++m) {
+    const int i = lane + m * kWarpSize;
+    const int j = i / kRowChunks;
+    const int part = i - j * kRowChunks;
+    const uint64_t off = WarpShuffle(my_off, j) + 16 * part;
+    const bool ok = (ok_mask >> j) & 1u;
+    AsyncCopy16(st + (warp + j * C::kWarps) * stride + 16 * part, s.base + off, ok);
+  }
+  if (dsv4 && lane < kKeysPerWarp) {
+    const uint64_t rec_off = page + static_cast<uint64_t>(s.rows_per_page) * kDsv4DataBytes +
+                             static_cast<uint64_t>(row) * kDsv4ScaleBytes;
+    AsyncCopy8(st + rec_offset + (warp + lane * C::kWarps) * kDsv4ScaleBytes, s.base + rec_off,
+               my_ok);
+  }
+}
+
 // ---- f16 operands (direct::kF16Operands) ----
 
 // Scores as DirectScores, with the fp8 chunks' codes as f16 operands: an fp8_dsv4 chunk's partial
@@ -441,17 +479,17 @@ __device__ __forceinline__ void DirectTileF16(
     unit_t = 1.0f;
   } else if (kDsv4) {
     const uint8_t* rec = stage + C::kKeys * stride + direct::ScaleGroup(warp, col0);
-    float bmax = 0.0f, bmin = 255.0f;
+    uint32_t bmax = 0, bmin = 255;
 #pragma unroll
     for (int k = lane; k < C::kKeys; k += kWarpSize) {
       if (valid[k]) {
-        const float b = static_cast<float>(rec[k * kDsv4ScaleBytes]);
-        bmax = fmaxf(bmax, b);
-        bmin = fminf(bmin, b);
+        const uint32_t b = rec[k * kDsv4ScaleBytes];
+        bmax = max(bmax, b);
+        bmin = min(bmin, b);
       }
     }
-    bmax = RowGroupMax<kWarpSize>(bmax);
-    bmin = -RowGroupMax<kWarpSize>(-bmin);
+    bmax = WarpMaxU32(bmax);
+    bmin = WarpMinU32(bmin);
     // The new unit never undercuts the one acc is in (after fp8_per_tensor tiles of a mixed
     // call), so the rescale below cannot overflow: 2^(eb - 142) >= unit.
     int floor_eb = 0;
@@ -460,10 +498,21 @@ __device__ __forceinline__ void DirectTileF16(
       floor_eb = static_cast<int>(u >> 23) + 15 - kE + ((u & 0x7fffffu) != 0 ? 1 : 0);
     }
     eb = min(max(max(eb, static_cast<int>(bmax)), floor_eb), 269 - kE);
-    mode = static_cast<float>(eb) - bmin <= static_cast<float>(14 + kE) ? 1 : 2;
+    mode = eb - static_cast<int>(bmin) <= 14 + kE ? 1 : 2;
     unit_t = Pow2Biased(eb + kE - 15);
   }
-  const float ratio = unit == 0.0f ? 0.0f : unit / unit_t;
+  // acc's rescale to the new unit: usually none; a power of two within fp8_dsv4 (exact through
+  // the reciprocal power of two while unit_t is normal); a division across formats.
+  float ratio = 1.0f;
+  if (unit != unit_t) {
+    if (unit == 0.0f) {
+      ratio = 0.0f;
+    } else if (kDsv4 && !rope_cols && eb + kE - 15 >= 1) {
+      ratio = unit * Pow2Biased(254 - (eb + kE - 15));
+    } else {
+      ratio = unit / unit_t;
+    }
+  }
   unit = unit_t;
 
   __syncthreads();
@@ -567,8 +616,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto issue = [&](int t, int32_t slot, int stage) {
     const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
     const int stride = DirectRowStride(s.format, C::kQkWidth);
-    IssueTileStrided<C>(s, slot, stages + stage * p.stage_bytes, valid_s + stage * C::kKeys, stride,
-                        C::kKeys * stride);
+    const bool dsv4 = s.format == static_cast<int>(KvFormat::kFp8Dsv4);
+    uint8_t* st = stages + stage * p.stage_bytes;
+    int32_t* v = valid_s + stage * C::kKeys;
+    // Row bytes: 576 (fp8_dsv4 data, 576-wide fp8_per_tensor) or 512.
+    if (C::kQkWidth == 576 || dsv4) {
+      IssueTileDirect<C, 36>(s, slot, st, v, stride, C::kKeys * stride, dsv4);
+    } else {
+      IssueTileDirect<C, 32>(s, slot, st, v, stride, C::kKeys * stride, false);
+    }
   };
 
   // Gather stages: tiles t+1 .. t+N-1 are in flight while tile t is used. A stage is refilled

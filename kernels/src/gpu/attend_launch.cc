@@ -1,7 +1,6 @@
 #include "gpu/attend_launch.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -55,12 +54,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
   // SM) or, where the plan asks for 32 heads, 32-head programs (one per SM). Where the plan
   // asks for 64 heads the tile kernel's 64-head programs stay (measured on the H200: direct
-  // 32-head programs were 0.76-0.92x there). SMLA_ATTEND_KERNEL=tile keeps the tile kernel
-  // everywhere (for A/B measurements).
-  static const bool tile_only = [] {
-    const char* e = std::getenv("SMLA_ATTEND_KERNEL");
-    return e != nullptr && std::string_view(e) == "tile";
-  }();
+  // 32-head programs were 0.76-0.92x there). force_tile_kernel keeps the tile kernel everywhere
+  // (for A/B measurements).
+  const bool tile_only = params.force_tile_kernel;
   l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
   const bool direct_formats =
       !tile_only && DirectFormat(params.main.cache.format) &&
@@ -176,12 +172,8 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   k.stage_bytes = stage;
   k.num_stages = num_stages;
   k.use_tile = use_tile ? 1 : 0;
-  // SMLA_ATTEND_FOLD=0 turns the folded fp8_dsv4 conversion off (for A/B measurements).
-  static const bool no_fold = [] {
-    const char* e = std::getenv("SMLA_ATTEND_FOLD");
-    return e != nullptr && std::string_view(e) == "0";
-  }();
-  k.fold_scales = no_fold ? 0 : 1;
+  // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
+  k.fold_scales = params.no_scale_fold ? 0 : 1;
   k.cos_sin = params.epilogue.cos_sin;
   k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
   k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);

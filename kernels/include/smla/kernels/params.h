@@ -78,6 +78,11 @@ struct AttendParams {
   // Tuning overrides for tests and benchmarks; 0 = take the plan's choice.
   int32_t force_splits = 0;
   int32_t force_head_block = 0;
+  // A/B switches of the GPU backend (ignored by the CPU reference): the tile kernel where the
+  // direct fp8 kernel would run; the direct kernel's bf16 operands without the folded fp8_dsv4
+  // rebias (the gfx950 path; CUDA's f16 operands have no fold).
+  bool force_tile_kernel = false;
+  bool no_scale_fold = false;
 };
 
 // Quantise bf16 rows into a pool (operator.md section 3, "Writing rows").

@@ -54,6 +54,13 @@ __device__ __forceinline__ T* WarpShufflePtr(T* p, int src) {
 __device__ __forceinline__ float WarpXorMax(float v, int mask) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, mask));
 }
+// The largest / smallest v of the warp, in every lane (values below 2^24; one instruction here).
+__device__ __forceinline__ uint32_t WarpMaxU32(uint32_t v) {
+  return __reduce_max_sync(0xffffffffu, v);
+}
+__device__ __forceinline__ uint32_t WarpMinU32(uint32_t v) {
+  return __reduce_min_sync(0xffffffffu, v);
+}
 __device__ __forceinline__ float WarpXorSum(float v, int mask) {
   return v + __shfl_xor_sync(0xffffffffu, v, mask);
 }

@@ -64,6 +64,17 @@ __device__ __forceinline__ float WarpXorMax(float v, int mask) {
   return fmaxf(v, XorShuffle(v, mask));
 }
 __device__ __forceinline__ float WarpXorSum(float v, int mask) { return v + XorShuffle(v, mask); }
+// The largest / smallest v of the wavefront, in every lane (values below 2^24, exact as f32).
+__device__ __forceinline__ uint32_t WarpMaxU32(uint32_t v) {
+  float f = static_cast<float>(v);
+  for (int m = 1; m < kWarpSize; m *= 2) f = WarpXorMax(f, m);
+  return static_cast<uint32_t>(f);
+}
+__device__ __forceinline__ uint32_t WarpMinU32(uint32_t v) {
+  float f = -static_cast<float>(v);
+  for (int m = 1; m < kWarpSize; m *= 2) f = WarpXorMax(f, m);
+  return static_cast<uint32_t>(-f);
+}
 // v of lane `src` (every lane of the wavefront must take part).
 __device__ __forceinline__ uint32_t WarpShuffle(uint32_t v, int src) {
   return static_cast<uint32_t>(__shfl(static_cast<int>(v), src, kWarpSize));
