@@ -47,6 +47,7 @@ struct Options {
   int force_head_block = 0;
   bool tile_kernel = false;  // AttendParams::force_tile_kernel (A/B)
   bool no_fold = false;      // AttendParams::no_scale_fold (A/B)
+  bool pairs = false;        // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };
 
@@ -301,6 +302,9 @@ class Runner {
       p.force_head_block = opt_.force_head_block;
       p.force_tile_kernel = opt_.tile_kernel;
       p.no_scale_fold = opt_.no_fold;
+      // The rows come as requests of rows_per_request consecutive rows of one sequence.
+      p.rows_per_group = c.rows_per_request;
+      p.row_pairs = opt_.pairs;
       absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, info_);
       Check(l.status(), "plan");
       calls[s].launch = *l;
@@ -335,7 +339,7 @@ class Runner {
     Result r;
     r.name = c.Name();
     r.cell = c;
-    r.plan = calls[0].launch.plan.ToString();
+    r.plan = calls[0].launch.plan.ToString() + (calls[0].launch.paired ? " paired" : "");
     r.head_block = calls[0].launch.plan.head_block;
     r.splits = calls[0].launch.plan.splits;
     r.median_us = Median(ms) * 1e3;
@@ -433,12 +437,14 @@ int Main(int argc, char** argv) {
       o.tile_kernel = true;
     } else if (a == "--no-fold") {
       o.no_fold = true;
+    } else if (a == "--pairs") {
+      o.pairs = true;
     } else {
       std::fprintf(stderr,
                    "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
                    "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
                    "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm] [--tile-kernel] "
-                   "[--no-fold]\n");
+                   "[--no-fold] [--pairs]\n");
       return 2;
     }
   }

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU backend (the reference of operator.md section 7) across
 // formats, geometries, head counts, head blocks, split-K on and off, sentinels, empty rows,
 // sinks, both outputs, LSE, NaN garbage in unreferenced slots and poisoned outputs.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -169,13 +170,27 @@ struct CaseSpec {
   int empty_every = 0;  // every n-th row has no keys at all (0 = none)
   int rows_per_page = 16;
   uint32_t seed = 1;
+  // Request groups: every GPU run says the rows come in groups of this many (AttendParams::
+  // rows_per_group; even sizes let the backend pair rows over the union of their keys), and
+  // the index sets are drawn per group with group_mode (GroupMode) when it is not kIndependent.
+  int rows_per_group = 0;
+  int group_mode = 0;
+  bool row_pairs = false;  // every GPU run of the case asks for paired rows
 };
+
+// How the rows of a group relate: independent draws (as ungrouped cases), each row a copy of
+// the previous one with about a quarter redrawn and its length changed (ragged, across tile
+// edges), identical rows, disjoint rows (drawn from separate halves of the pool).
+enum GroupMode { kIndependent = 0, kOverlapping = 1, kIdentical = 2, kDisjoint = 3 };
 
 std::string Describe(const CaseSpec& c) {
   return absl::StrCat(Str(KvFormatName(c.format)), "/", Str(GeometryName(c.geometry)), " H=", c.heads,
                       " T=", c.rows, " main<=", c.max_main, " extra<=", c.max_extra,
                       c.max_extra ? absl::StrCat(" (", Str(KvFormatName(c.extra_format)), ")") : "",
                       c.sink ? " sink" : "", c.positions ? " rope" : "", c.fp8_q ? " fp8q" : "",
+                      c.rows_per_group ? absl::StrCat(" groups of ", c.rows_per_group, " mode ",
+                                                      c.group_mode, c.row_pairs ? " paired" : "")
+                                       : "",
                       " seed=", c.seed);
 }
 
@@ -184,7 +199,57 @@ struct SegmentData {
   std::vector<int32_t> indices;
 };
 
+// Index sets per request group (CaseSpec::group_mode), with sentinels, duplicated ids (the
+// pool's written slots are few, so draws repeat) and empty rows.
+SegmentData MakeGroupedSegment(const Pool& pool, const CaseSpec& c, int max_len,
+                               std::mt19937& rng) {
+  SegmentData s;
+  s.indptr.push_back(0);
+  // Past the union table's rows (2048 keys) every first row is long: the concatenation path.
+  std::uniform_int_distribution<int> len_d(max_len > 2048 ? 2049 : 0, max_len);
+  std::bernoulli_distribution sentinel(c.sentinel_rate);
+  const size_t n = pool.written.size();
+  auto draw = [&](int part) -> int32_t {
+    if (sentinel(rng)) return -1 - static_cast<int32_t>(rng() % 3);
+    // kDisjoint: even rows of a group draw from the first half of the slots, odd the second.
+    const size_t lo = c.group_mode == kDisjoint ? (part % 2) * (n / 2) : 0;
+    const size_t hi = c.group_mode == kDisjoint ? lo + n / 2 - 1 : n - 1;
+    return static_cast<int32_t>(pool.written[std::uniform_int_distribution<size_t>(lo, hi)(rng)]);
+  };
+  std::vector<int32_t> prev;
+  for (int t = 0; t < c.rows; ++t) {
+    const int i = t % c.rows_per_group;
+    std::vector<int32_t> cur;
+    if (i == 0 || c.group_mode == kDisjoint) {
+      const int len = len_d(rng);
+      for (int k = 0; k < len; ++k) cur.push_back(draw(i));
+    } else if (c.group_mode == kIdentical) {
+      cur = prev;
+    } else {
+      cur = prev;
+      for (auto& e : cur) {
+        if (rng() % 4 == 0) e = draw(i);
+      }
+      // Ragged: lengths wander by up to 70 keys (crossing tile edges), within [0, max_len].
+      const int len = std::clamp<int>(static_cast<int>(cur.size()) + static_cast<int>(rng() % 141) - 70,
+                                      0, max_len);
+      while (static_cast<int>(cur.size()) < len) cur.push_back(draw(i));
+      cur.resize(len);
+      std::shuffle(cur.begin(), cur.end(), rng);
+      if (!cur.empty() && rng() % 2 == 0) cur[rng() % cur.size()] = cur[0];  // a duplicate
+    }
+    prev = cur;
+    if (c.empty_every > 0 && t % c.empty_every == c.empty_every - 1) cur.clear();
+    s.indices.insert(s.indices.end(), cur.begin(), cur.end());
+    s.indptr.push_back(static_cast<int32_t>(s.indices.size()));
+  }
+  return s;
+}
+
 SegmentData MakeSegment(const Pool& pool, const CaseSpec& c, int max_len, std::mt19937& rng) {
+  if (c.rows_per_group > 0 && c.group_mode != kIndependent) {
+    return MakeGroupedSegment(pool, c, max_len, rng);
+  }
   SegmentData s;
   s.indptr.push_back(0);
   std::uniform_int_distribution<int> len_d(0, max_len);
@@ -275,6 +340,7 @@ struct RunConfig {
   bool lse = true;
   int force_splits = 0;
   int force_head_block = 0;
+  bool pairs = false;  // AttendParams::row_pairs
 };
 
 struct Outputs {
@@ -322,6 +388,8 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.out.lse = rc.lse ? lse.as<float>() : nullptr;
   p.force_splits = rc.force_splits;
   p.force_head_block = rc.force_head_block;
+  p.rows_per_group = c.rows_per_group;
+  p.row_pairs = rc.pairs || c.row_pairs;
   Outputs o;
   o.status = side.backend->Attend(p, *side.stream);
   if (!o.status.ok()) return o;
@@ -632,6 +700,73 @@ TEST_F(GpuTest, ManyRows) {
     c.seed = 31 + rows;
     CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, true, 2, 0}}, rows <= 300);
   }
+}
+
+// Paired rows (rows 2i, 2i+1 of a request over the union of their keys, fp8_dsv4 and
+// fp8_per_tensor decode with H a multiple of 16): overlapping, identical, disjoint and
+// independent index sets, duplicated ids, sentinels, empty rows, ragged lengths, both segments
+// or one, split-K off, on and as planned, sink and RoPE; every run against the CPU reference.
+TEST_F(GpuTest, PairedRowsMatchCpu) {
+  std::vector<RunConfig> configs;
+  configs.push_back({});  // the plan's choice, unpaired
+  configs.push_back({OutputFormat::kBf16, true, true, 0, 0, /*pairs=*/true});
+  configs.push_back({OutputFormat::kBf16, true, true, 1, 0, true});
+  configs.push_back({OutputFormat::kBf16, true, false, 3, 0, true});
+  configs.push_back({OutputFormat::kBf16, true, true, 7, 0, true});
+  uint32_t seed = 500;
+  for (int mode : {kOverlapping, kIdentical, kDisjoint, kIndependent}) {
+    for (const Combo& cb : {Combo{KvFormat::kFp8Dsv4, Geometry::kRopeInside},
+                            Combo{KvFormat::kFp8PerTensor, Geometry::kRopeAppended}}) {
+      for (int heads : {16, 32}) {
+        CaseSpec c;
+        c.format = cb.format;
+        c.extra_format = cb.format;
+        c.geometry = cb.geometry;
+        c.heads = heads;
+        c.rows = mode == kOverlapping ? 12 : 6;
+        c.rows_per_group = mode == kIdentical ? 2 : 6;
+        c.group_mode = mode;
+        c.max_main = mode == kOverlapping ? 140 : 200;
+        c.max_extra = heads == 16 || mode == kDisjoint ? 600 : 0;
+        c.sentinel_rate = 0.05;
+        c.empty_every = mode == kOverlapping ? 5 : 0;
+        c.sink = (mode + heads) % 2 == 0;
+        c.positions = cb.geometry == Geometry::kRopeInside;
+        c.fp8_q = mode == kIdentical;
+        c.seed = seed++;
+        CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
+        if (mode == kOverlapping) {
+          // The MXFP8 path and reproducibility (two runs compared bit for bit), paired.
+          c.row_pairs = true;
+          CheckCase(*cpu_, *gpu_, c, {}, /*check_mxfp8=*/true);
+          const Inputs in = MakeInputs(*cpu_, c);
+          for (int splits : {1, 3}) {
+            const Outputs a = RunAttend(*gpu_, in, {OutputFormat::kBf16, true, true, splits, 0});
+            const Outputs b = RunAttend(*gpu_, in, {OutputFormat::kBf16, true, true, splits, 0});
+            ASSERT_TRUE(a.status.ok() && b.status.ok());
+            EXPECT_EQ(a.bf16, b.bf16);
+            EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4));
+          }
+        }
+      }
+    }
+  }
+  // Mixed direct formats in the two segments, and a first row too long for the union table
+  // (concatenated instead).
+  CaseSpec c;
+  c.format = KvFormat::kFp8Dsv4;
+  c.extra_format = KvFormat::kFp8PerTensor;
+  c.geometry = Geometry::kRopeInside;
+  c.heads = 16;
+  c.rows = 4;
+  c.rows_per_group = 2;
+  c.group_mode = kOverlapping;
+  c.max_main = 2300;
+  c.max_extra = 300;
+  c.sink = true;
+  c.positions = true;
+  c.seed = seed++;
+  CheckCase(*cpu_, *gpu_, c, configs, false);
 }
 
 TEST_F(GpuTest, LseDoesNotChangeOutputAndRunsAreDeterministic) {

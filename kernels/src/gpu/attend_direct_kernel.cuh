@@ -210,7 +210,7 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = T::kN * warp + T::Col(lane, i % kCols);
-      const float x = valid[key] ? sc[gr][i] * s.score_scale2 : -INFINITY;
+      const float x = ((valid[key] >> gr) & 1) ? sc[gr][i] * s.score_scale2 : -INFINITY;
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
@@ -282,10 +282,12 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
 // keys w + kWarps j (lane j holds key j's slot) are copied as one run of kRowChunks 16-byte
 // chunks per key spread evenly over the lanes, so every lane issues the same number of copies
 // and each copy's row comes from one shuffle; lane j copies key j's fp8_dsv4 scale record.
+// valid[] gets each key's row mask (bit g: 16-head group g's row attends it; all bits when the
+// program owns one row; 0 for keys that are no valid slot).
 template <class C, int kRowChunks>
 __device__ __forceinline__ void IssueTileDirect(const SegmentArgs& s, int32_t my_slot,
-                                                uint8_t* stage, int32_t* valid, int stride,
-                                                int rec_offset, bool dsv4) {
+                                                int32_t my_mask, uint8_t* stage, int32_t* valid,
+                                                int stride, int rec_offset, bool dsv4) {
   constexpr int kKeysPerWarp = C::kGatherKeysPerWarp;
   constexpr int kTotal = kKeysPerWarp * kRowChunks;
   static_assert(kTotal % kWarpSize == 0, "whole rounds of copies");
@@ -296,7 +298,7 @@ __device__ __forceinline__ void IssueTileDirect(const SegmentArgs& s, int32_t my
   const uint64_t page = static_cast<uint64_t>(slot >> s.rows_per_page_log2) * s.pitch;
   const int row = slot & (s.rows_per_page - 1);
   const uint64_t my_off = page + static_cast<uint64_t>(row) * (16 * kRowChunks);
-  if (lane < kKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? 1 : 0;
+  if (lane < kKeysPerWarp) valid[warp + lane * C::kWarps] = my_ok ? my_mask : 0;
   const LaneMask ok_mask = WarpBallot(my_ok);
   const uint32_t st = SharedAddress(stage);
 #pragma unroll
@@ -456,7 +458,7 @@ __device__ __forceinline__ void DirectTileF16(
     for (int i = 0; i < 4; ++i) {
       const int key = T::kN * warp + T::Col(lane, i % kCols);
       const float qs = qscale_s[T::Row(16 * gr, lane, i / kCols)];
-      const float x = valid[key] ? sc[gr][i] * (score_scale * qs) : -INFINITY;
+      const float x = ((valid[key] >> gr) & 1) ? sc[gr][i] * (score_scale * qs) : -INFINITY;
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
@@ -584,36 +586,68 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
   uint8_t* stages = smem + S::kStages;
 
-  // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor).
+  // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor). A
+  // paired program (p.paired, 32-head variants) owns rows 2 row and 2 row + 1 as its 16-head
+  // groups 0 and 1, both for heads 16 hb .. 16 hb + 15, over the union of their keys.
   const int64_t pid = blockIdx.x;
   const int hb = static_cast<int>(pid % p.head_blocks);
   const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
   const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  const bool paired = C::kGroups == 2 && p.paired;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   using T = MmaTile;
   constexpr int kRows = T::kRowsPerLane;
   constexpr int kCols = T::kColsPerRow;
   constexpr int kOut = direct::kOutValues;
-  const int head0 = hb * C::kHeadBlock;
+  const int head0 = paired ? 16 * hb : hb * C::kHeadBlock;
+  // Query row and first head of 16-head group g.
+  auto group_row = [&](int g) { return paired ? 2 * row + g : row; };
+  auto group_head0 = [&](int g) { return paired ? head0 : head0 + 16 * g; };
 
-  const int begin0 = p.seg[0].indptr[row];
-  const int len0 = p.seg[0].indptr[row + 1] - begin0;
-  int begin1 = 0, len1 = 0;
-  if (p.num_segments > 1) {
-    begin1 = p.seg[1].indptr[row];
-    len1 = p.seg[1].indptr[row + 1] - begin1;
+  int begin0, len0, begin1 = 0, len1 = 0;
+  if (paired) {
+    begin0 = p.seg[0].indptr[2 * row];
+    len0 = p.seg[0].union_count[row];
+    if (p.num_segments > 1) {
+      begin1 = p.seg[1].indptr[2 * row];
+      len1 = p.seg[1].union_count[row];
+    }
+  } else {
+    begin0 = p.seg[0].indptr[row];
+    len0 = p.seg[0].indptr[row + 1] - begin0;
+    if (p.num_segments > 1) {
+      begin1 = p.seg[1].indptr[row];
+      len1 = p.seg[1].indptr[row + 1] - begin1;
+    }
   }
   const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
   const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
-  const int t_begin = split * p.tiles_per_split;
-  const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
-  auto load_slot = [&](int t) -> int32_t {
-    if (t >= t_end) return -1;
-    if (t < tiles0) return LoadTileSlot<C>(p.seg[0], begin0, len0, t * kTileKeys);
-    return LoadTileSlot<C>(p.seg[1], begin1, len1, (t - tiles0) * kTileKeys);
+  // A paired program takes an even share of its pair's union tiles (known only here).
+  const int per_split =
+      paired ? (tiles0 + tiles1 + p.splits - 1) / p.splits : p.tiles_per_split;
+  const int t_begin = split * per_split;
+  const int t_end = min(t_begin + per_split, tiles0 + tiles1);
+  // Lane j < kGatherKeysPerWarp: key j of the warp's share of tile t, and its row mask.
+  auto load_slot = [&](int t) -> int2 {
+    if (t >= t_end) return make_int2(-1, 0);
+    const bool first = t < tiles0;
+    const SegmentArgs& sg = first ? p.seg[0] : p.seg[1];
+    const int begin = first ? begin0 : begin1;
+    const int len = first ? len0 : len1;
+    const int key0 = (first ? t : t - tiles0) * kTileKeys;
+    if (!paired) return make_int2(LoadTileSlot<C>(sg, begin, len, key0), -1);
+    int2 r = make_int2(-1, 0);
+    if (lane < C::kGatherKeysPerWarp) {
+      const int key = key0 + warp + lane * C::kWarps;
+      if (key < len) {
+        r.x = __ldg(sg.union_indices + begin + key);
+        r.y = sg.union_mask[begin + key];
+      }
+    }
+    return r;
   };
-  auto issue = [&](int t, int32_t slot, int stage) {
+  auto issue = [&](int t, int2 slot, int stage) {
     const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
     const int stride = DirectRowStride(s.format, C::kQkWidth);
     const bool dsv4 = s.format == static_cast<int>(KvFormat::kFp8Dsv4);
@@ -621,16 +655,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     int32_t* v = valid_s + stage * C::kKeys;
     // Row bytes: 576 (fp8_dsv4 data, 576-wide fp8_per_tensor) or 512.
     if (C::kQkWidth == 576 || dsv4) {
-      IssueTileDirect<C, 36>(s, slot, st, v, stride, C::kKeys * stride, dsv4);
+      IssueTileDirect<C, 36>(s, slot.x, slot.y, st, v, stride, C::kKeys * stride, dsv4);
     } else {
-      IssueTileDirect<C, 32>(s, slot, st, v, stride, C::kKeys * stride, false);
+      IssueTileDirect<C, 32>(s, slot.x, slot.y, st, v, stride, C::kKeys * stride, false);
     }
   };
 
   // Gather stages: tiles t+1 .. t+N-1 are in flight while tile t is used. A stage is refilled
   // right after the barrier that opens the next tile, so no barrier closes a tile.
   const int n_stages = p.num_stages;
-  int32_t next_slot = load_slot(t_begin);
+  int2 next_slot = load_slot(t_begin);
   for (int t = t_begin; t < t_begin + n_stages - 1; ++t) {
     if (t < t_end) {
       issue(t, next_slot, t - t_begin);
@@ -646,7 +680,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     constexpr int kUnits = C::kQkWidth / 8;
     constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
     for (int h = warp; h < C::kHeadBlock; h += C::kWarps) {
-      const bool live = head0 + h < p.num_heads;
+      const int qhead = group_head0(h / 16) + h % 16;
+      const bool live = qhead < p.num_heads;
+      const int qrow = group_row(h / 16);
       float v[kPer][8];
       float amax = 0.0f;
 #pragma unroll
@@ -654,7 +690,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         const int u = lane + k * kWarpSize;
         const int p0 = (u % kUnits) * 8;
         const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + base;
+        const int64_t off = (int64_t{qrow} * p.num_heads + qhead) * C::kQkWidth + base;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float2 f = make_float2(0.0f, 0.0f);
@@ -704,8 +740,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       const int p0 = (u % kUnits) * 8;
       const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
       uint32_t w[4] = {0, 0, 0, 0};
-      if (head0 + h < p.num_heads) {
-        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + base;
+      const int qhead = group_head0(h / 16) + h % 16;
+      if (qhead < p.num_heads) {
+        const int64_t off = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int64_t at = off + direct::QkUnitOffset(i);
@@ -823,9 +860,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const int head = T::Row(head0 + 16 * gr, lane, r);
+        const int head = T::Row(group_head0(gr), lane, r);
         if (head >= p.num_heads) continue;
-        const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
+        const int64_t ph = (int64_t{group_row(gr)} * p.num_heads + head) * p.splits + split;
         float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
@@ -846,13 +883,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // Final store: normalise with the sink (as CombinePartials), then the epilogue.
-  const float* cs = nullptr;
-  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
+    const int out_t = group_row(gr);
+    const float* cs = nullptr;
+    if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[out_t]} * 64;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int head = T::Row(head0 + 16 * gr, lane, r);
+      const int head = T::Row(group_head0(gr), lane, r);
       const bool live = head < p.num_heads;
       const bool has_sink = p.sink != nullptr;
       const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
@@ -885,7 +923,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
           x[k + 1] = (o * co - e * sn) + 0.0f;
         }
       }
-      const int64_t out_row = int64_t{row} * p.num_heads + head;
+      const int64_t out_row = int64_t{out_t} * p.num_heads + head;
       if (!p.out_mxfp8) {
         if (live) {
           uint32_t wds[kOut / 2];

@@ -19,6 +19,11 @@ struct AttendLaunch {
   int qk_width = 512;
   int64_t shared_bytes = 0;
   bool direct = false;  // the direct kernel (attend_direct_kernel.cuh) instead of the tile one
+  // Paired rows (AttendKernelParams::paired): the direct kernel's 32-head variant runs rows 2i
+  // and 2i+1 of a 16-head block together after the row-union kernel; plan.head_block is then
+  // the 16 heads per row and program_head_block the variant's 32.
+  bool paired = false;
+  int program_head_block = 16;
   AttendKernelParams kernel;  // device pointers into the workspace set by BindAttend
   CombineKernelParams combine;
   // Workspace layout: [staged host arrays | split-K partials].
@@ -28,6 +33,9 @@ struct AttendLaunch {
   int64_t off_indices[2] = {0, 0};
   int64_t off_positions = -1;
   int64_t off_sink = -1;
+  int64_t off_union_indices[2] = {0, 0};  // paired: device-written unions (not staged)
+  int64_t off_union_mask[2] = {0, 0};
+  int64_t off_union_count[2] = {0, 0};
   int64_t off_part_acc = 0;
   int64_t off_part_ml = 0;
 };

@@ -135,7 +135,8 @@ absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int h
                                                  qk_width, " with ", head_block,
                                                  "-head programs"));
   }
-  const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
+  const int64_t programs =
+      int64_t{p.paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   void* args[] = {const_cast<AttendKernelParams*>(&p)};
   return ToStatus(LaunchKernel(reinterpret_cast<const void*>(v->fn),

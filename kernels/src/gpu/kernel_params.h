@@ -35,6 +35,12 @@ struct SegmentArgs {
   int32_t format = 0;                // KvFormat
   float score_scale2 = 0;            // softmax_scale * q_scale * sigma * log2(e)
   float p_scale = 1;                 // sigma folded into P before the PV product (else 1)
+  // Paired rows (AttendKernelParams::paired): the union of rows 2i and 2i+1's keys, written by
+  // the row-union kernel at the pair's CSR range indptr[2i] .. indptr[2i+2] (its capacity),
+  // with per-entry row masks (bit r: row 2i + r attends the key) and the union length per pair.
+  int32_t* union_indices = nullptr;  // [nnz] device workspace
+  uint8_t* union_mask = nullptr;     // [nnz]
+  int32_t* union_count = nullptr;    // [T / 2]
 };
 
 struct AttendKernelParams {
@@ -51,6 +57,11 @@ struct AttendKernelParams {
   int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
   int32_t fold_scales = 1;      // direct kernel: fold the fp8_dsv4 rebias into the scale
+  // Direct kernel, 32-head variant only: a program owns rows 2i and 2i+1 (its two 16-head
+  // groups) of one 16-head block over the union of their keys (SegmentArgs::union_*); the grid
+  // is T/2 * head_blocks * splits, head_blocks = H / 16, and each program takes its share of
+  // the pair's union tiles (tiles_per_split is unused).
+  int32_t paired = 0;
   const float* sink = nullptr;        // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
   const float* cos_sin = nullptr;      // [P, 64] f32 device
@@ -106,6 +117,13 @@ int32_t DirectStageBytes(KvFormat format, int qk_width);
 int64_t DirectSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages);
 // Programs per SM the direct variant is compiled for (0: no such variant).
 int DirectVariantBlocks(int qk_width, int head_block);
+// Rows whose union the row-union kernel handles with de-duplication (longer first rows of a
+// pair are concatenated with the second instead: correct, without the saving).
+inline constexpr int kUnionMaxRow = 2048;
+// Whether this build pairs rows (CUDA; gfx950 keeps one row per program for now).
+bool RowPairsSupported();
+// Builds the pairs' key unions of every segment (SegmentArgs::union_*) for a paired launch.
+absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream);
 absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,
                                 int64_t shared_bytes, StreamHandle stream);
 

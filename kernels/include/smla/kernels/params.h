@@ -83,6 +83,15 @@ struct AttendParams {
   // rebias (the gfx950 path; CUDA's f16 operands have no fold).
   bool force_tile_kernel = false;
   bool no_scale_fold = false;
+  // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
+  // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
+  int32_t rows_per_group = 0;
+  // A/B switch of the GPU backend (CUDA): with an even rows_per_group, run rows 2i and 2i+1 of
+  // fp8_dsv4 / fp8_per_tensor decode calls as one direct-kernel program over the union of their
+  // keys (built on the device), each shared key gathered and converted once. Off by default:
+  // measured slower on the H200 (docs/results/kbench-h200.md). Results stay within operator.md's
+  // tolerances and are reproducible either way.
+  bool row_pairs = false;
 };
 
 // Quantise bf16 rows into a pool (operator.md section 3, "Writing rows").
