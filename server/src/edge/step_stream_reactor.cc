@@ -5,6 +5,21 @@
 #include "smla_service.h"
 
 namespace smla::server::edge {
+namespace {
+
+google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
+  google::protobuf::ArenaOptions o;
+  o.initial_block = block;
+  o.initial_block_size = size;
+  return o;
+}
+
+}  // namespace
+
+StepStreamReactor::Entry::Entry()
+    : arena(FirstBlock(first_block, sizeof first_block)),
+      request(google::protobuf::Arena::CreateMessage<v1::StepRequest>(&arena)),
+      response(google::protobuf::Arena::CreateMessage<v1::StepResponse>(&arena)) {}
 
 StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx,
                                      std::string tenant)
@@ -26,16 +41,16 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
   if (finished_) return a;
   if (!broken_ && !reads_done_ && !read_pending_ &&
       static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight) {
-    reading_ = std::make_unique<v1::StepRequest>();
+    reading_ = std::make_unique<Entry>();
     read_pending_ = true;
-    a.read = reading_.get();
+    a.read = reading_->request;
   }
   if (broken_) {
     // Nothing more is sent; entries whose callbacks ran can go.
     while (!writing_ && !inflight_.empty() && inflight_.front()->done) inflight_.pop_front();
   } else if (!writing_ && !inflight_.empty() && inflight_.front()->done) {
     writing_ = true;
-    a.write = &inflight_.front()->response;
+    a.write = inflight_.front()->response;
   }
   if ((reads_done_ || broken_) && !read_pending_ && !writing_ && inflight_.empty() &&
       outstanding_ == 0) {
@@ -62,8 +77,7 @@ void StepStreamReactor::OnReadDone(bool ok) {
     if (!ok) {
       reads_done_ = true;
     } else {
-      auto e = std::make_unique<Entry>();
-      e->request = std::move(reading_);
+      std::unique_ptr<Entry> e = std::move(reading_);
       e->start = absl::Now();
       entry = e.get();
       inflight_.push_back(std::move(e));
@@ -92,11 +106,11 @@ void StepStreamReactor::OnReadDone(bool ok) {
 }
 
 void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
-  v1::StepResponse& resp = entry->response;
+  v1::StepResponse& resp = *entry->response;
   resp.set_request_id(entry->request_id);
   if (result.ok()) {
     const absl::Duration server_time = absl::Now() - entry->start;
-    FillStepResponse(*result, &resp, entry->request.get());
+    FillStepResponse(*result, &resp, entry->request);
     v1::StepTimings* tm = resp.mutable_timings();
     tm->set_server_us(absl::ToInt64Microseconds(server_time));
     tm->set_parse_us(absl::ToInt64Microseconds(entry->parsed - entry->start));

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
@@ -32,13 +33,19 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void OnDone() override;
 
  private:
+  // One request from its read to its response's write. Request and response live on the
+  // entry's arena, which starts in the entry itself: reading a packed request, or an inline
+  // one of a few spans, allocates nothing more.
   struct Entry {
-    std::unique_ptr<v1::StepRequest> request;
+    Entry();
+    alignas(8) char first_block[8192];
+    google::protobuf::Arena arena;  // destroyed after the members below, which point into it
+    v1::StepRequest* const request;
     ParseStorage storage;
     std::string request_id;
     absl::Time start;
     absl::Time parsed;  // written before the step is submitted, read by its callback
-    v1::StepResponse response;
+    v1::StepResponse* const response;
     bool done = false;
   };
   // What to start once the lock is released (gRPC calls are never made under mu_).
@@ -60,7 +67,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   const CancelFlag cancel_;
   std::mutex mu_;
   std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
-  std::unique_ptr<v1::StepRequest> reading_;     // target of the pending read
+  std::unique_ptr<Entry> reading_;               // its request is the pending read's target
   int outstanding_ = 0;                          // core callbacks not yet run
   bool read_pending_ = false;
   bool reads_done_ = false;
