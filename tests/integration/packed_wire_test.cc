@@ -270,6 +270,20 @@ TEST_F(PackedWireTest, MisuseIsRefusedNamingTheField) {
   expect(good, absl::StatusCode::kNotFound, "is not registered");
 }
 
+TEST_F(PackedWireTest, PlaceNeedsOneTopkWidthAndLeavesTheRequestAlone) {
+  v1::StepRequest r = Inline(kTopkLayer);
+  PadTopk(&r, 40);
+  v1::Span* s = r.mutable_spans(2);
+  std::vector<int32_t> narrow(3 * 20, -1);
+  *s->mutable_topk() = client::PackInt32(narrow, {3, 20});
+  const v1::StepRequest before = r;
+  auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &r, 0, Layout::kPacked);
+  EXPECT_EQ(end.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(end.status().message()),
+              HasSubstr("packed spans need one top-k width, got 40 and 20"));
+  EXPECT_EQ(r.SerializeAsString(), before.SerializeAsString());
+}
+
 TEST_F(PackedWireTest, ValidationSeesEveryIdOfThePackedRange) {
   const v1::StepRequest r = Packed(Inline(kTopkLayer));
   absl::StatusOr<ModelConfig> config =
