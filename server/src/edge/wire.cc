@@ -187,7 +187,11 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
     auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
                         storage);
     if (!t.ok()) return t.status();
-    topk = AsInt32(*t, storage, /*always_copy=*/true);
+    // Always a copy: the client could change the ids in its region after validation.
+    std::vector<int32_t>& copy = storage->packed_topk;
+    copy.resize(t->size() / 4);
+    if (!copy.empty()) std::memcpy(copy.data(), t->data(), t->size());
+    topk = copy;
   }
   int64_t row = 0, entry = 0;
   for (SpanInput& s : out->spans) {
