@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -155,15 +156,26 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
   }
   if (layout == Layout::kPacked) {
     // Each tensor kind of all spans, concatenated in span order, in one range.
-    int64_t topk_width = -1;
-    for (const v1::Span& s : request->spans()) {
+    // One top-k width for all spans: the widest; narrower rows are padded with -1 (none).
+    int64_t topk_width = -1, topk_rows = 0;
+    int with_topk = 0;
+    for (int i = 0; i < request->spans_size(); ++i) {
+      const v1::Span& s = request->spans(i);
       if (!s.has_topk()) continue;
-      const int64_t w = s.topk().shape_size() == 2 ? s.topk().shape(1) : -1;
-      if (topk_width >= 0 && w != topk_width) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Place: packed spans need one top-k width, got ", topk_width, " and ", w));
+      ++with_topk;
+      const v1::Tensor& t = s.topk();
+      if (t.dtype() != v1::DTYPE_INT32 || t.shape_size() != 2 || t.shape(0) < 0 ||
+          t.shape(1) < 0 ||
+          static_cast<int64_t>(t.inline_data().size()) != t.shape(0) * t.shape(1) * 4) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Place: spans[", i, "].topk is not int32 [rows, K]"));
       }
-      topk_width = w;
+      topk_width = std::max<int64_t>(topk_width, t.shape(1));
+      topk_rows += t.shape(0);
+    }
+    if (with_topk != 0 && with_topk != request->spans_size()) {
+      return absl::InvalidArgumentError(
+          "Place: packed spans need top-k ids in every span or in none");
     }
     v1::PackedInputs* packed = request->mutable_packed();
     using Field = v1::Tensor* (v1::Span::*)();
@@ -206,10 +218,16 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
       }
     }
     if (topk_width >= 0) {
-      if (absl::Status st =
-              pack(&v1::Span::mutable_topk, &v1::Span::has_topk, packed->mutable_topk());
-          !st.ok()) {
-        return st;
+      const uint64_t bytes = static_cast<uint64_t>(topk_rows * topk_width) * 4;
+      if (absl::Status st = take(bytes, packed->mutable_topk()); !st.ok()) return st;
+      int32_t* out = reinterpret_cast<int32_t*>(data + packed->topk().offset());
+      for (const v1::Span& s : request->spans()) {
+        const int64_t rows = s.topk().shape(0), k = s.topk().shape(1);
+        const char* in = s.topk().inline_data().data();
+        for (int64_t t = 0; t < rows; ++t, out += topk_width) {
+          if (k > 0) std::memcpy(out, in + t * k * 4, static_cast<size_t>(k) * 4);
+          std::fill(out + k, out + topk_width, -1);
+        }
       }
       packed->set_topk_width(static_cast<int32_t>(topk_width));
     }

@@ -270,18 +270,31 @@ TEST_F(PackedWireTest, MisuseIsRefusedNamingTheField) {
   expect(good, absl::StatusCode::kNotFound, "is not registered");
 }
 
-TEST_F(PackedWireTest, PlaceNeedsOneTopkWidthAndLeavesTheRequestAlone) {
-  v1::StepRequest r = Inline(kTopkLayer);
-  PadTopk(&r, 40);
-  v1::Span* s = r.mutable_spans(2);
-  std::vector<int32_t> narrow(3 * 20, -1);
-  *s->mutable_topk() = client::PackInt32(narrow, {3, 20});
-  const v1::StepRequest before = r;
-  auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &r, 0, Layout::kPacked);
+TEST_F(PackedWireTest, PlacePadsNarrowerTopkRowsWithNone) {
+  v1::StepRequest r = Inline(kTopkLayer);  // widths 40
+  std::vector<int32_t> narrow(3 * 20);
+  for (int i = 0; i < 60; ++i) narrow[i] = i % 7;
+  *r.mutable_spans(2)->mutable_topk() = client::PackInt32(narrow, {3, 20});
+  const v1::StepRequest packed = Packed(r);
+  EXPECT_EQ(packed.packed().topk_width(), 40);
+  ASSERT_TRUE(Parse(packed).ok()) << Parse(packed);
+  const SpanInput& s = out_.spans[2];
+  ASSERT_EQ(s.topk.size(), 3u * 40);
+  for (int t = 0; t < 3; ++t) {
+    for (int k = 0; k < 40; ++k) {
+      EXPECT_EQ(s.topk[t * 40 + k], k < 20 ? narrow[t * 20 + k] : -1) << t << "," << k;
+    }
+  }
+  // Top-k ids in some spans only cannot be packed; the request stays as it was.
+  v1::StepRequest partial = Inline(kTopkLayer);
+  partial.mutable_spans(1)->clear_topk();
+  const std::string before = partial.SerializeAsString();
+  auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &partial, 0,
+                                          Layout::kPacked);
   EXPECT_EQ(end.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(end.status().message()),
-              HasSubstr("packed spans need one top-k width, got 40 and 20"));
-  EXPECT_EQ(r.SerializeAsString(), before.SerializeAsString());
+              HasSubstr("top-k ids in every span or in none"));
+  EXPECT_EQ(partial.SerializeAsString(), before);
 }
 
 TEST_F(PackedWireTest, ValidationSeesEveryIdOfThePackedRange) {

@@ -113,7 +113,22 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
   }
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());
-  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(h_.Length(b[i], kLayer), pos);
+  {  // spans of different row counts, so of different top-k widths: Place pads with -1
+    const v1::StepRequest inline_req =
+        h_.Make(kLayer, {{a[0], pos, 6, 5}, {a[1], pos, 1, 0}, {a[2], pos, 3, 2}}, bf16_lse);
+    ASSERT_NE(inline_req.spans(0).topk().shape(1), inline_req.spans(1).topk().shape(1));
+    const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
+    v1::StepRequest twin = inline_req;
+    for (size_t i = 0; i < b.size(); ++i) twin.mutable_spans(i)->set_sequence_id(b[i]);
+    auto resp = h_.client->Step(Packed(twin));
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    ASSERT_TRUE(region_->Inline(&*resp).ok());
+    EXPECT_TRUE(resp->out().inline_data() == inline_resp.out().inline_data());
+    EXPECT_TRUE(resp->lse().inline_data() == inline_resp.lse().inline_data());
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(h_.Length(b[i], kLayer), h_.Length(a[i], kLayer));
+  }
 }
 
 TEST_F(ShmPackedTest, MisuseIsRefusedAndChangesNothing) {

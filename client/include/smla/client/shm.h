@@ -46,8 +46,8 @@ class ShmRegion {
     // Every span's tensors name their own range (Span.kv_rows.region, ...).
     kPerSpan,
     // One range per tensor kind for all spans (StepRequest.packed): the request carries a
-    // few references whatever its span count, and the server resolves them once. All spans
-    // with top-k ids must have the same width.
+    // few references whatever its span count, and the server resolves them once. Top-k ids
+    // take the widest span's width, narrower rows padded with -1 (none).
     kPacked,
   };
 
@@ -57,8 +57,8 @@ class ShmRegion {
   // Moves every inline input tensor of `request` into the region from `offset` (a multiple of
   // 64) on and points the outputs (out, and mx_scales / lse when the request asks for them)
   // at it; returns the end of what it used. `request` must be fully inline; OUT_OF_RANGE when
-  // the region is too small, INVALID_ARGUMENT when a packed request's spans differ in top-k
-  // width. Several requests can live side by side at different offsets.
+  // the region is too small, INVALID_ARGUMENT when only some of a packed request's spans
+  // carry top-k ids. Several requests can live side by side at different offsets.
   absl::StatusOr<uint64_t> Place(v1::StepRequest* request, uint64_t offset = 0,
                                  Layout layout = Layout::kPerSpan) const;
   // Place into any mapping of `size` bytes at `data` that the server knows as `name` (e.g. a
