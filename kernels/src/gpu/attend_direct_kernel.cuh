@@ -188,6 +188,45 @@ __device__ __forceinline__ void DirectPv(const uint8_t* stage, int stride, const
 // One tile: scores, the shared row maxima, P, then P V. `m_run` is the same in every warp;
 // `l_run` is this lane's share of the row sums (its own keys only). [gr][r]: head
 // MmaTile::Row(16 gr, lane, r) of the block.
+// This warp's row maxima of 16-head group `gr` (tmax, per lane) reduced over the row's lanes
+// and published in red_max for the block-wide maximum.
+template <class C>
+__device__ __forceinline__ void PublishRowMax(float (&tmax)[MmaTile::kRowsPerLane], int gr,
+                                              float* red_max) {
+  using T = MmaTile;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < T::kRowsPerLane; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
+  if (lane % T::kRowLanes == 0) {
+    ForEachIndex<T::kRowsPerLane>(
+        [&](auto r) { red_max[T::Row(16 * gr, lane, r) * C::kWarps + warp] = tmax[r]; });
+  }
+}
+
+// The online-softmax step of group `gr` after red_max is complete: the new running maximum
+// (m_run), the one to subtract (m_use) and the factor that rescales what came before (alpha).
+template <class C>
+__device__ __forceinline__ void MergeRowMax(const float* red_max, int gr,
+                                            float (&m_run)[MmaTile::kRowsPerLane],
+                                            float (&m_use)[MmaTile::kRowsPerLane],
+                                            float (&alpha)[MmaTile::kRowsPerLane]) {
+  using T = MmaTile;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < T::kRowsPerLane; ++r) {
+    const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
+    float tm = rm[0];
+#pragma unroll
+    for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
+    const float m_new = fmaxf(m_run[r], tm);
+    // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m_run[r] - m_use[r]);
+    m_run[r] = m_new;
+  }
+}
+
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
@@ -214,30 +253,14 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
-    if (lane % T::kRowLanes == 0) {
-      ForEachIndex<kRows>(
-          [&](auto r) { red_max[T::Row(16 * gr, lane, r) * C::kWarps + warp] = tmax[r]; });
-    }
+    PublishRowMax<C>(tmax, gr, red_max);
   }
   __syncthreads();
   const float ps = s.p_scale;
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float m_use[kRows], alpha[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
-      float tm = rm[0];
-#pragma unroll
-      for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
-      const float m_new = fmaxf(m_run[gr][r], tm);
-      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[gr][r] - m_use[r]);
-      m_run[gr][r] = m_new;
-    }
+    MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = i / kCols;
@@ -462,12 +485,7 @@ __device__ __forceinline__ void DirectTileF16(
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) tmax[r] = RowGroupMax<T::kRowLanes>(tmax[r]);
-    if (lane % T::kRowLanes == 0) {
-      ForEachIndex<kRows>(
-          [&](auto r) { red_max[T::Row(16 * gr, lane, r) * C::kWarps + warp] = tmax[r]; });
-    }
+    PublishRowMax<C>(tmax, gr, red_max);
   }
 
   // This warp's P.V operands and unit for the tile (warp-uniform).
@@ -521,18 +539,7 @@ __device__ __forceinline__ void DirectTileF16(
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float m_use[kRows], alpha[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
-      float tm = rm[0];
-#pragma unroll
-      for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
-      const float m_new = fmaxf(m_run[gr][r], tm);
-      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[gr][r] - m_use[r]);
-      m_run[gr][r] = m_new;
-    }
+    MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = i / kCols;
