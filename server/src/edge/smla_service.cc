@@ -33,6 +33,10 @@ v1::LayerKind ToWire(LayerKind kind) {
   return v1::LAYER_KIND_UNSPECIFIED;
 }
 
+// How much earlier than the server a client may see the call's deadline (the request's time in
+// flight, generous for loaded machines).
+constexpr absl::Duration kDeadlineSkew = absl::Milliseconds(250);
+
 // A unary step: submits in the constructor and finishes from the core's callback.
 class StepUnaryReactor final : public grpc::ServerUnaryReactor {
  public:
@@ -71,9 +75,11 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
   }
 
   // gRPC reports an expired deadline as a cancellation too; the core's own deadline check then
-  // drops the step with DEADLINE_EXCEEDED, which is what happened.
+  // drops the step with DEADLINE_EXCEEDED, which is what happened. The client measures the same
+  // timeout from an earlier instant (the send, not the receipt), so its own deadline's cancel can
+  // arrive shortly before ours: one within kDeadlineSkew of it counts as the deadline.
   void OnCancel() override {
-    if (absl::Now() < deadline_) cancel_->store(true);
+    if (absl::Now() < deadline_ - kDeadlineSkew) cancel_->store(true);
   }
   void OnDone() override { delete this; }
 
