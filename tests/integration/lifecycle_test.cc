@@ -153,8 +153,14 @@ TEST(LifecycleTest, HealthReflectionAndMetrics) {
   h.StepAndCheck(h.Make(0, {{"m", 0, 20, 0}}));
   auto stream = h.client->OpenStream();
   ASSERT_TRUE(stream.ok());
-  auto m = Scrape(*h.server);
-  ASSERT_TRUE(m.ok()) << m.status();
+  // The stream's opening reaches the server's handler in its own time: scrape until it counts.
+  absl::StatusOr<Exposition> m;
+  for (int i = 0; i < 200; ++i) {
+    m = Scrape(*h.server);
+    ASSERT_TRUE(m.ok()) << m.status();
+    if (m->Sum("smla_open_streams") == 1) break;
+    std::this_thread::sleep_for(milliseconds(25));
+  }
   EXPECT_EQ(m->types.at("smla_requests_total"), "counter");
   EXPECT_EQ(m->types.at("smla_step_queue_seconds"), "histogram");
   EXPECT_EQ(m->types.at("smla_step_kernel_seconds"), "histogram");
