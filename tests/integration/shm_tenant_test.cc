@@ -52,6 +52,15 @@ TEST(ShmTenantTest, ForeignRegionIsPermissionDenied) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("belongs to another tenant"));
+  // The packed form (one region range per tensor kind for all spans) is refused the same way.
+  v1::StepRequest packed = client::MakeStep(model, kLayer, {{"s", 64, 6, 5}}, {}, rng);
+  ASSERT_TRUE((*alices)->Place(&packed, 0, client::ShmRegion::Layout::kPacked).ok());
+  refused = bob->Step(packed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("packed.kv_rows: region '", (*alices)->name(),
+                                     "' belongs to another tenant")));
   grpc::ClientContext ctx;
   v1::UnregisterRegionRequest req;
   req.set_name((*alices)->name());
