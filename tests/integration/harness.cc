@@ -70,4 +70,26 @@ int64_t Harness::Length(const std::string& sequence, int32_t layer) {
   return len.ok() ? *len : -1;
 }
 
+void SendStep(client::Client& c, client::StepStream* stream, const v1::StepRequest& request,
+              v1::StepResponse* response) {
+  if (stream == nullptr) {
+    auto r = c.Step(request);
+    ASSERT_TRUE(r.ok()) << r.status();
+    *response = *r;
+    return;
+  }
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(response));
+  ASSERT_EQ(response->code(), 0) << response->message();
+}
+
+void ExpectSameOutputs(const v1::StepResponse& inlined, const v1::StepResponse& want,
+                       const std::string& what) {
+  EXPECT_TRUE(inlined.out().inline_data() == want.out().inline_data())
+      << what << ": output differs from the inline call";
+  EXPECT_TRUE(inlined.mx_scales().inline_data() == want.mx_scales().inline_data()) << what;
+  EXPECT_TRUE(inlined.lse().inline_data() == want.lse().inline_data()) << what;
+  EXPECT_EQ(inlined.out().shape_size(), want.out().shape_size()) << what;
+}
+
 }  // namespace smla::testing

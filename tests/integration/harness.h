@@ -42,6 +42,14 @@ class Harness {
   std::mt19937_64 rng{12345};
 };
 
+// Sends a step that must succeed as a unary call through `c`, or on `stream` when not null.
+void SendStep(client::Client& c, client::StepStream* stream, const v1::StepRequest& request,
+              v1::StepResponse* response);
+// A response whose outputs name a shared-memory region, copied inline (`inlined`), equals the
+// inline call's outputs bit for bit.
+void ExpectSameOutputs(const v1::StepResponse& inlined, const v1::StepResponse& want,
+                       const std::string& what);
+
 // A small DeepSeek-V4.1 rank (8 heads) with a small pool.
 inline const char kDsv41[] = "--model=dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=48MiB";
 // One GLM-5.3-Flash layer (8 heads); no sinks and no rope, the full cache grows page by page.

@@ -90,23 +90,13 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
     ASSERT_TRUE(packed.has_packed());
     EXPECT_LT(packed.ByteSizeLong(), 512u) << "three spans, a handful of references";
     v1::StepResponse resp;
-    if (v % 2 == 0) {  // unary and stream both
-      auto r = h_.client->Step(packed);
-      ASSERT_TRUE(r.ok()) << r.status();
-      resp = *r;
-    } else {
-      ASSERT_TRUE((*stream)->Write(packed));
-      ASSERT_TRUE((*stream)->Read(&resp));
-      ASSERT_EQ(resp.code(), 0) << resp.message();
-    }
+    // Unary and stream both.
+    ASSERT_NO_FATAL_FAILURE(
+        SendStep(*h_.client, v % 2 == 0 ? nullptr : stream->get(), packed, &resp));
     EXPECT_EQ(resp.out().data_case(), v1::Tensor::kRegion);
     EXPECT_LT(resp.ByteSizeLong(), 512u);
     ASSERT_TRUE(region_->Inline(&resp).ok());
-    EXPECT_TRUE(resp.out().inline_data() == inline_resp.out().inline_data())
-        << "variant " << v << ": output differs from the inline call";
-    EXPECT_TRUE(resp.mx_scales().inline_data() == inline_resp.mx_scales().inline_data());
-    EXPECT_TRUE(resp.lse().inline_data() == inline_resp.lse().inline_data());
-    EXPECT_EQ(resp.out().shape_size(), inline_resp.out().shape_size());
+    ExpectSameOutputs(resp, inline_resp, absl::StrCat("variant ", v));
   }
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());

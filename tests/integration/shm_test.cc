@@ -75,23 +75,13 @@ TEST_F(ShmTest, ResultsEqualInlineBitForBit) {
     ASSERT_TRUE(end.ok()) << end.status();
     EXPECT_LT(shm_req.ByteSizeLong(), 1024u) << "a placed step should be a few hundred bytes";
     v1::StepResponse shm_resp;
-    if (v % 2 == 0) {  // unary and stream both
-      auto r = h_.client->Step(shm_req);
-      ASSERT_TRUE(r.ok()) << r.status();
-      shm_resp = *r;
-    } else {
-      ASSERT_TRUE((*stream)->Write(shm_req));
-      ASSERT_TRUE((*stream)->Read(&shm_resp));
-      ASSERT_EQ(shm_resp.code(), 0) << shm_resp.message();
-    }
+    // Unary and stream both.
+    ASSERT_NO_FATAL_FAILURE(
+        SendStep(*h_.client, v % 2 == 0 ? nullptr : stream->get(), shm_req, &shm_resp));
     EXPECT_EQ(shm_resp.out().data_case(), v1::Tensor::kRegion);
     EXPECT_LT(shm_resp.ByteSizeLong(), 1024u);
     ASSERT_TRUE((*region)->Inline(&shm_resp).ok());
-    EXPECT_TRUE(shm_resp.out().inline_data() == inline_resp.out().inline_data())
-        << "variant " << v << ": output differs from the inline call";
-    EXPECT_TRUE(shm_resp.mx_scales().inline_data() == inline_resp.mx_scales().inline_data());
-    EXPECT_TRUE(shm_resp.lse().inline_data() == inline_resp.lse().inline_data());
-    EXPECT_EQ(shm_resp.out().shape_size(), inline_resp.out().shape_size());
+    ExpectSameOutputs(shm_resp, inline_resp, absl::StrCat("variant ", v));
   }
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());
