@@ -227,6 +227,38 @@ __device__ __forceinline__ void MergeRowMax(const float* red_max, int gr,
   }
 }
 
+// p = 2^(score - m_use) for this lane's scores of group `gr`: added to the row sums (after
+// rescaling them by alpha) and handed to store(index in P, p) at its place in the P tile.
+template <class C, class Store>
+__device__ __forceinline__ void ExpScores(const float (&sc)[4],
+                                          const float (&m_use)[MmaTile::kRowsPerLane],
+                                          const float (&alpha)[MmaTile::kRowsPerLane], int gr,
+                                          float (&l_run)[MmaTile::kRowsPerLane], Store store) {
+  using T = MmaTile;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = i / T::kColsPerRow;
+    const float p = exp2f(sc[i] - m_use[r]);
+    l_run[r] = (i % T::kColsPerRow) ? l_run[r] + p : l_run[r] * alpha[r] + p;
+    const int key = T::kN * warp + T::Col(lane, i % T::kColsPerRow);
+    const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
+    store(T::Row(16 * gr, lane, r) * C::kPStride + pos, p);
+  }
+}
+
+// Rescales one group's output accumulators by its rows' alpha.
+template <class C>
+__device__ __forceinline__ void RescaleAcc(const float (&alpha)[MmaTile::kRowsPerLane],
+                                           float (&acc)[C::kNTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < C::kNTiles; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] *= alpha[i / MmaTile::kColsPerRow];
+  }
+}
+
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
@@ -261,21 +293,10 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float m_use[kRows], alpha[kRows];
     MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = i / kCols;
-      const float p = exp2f(sc[gr][i] - m_use[r]);
-      l_run[gr][r] = (i % kCols) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
-      const int key = T::kN * warp + T::Col(lane, i % kCols);
-      const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
-      p_s[T::Row(16 * gr, lane, r) * C::kPStride + pos] =
-          static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
-    }
-#pragma unroll
-    for (int j = 0; j < C::kNTiles; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[gr][j][i] *= alpha[i / kCols];
-    }
+    ExpScores<C>(sc[gr], m_use, alpha, gr, l_run[gr], [&](int at, float p) {
+      p_s[at] = static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
+    });
+    RescaleAcc<C>(alpha, acc[gr]);
   }
   __syncthreads();  // P complete
   DirectPv<C, kFormat, kFold>(stage, stride, p_s, acc);
@@ -540,25 +561,14 @@ __device__ __forceinline__ void DirectTileF16(
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float m_use[kRows], alpha[kRows];
     MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = i / kCols;
-      const float p = exp2f(sc[gr][i] - m_use[r]);
-      l_run[gr][r] = (i % kCols) ? l_run[gr][r] + p : l_run[gr][r] * alpha[r] + p;
-      const int key = T::kN * warp + T::Col(lane, i % kCols);
-      const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
-      const int at = T::Row(16 * gr, lane, r) * C::kPStride + pos;
+    ExpScores<C>(sc[gr], m_use, alpha, gr, l_run[gr], [&](int at, float p) {
       const float pb = RoundToBf16Fast(p);
       p_s[at] = static_cast<uint16_t>(PackBf16(pb, 0.0f));
       p16_s[at] = F32ToF16Bits(pb * static_cast<float>(1 << (15 - kE)));
-    }
+    });
 #pragma unroll
     for (int r = 0; r < kRows; ++r) alpha[r] *= ratio;
-#pragma unroll
-    for (int j = 0; j < C::kNTiles; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[gr][j][i] *= alpha[i / kCols];
-    }
+    RescaleAcc<C>(alpha, acc[gr]);
   }
   __syncthreads();  // P complete
   switch (mode) {
