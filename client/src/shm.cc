@@ -83,6 +83,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
     r->lease_.reset();
     return st.ok() ? absl::UnavailableError("RegisterRegion ended without an answer") : st;
   }
+  shm_unlink(r->name_.c_str());
+  r->unlinked_ = true;
   return r;
 }
 
@@ -113,7 +115,7 @@ ShmRegion::~ShmRegion() {
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) {
     close(fd_);
-    shm_unlink(name_.c_str());
+    if (!unlinked_) shm_unlink(name_.c_str());
   }
 }
 

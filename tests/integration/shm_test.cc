@@ -44,6 +44,9 @@ TEST_F(ShmTest, ResultsEqualInlineBitForBit) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
   auto region = client::ShmRegion::Create(h_.client.get(), Unique("eq"), kRegionBytes);
   ASSERT_TRUE(region.ok()) << region.status();
+  // Once registered, the object has no name left in /dev/shm (a killed client leaks nothing).
+  EXPECT_LT(shm_open((*region)->name().c_str(), O_RDONLY, 0), 0);
+  EXPECT_EQ(errno, ENOENT);
   // Twin sequences: "a" gets every request inline, "b" the same request through the region.
   ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "a").ok());
   ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "b").ok());

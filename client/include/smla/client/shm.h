@@ -26,7 +26,9 @@ class ShmRegion {
  public:
   // Creates "/smla-<name_suffix>" (exclusive) of `size` bytes, maps it and registers it with
   // the server behind `client` (which must outlive the region). The server must run with
-  // --allow_shm and on this host.
+  // --allow_shm and on this host. Once the server has mapped it, the object's name is removed
+  // from /dev/shm (the name stays the region's name on the server), so a client that dies
+  // leaves no object behind.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(Client* client,
                                                            const std::string& name_suffix,
                                                            uint64_t size);
@@ -77,6 +79,7 @@ class ShmRegion {
   Client* client_ = nullptr;
   std::string name_;
   int fd_ = -1;
+  bool unlinked_ = false;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::unique_ptr<grpc::ClientContext> lease_context_;
