@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
+#include "smla/server/step_validation.h"
 
 namespace smla::server::edge {
 namespace {
@@ -164,7 +165,7 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   if (ratio > 0) {
     int64_t entries = 0;
     for (const SpanInput& s : out->spans) {
-      entries += (s.first_position + s.num_rows) / ratio - s.first_position / ratio;
+      entries += CompressedEntriesAdded(s.first_position, s.num_rows, ratio);
     }
     if (p.has_compressed_rows() || entries > 0) {
       if (!p.has_compressed_rows()) {
@@ -199,7 +200,7 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
     s.kv_rows = kv->subspan(row * row_bytes, n * row_bytes);
     s.q = q->subspan(row * model->heads * row_bytes, n * model->heads * row_bytes);
     if (!compressed.empty()) {
-      const int64_t e = (s.first_position + n) / ratio - s.first_position / ratio;
+      const int64_t e = CompressedEntriesAdded(s.first_position, s.num_rows, ratio);
       s.compressed_rows = compressed.subspan(entry * row_bytes, e * row_bytes);
       entry += e;
     }
