@@ -5,7 +5,7 @@
 # Knobs: CELLS (the C values, in order, default "1 16 32 64"), TRANSPORTS (default "shm inline";
 # shm is the packed shared-memory request, one region range per tensor kind for all spans;
 # shm_spans the earlier per-span form), DURATION_S (10), PREFILL_CHUNK (16384 rows per pre-fill
-# call), FOUR_STREAMS (cells also run with four streams, default "32-shm").
+# call), FOUR_STREAMS (cells also run with four streams, default "32-shm"; set it empty for none).
 # Usage: scripts/bench_h200.sh [BUILD_DIR] (default build-gpu, configured with
 # -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
 set -euo pipefail
@@ -41,7 +41,7 @@ duration=${DURATION_S:-10}
 for c in ${CELLS:-1 16 32 64}; do
   for t in ${TRANSPORTS:-shm inline}; do
     levels=1
-    [[ " ${FOUR_STREAMS:-32-shm} " == *" $c-$t "* ]] && levels=1,4
+    [[ " ${FOUR_STREAMS-32-shm} " == *" $c-$t "* ]] && levels=1,4
     echo "$(date -u +%T) bench: C=$c $t, streams $levels"
     "$bench_bin" --server 127.0.0.1:$port \
       --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
