@@ -117,6 +117,13 @@ TEST(BenchTest, ShmStreamSweepMatchesServerMetrics) {
                      "shm");
 }
 
+TEST(BenchTest, RingStreamMatchesServerMetrics) {
+  CheckAgainstServer({"--cell=dsv4.1-flash decode C=2", "--context=128", "--layer=2",
+                      "--prefill_chunk=64", "--transport=ring", "--mode=stream",
+                      "--concurrency=2", "--warmup_s=0.2", "--steps=15"},
+                     "ring");
+}
+
 TEST(BenchTest, InlineUnaryModelStepsOpenLoopMatchServerMetrics) {
   CheckAgainstServer({"--cell=dsv4.1-flash decode1 C=1", "--context=16", "--layer=all",
                       "--transport=inline", "--mode=unary", "--concurrency=2", "--rate=20",

@@ -33,8 +33,9 @@ ABSL_FLAG(std::string, layer, "all", "Layer to step, or 'all' for whole model st
 ABSL_FLAG(int64_t, context, 0, "Override the cell's context (positions), e.g. small on CPU");
 ABSL_FLAG(int32_t, prefill_chunk, 4096, "Rows per pre-fill call");
 ABSL_FLAG(std::string, transport, "inline",
-          "inline, shm (registered shared memory, one range per tensor kind for all spans) or "
-          "shm_spans (shared memory, each span's tensors named separately)");
+          "inline, shm (registered shared memory, one range per tensor kind for all spans), "
+          "shm_spans (shared memory, each span's tensors named separately) or ring (as shm, "
+          "sent through a shared-memory step ring attached to the stream; --mode stream)");
 ABSL_FLAG(bool, prefill_shm, true,
           "Pre-fill through a shared-memory region when the server allows it, whatever "
           "--transport (the pre-fill is set-up, not measured)");
@@ -108,15 +109,20 @@ int Run() {
   spec.want_lse = absl::GetFlag(FLAGS_lse);
   spec.inverse_rope = absl::GetFlag(FLAGS_inverse_rope);
   const std::string transport_name = absl::GetFlag(FLAGS_transport);
-  if (transport_name != "inline" && transport_name != "shm" && transport_name != "shm_spans") {
-    return Fail(absl::InvalidArgumentError("--transport: inline, shm or shm_spans"));
+  if (transport_name != "inline" && transport_name != "shm" && transport_name != "shm_spans" &&
+      transport_name != "ring") {
+    return Fail(absl::InvalidArgumentError("--transport: inline, shm, shm_spans or ring"));
   }
   const Transport transport = transport_name == "shm"         ? Transport::kShm
                               : transport_name == "shm_spans" ? Transport::kShmSpans
+                              : transport_name == "ring"      ? Transport::kRing
                                                               : Transport::kInline;
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "stream" && mode != "unary") {
     return Fail(absl::InvalidArgumentError("--mode: stream or unary"));
+  }
+  if (transport == Transport::kRing && mode != "stream") {
+    return Fail(absl::InvalidArgumentError("--transport ring needs --mode stream"));
   }
   std::vector<int> levels;
   for (auto part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',', absl::SkipEmpty())) {

@@ -12,6 +12,9 @@
 namespace smla::bench {
 namespace {
 
+// A closed-loop worker has one call in flight.
+constexpr uint32_t kRingSlots = 2;
+
 // "128K" -> 131072; false when not a size.
 bool ParseK(const std::string& s, int64_t* out) {
   if (s.size() < 2 || (s.back() != 'K' && s.back() != 'k')) return false;
@@ -165,6 +168,15 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     if (calls_in_region) {
       for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
     }
+    if (transport_ == Transport::kRing) {
+      // Slots hold the serialized requests (a few references per span): twice the largest.
+      uint64_t largest = 0;
+      for (const auto& r : requests_) largest = std::max<uint64_t>(largest, r.ByteSizeLong());
+      ring_slot_bytes_ = static_cast<uint32_t>(
+          std::max<uint64_t>(4096, (2 * largest + 1024 + 63) / 64 * 64));
+      ring_offset_ = (bytes + 63) / 64 * 64;
+      bytes = ring_offset_ + client::StepRing::BytesFor(kRingSlots, ring_slot_bytes_);
+    }
     prefill_offset_ = bytes;
     // Scratch for the largest pre-fill chunk request.
     int64_t scratch = 0;
@@ -189,8 +201,9 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     uint64_t at = 0;
     for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
       auto end = region_->Place(&requests_[i], at,
-                               transport_ == Transport::kShm ? client::ShmRegion::Layout::kPacked
-                                                             : client::ShmRegion::Layout::kPerSpan);
+                               transport_ == Transport::kShmSpans
+                                   ? client::ShmRegion::Layout::kPerSpan
+                                   : client::ShmRegion::Layout::kPacked);
       if (!end.ok()) return end.status();
       at = *end;
     }
@@ -200,6 +213,13 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     auto s = conn_->client->OpenStream();
     if (!s.ok()) return s.status();
     stream_ = *std::move(s);
+  }
+  if (transport_ == Transport::kRing) {
+    if (!streaming_) return absl::InvalidArgumentError("--transport ring needs --mode stream");
+    auto r = client::StepRing::Attach(stream_.get(), region_.get(), ring_offset_, kRingSlots,
+                                      ring_slot_bytes_);
+    if (!r.ok()) return r.status();
+    ring_ = *std::move(r);
   }
   return absl::OkStatus();
 }
@@ -249,7 +269,17 @@ absl::Status Worker::Send(v1::StepRequest& request, v1::StepResponse* response, 
   for (const auto& s : request.spans()) rows += s.num_rows();
   absl::Status st;
   if (broken_) return absl::UnavailableError("step stream ended");
-  if (streaming_) {
+  if (ring_) {
+    // Same accounting as the stream: the ring is the stream's transport.
+    st = ring_->Call(request, response);
+    if (!st.ok()) {
+      broken_ = true;
+      totals_->failed++;
+      return st;
+    }
+    st = absl::Status(static_cast<absl::StatusCode>(response->code()), response->message());
+    if (st.ok()) totals_->stream_ok++;
+  } else if (streaming_) {
     if (!stream_->Write(request) || !stream_->Read(response)) {
       st = stream_->Finish();
       if (st.ok()) st = absl::UnavailableError("step stream ended");
@@ -283,6 +313,7 @@ absl::Status Worker::Call(size_t layer_slot, v1::StepResponse* response) {
 }
 
 void Worker::Teardown() {
+  ring_.reset();
   if (stream_ && !broken_) {
     stream_->WritesDone();
     stream_->Finish().ok();

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "smla/client/client.h"
 #include "smla/client/shm.h"
+#include "smla/client/step_ring.h"
 #include "smla/v1/info.pb.h"
 #include "smla/v1/step.pb.h"
 
@@ -51,8 +52,10 @@ struct WorkloadSpec {
 absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell);
 
 // kShm: the calls' inputs packed in a registered region, one range per tensor kind
-// (StepRequest.packed); kShmSpans: the per-span form (each span's tensors name the region).
-enum class Transport { kInline, kShm, kShmSpans };
+// (StepRequest.packed); kShmSpans: the per-span form (each span's tensors name the region);
+// kRing: packed as kShm, sent through a step ring attached to the worker's stream
+// (smla/client/step_ring.h) instead of the stream's messages.
+enum class Transport { kInline, kShm, kShmSpans, kRing };
 
 struct Connection {
   std::string server;
@@ -106,6 +109,9 @@ class Worker {
   std::vector<int64_t> next_position_;     // prefill: where the next call writes
   std::unique_ptr<client::StepStream> stream_;
   std::unique_ptr<client::ShmRegion> region_;
+  std::unique_ptr<client::StepRing> ring_;  // kRing: on stream_, in region_ at ring_offset_
+  uint64_t ring_offset_ = 0;
+  uint32_t ring_slot_bytes_ = 0;
   uint64_t prefill_offset_ = 0;  // start of the prefill scratch area in region_
   bool broken_ = false;
 };

@@ -53,8 +53,12 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
     writing_ = true;
     a.write = inflight_.front()->response;
   }
+  if ((reads_done_ || broken_) && ring_live_ && !ring_stopping_) {
+    ring_stopping_ = true;
+    a.stop_ring = true;
+  }
   if ((reads_done_ || broken_) && !read_pending_ && !writing_ && inflight_.empty() &&
-      outstanding_ == 0) {
+      outstanding_ == 0 && !ring_live_) {
     finished_ = true;
     a.finish = true;
     a.cancelled = broken_ && cancel_->load();
@@ -68,6 +72,8 @@ void StepStreamReactor::Run(const Actions& a) {
   if (a.finish) {
     Finish(a.cancelled ? grpc::Status::CANCELLED : grpc::Status::OK);
   }
+  // Last: the ring's on_idle may finish the call from inside Stop.
+  if (a.stop_ring) ring_->Stop();
 }
 
 void StepStreamReactor::OnReadDone(bool ok) {
@@ -85,7 +91,9 @@ void StepStreamReactor::OnReadDone(bool ok) {
       ++outstanding_;  // held until Complete, for both paths below
     }
   }
-  if (entry != nullptr) {
+  if (entry != nullptr && entry->request->has_ring_attach()) {
+    AttachRing(entry);
+  } else if (entry != nullptr) {
     StepRequest step;
     absl::Status st =
         service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step, &entry->storage);
@@ -119,6 +127,51 @@ void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>&
     service_->metrics()->ObserveStep(*result, server_time);
   }
   const grpc::Status g = service_->Finished("StepStream", entry->request_id, result.status());
+  resp.set_code(static_cast<int32_t>(g.error_code()));
+  resp.set_message(g.error_message());
+  Actions a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entry->done = true;
+    --outstanding_;
+    a = NextActions();
+  }
+  Run(a);
+}
+
+void StepStreamReactor::AttachRing(Entry* entry) {
+  const v1::StepRequest& pb = *entry->request;
+  absl::Status st;
+  bool already = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    already = ring_ != nullptr;
+  }
+  if (already) {
+    st = absl::FailedPreconditionError("ring_attach: this stream already has a ring");
+  } else if (pb.spans_size() > 0 || pb.has_packed()) {
+    st = absl::InvalidArgumentError("ring_attach: a ring_attach request carries no step");
+  } else {
+    absl::StatusOr<std::unique_ptr<StepRing>> ring =
+        StepRing::Attach(service_, tenant_, call_deadline_, cancel_, pb.ring_attach(), [this] {
+          Actions a;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            ring_live_ = false;
+            a = NextActions();
+          }
+          Run(a);
+        });
+    st = ring.status();
+    if (ring.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ring_ = *std::move(ring);
+      ring_live_ = true;
+    }
+  }
+  v1::StepResponse& resp = *entry->response;
+  resp.set_request_id(pb.request_id());
+  const grpc::Status g = service_->Finished("RingAttach", pb.request_id(), st);
   resp.set_code(static_cast<int32_t>(g.error_code()));
   resp.set_message(g.error_message());
   Actions a;

@@ -1,10 +1,13 @@
 // The StepStream call: requests are read ahead up to a bound, submitted to the core as they
 // arrive (so one stream's steps can share batches with other streams), and answered in
-// request order. A failed request gets its code in its response; the stream goes on.
+// request order. A failed request gets its code in its response; the stream goes on. A request
+// with ring_attach attaches a step ring (step_ring.h) that serves steps beside the stream
+// until the stream ends.
 //
 // Lifetime: the reactor deletes itself in OnDone, which gRPC calls after Finish; Finish is
 // called only once no core callback is outstanding and no read or write is pending, so no
-// callback can touch a deleted reactor.
+// callback can touch a deleted reactor, and only once its ring (if any) has stopped and
+// answered its last step.
 #pragma once
 
 #include <deque>
@@ -16,6 +19,7 @@
 #include "grpcpp/grpcpp.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
+#include "step_ring.h"
 #include "wire.h"
 
 namespace smla::server::edge {
@@ -54,9 +58,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     const v1::StepResponse* write = nullptr;
     bool finish = false;
     bool cancelled = false;  // finish with CANCELLED
+    bool stop_ring = false;
   };
 
   void Complete(Entry* entry, const absl::StatusOr<StepResult>& result);
+  // Answers a ring_attach request (the ring starts when it is accepted).
+  void AttachRing(Entry* entry);
   // Picks the next read, write or finish; needs mu_.
   Actions NextActions();
   void Run(const Actions& a);
@@ -75,6 +82,9 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   bool writing_ = false;
   bool broken_ = false;  // cancelled or a write failed: drop remaining responses
   bool finished_ = false;
+  std::unique_ptr<StepRing> ring_;  // set once by AttachRing; destroyed with the reactor
+  bool ring_live_ = false;          // attached and not yet idle (StepRing's on_idle)
+  bool ring_stopping_ = false;
 };
 
 }  // namespace smla::server::edge

@@ -1,0 +1,273 @@
+#include "step_ring.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "shm_region.h"
+#include "smla/v1/step_ring.h"
+#include "smla_service.h"
+
+namespace smla::server::edge {
+namespace ring = v1::ring;
+namespace {
+
+google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
+  google::protobuf::ArenaOptions o;
+  o.initial_block = block;
+  o.initial_block_size = size;
+  return o;
+}
+
+// A sleep on the doorbell is bounded so a client that sets request_seq without ringing is
+// still served, slowly, and a lost wake cannot stall the ring for long.
+constexpr int64_t kSleepNs = 100'000'000;
+
+}  // namespace
+
+StepRing::Work::Work() : arena(FirstBlock(first_block, sizeof first_block)) {}
+
+absl::StatusOr<std::unique_ptr<StepRing>> StepRing::Attach(
+    SmlaService* service, const std::string& tenant, absl::Time call_deadline, CancelFlag cancel,
+    const v1::RingAttach& attach, std::function<void()> on_idle) {
+  const RegionRegistry* registry = service->regions();
+  if (registry == nullptr) {
+    return absl::FailedPreconditionError(
+        "ring_attach: shared-memory regions are not enabled on this server (start it with "
+        "--allow_shm)");
+  }
+  const uint32_t slots = attach.slots(), slot_bytes = attach.slot_bytes();
+  if (slots < 1 || slots > ring::kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring_attach.slots: ", slots, " is outside 1..", ring::kMaxSlots));
+  }
+  if (slot_bytes < ring::kMinSlotBytes || slot_bytes > ring::kMaxSlotBytes ||
+      slot_bytes % ring::kAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring_attach.slot_bytes: ", slot_bytes, " is not a multiple of ", ring::kAlign, " in ",
+        ring::kMinSlotBytes, "..", ring::kMaxSlotBytes));
+  }
+  const v1::RegionRef& ref = attach.ring();
+  const uint64_t need = ring::RingBytes(slots, slot_bytes);
+  if (ref.size() != need) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: size ", ref.size(), ", a ring of ",
+                                                   slots, " slots of ", slot_bytes,
+                                                   " bytes takes ", need));
+  }
+  if (ref.offset() % ring::kAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: offset ", ref.offset(),
+                                                   " is not a multiple of ", ring::kAlign));
+  }
+  absl::StatusOr<std::shared_ptr<ShmMapping>> mapping =
+      registry->Lookup(tenant, "ring_attach.ring", ref.region());
+  if (!mapping.ok()) return mapping.status();
+  absl::StatusOr<std::span<uint8_t>> bytes = RegionRegistry::Slice(
+      **mapping, "ring_attach.ring", ref.region(), ref.offset(), ref.size(), ring::kAlign);
+  if (!bytes.ok()) return bytes.status();
+  const ring::Header* h = ring::HeaderAt(bytes->data());
+  const uint32_t magic = ring::Load(h->magic), version = ring::Load(h->version);
+  const uint32_t h_slots = ring::Load(h->slots), h_slot_bytes = ring::Load(h->slot_bytes);
+  if (magic != ring::kMagic || version != ring::kVersion || h_slots != slots ||
+      h_slot_bytes != slot_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ring_attach.ring: the ring's header (magic 0x%08x, version %u, %u slots of %u bytes) is "
+        "not a version %u ring of %u slots of %u bytes",
+        magic, version, h_slots, h_slot_bytes, ring::kVersion, slots, slot_bytes));
+  }
+  std::unique_ptr<StepRing> r(new StepRing(service, tenant, call_deadline, std::move(cancel),
+                                           *std::move(mapping), bytes->data(), slots, slot_bytes,
+                                           std::move(on_idle)));
+  r->poller_ = std::thread([p = r.get()] { p->Poll(); });
+  return r;
+}
+
+StepRing::StepRing(SmlaService* service, std::string tenant, absl::Time call_deadline,
+                   CancelFlag cancel, std::shared_ptr<ShmMapping> mapping, uint8_t* ring,
+                   uint32_t slots, uint32_t slot_bytes, std::function<void()> on_idle)
+    : service_(service),
+      tenant_(std::move(tenant)),
+      call_deadline_(call_deadline),
+      cancel_(std::move(cancel)),
+      mapping_(std::move(mapping)),
+      ring_(ring),
+      slots_(slots),
+      slot_bytes_(slot_bytes),
+      on_idle_(std::move(on_idle)) {
+  for (uint32_t i = 0; i < slots_; ++i) {
+    work_.push_back(std::make_unique<Work>());
+    work_.back()->bytes.resize(slot_bytes_);
+  }
+}
+
+StepRing::~StepRing() {
+  stop_.store(true);
+  if (poller_.joinable()) {
+    ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+    poller_.join();
+  }
+}
+
+void StepRing::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  stop_.store(true);
+  ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+  poller_.join();
+  std::unique_lock<std::mutex> lock(mu_);
+  joined_ = true;
+  MaybeIdle(std::move(lock));
+}
+
+bool StepRing::Ready(uint64_t n) const {
+  const uint32_t index = static_cast<uint32_t>((n - 1) % slots_);
+  const ring::SlotHeader* s = ring::SlotAt(ring_, slot_bytes_, index);
+  return ring::Load(s->request_seq) == static_cast<uint32_t>(n) &&
+         !work_[index]->busy.load(std::memory_order_acquire);
+}
+
+void StepRing::Poll() {
+  ring::Header* h = ring::HeaderAt(ring_);
+  uint64_t n = 1;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (Ready(n)) {
+      Serve(n++);
+      continue;
+    }
+    const absl::Time spin_until = absl::Now() + kSpin;
+    bool ready = false;
+    while (!(ready = Ready(n)) && !stop_.load(std::memory_order_relaxed) &&
+           absl::Now() < spin_until) {
+      for (int i = 0; i < 16; ++i) ring::CpuRelax();
+    }
+    if (ready) continue;
+    // Sleep: announce it, then re-check, so a request published meanwhile is not missed (the
+    // client reads server_sleeping after ringing; a slot freed by a completion reads
+    // poller_sleeping_ after freeing it).
+    const uint32_t bell = ring::Load(h->doorbell);
+    poller_sleeping_.store(true);
+    ring::Store(h->server_sleeping, 1, std::memory_order_seq_cst);
+    if (!Ready(n) && !stop_.load()) ring::FutexWait(&h->doorbell, bell, kSleepNs);
+    ring::Store(h->server_sleeping, 0, std::memory_order_relaxed);
+    poller_sleeping_.store(false, std::memory_order_relaxed);
+  }
+}
+
+void StepRing::Serve(uint64_t n) {
+  const uint32_t index = static_cast<uint32_t>((n - 1) % slots_);
+  const uint32_t seq = static_cast<uint32_t>(n);
+  ring::SlotHeader* s = ring::SlotAt(ring_, slot_bytes_, index);
+  Work& w = *work_[index];
+  w.busy.store(true, std::memory_order_relaxed);
+  w.seq = seq;
+  w.start = absl::Now();
+  w.request_id.clear();
+  w.arena.Reset();
+  w.storage.int32_copies.clear();
+  w.storage.looked_up.clear();
+  w.request = google::protobuf::Arena::CreateMessage<v1::StepRequest>(&w.arena);
+  w.response = google::protobuf::Arena::CreateMessage<v1::StepResponse>(&w.arena);
+  const uint32_t len = ring::Load(s->request_bytes, std::memory_order_relaxed);
+  absl::Status st;
+  if (len > slot_bytes_) {
+    st = absl::InvalidArgumentError(absl::StrCat("ring slot ", index, ": request_bytes ", len,
+                                                 " exceeds slot_bytes ", slot_bytes_));
+  } else {
+    std::memcpy(w.bytes.data(), ring::SlotData(s), len);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (ring::Load(s->request_seq) != seq) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat("ring slot ", index, ": request ", seq, " was rewritten while being read"));
+    } else if (!w.request->ParseFromArray(w.bytes.data(), static_cast<int>(len))) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat("ring slot ", index, ": request ", seq, " is not a StepRequest"));
+    } else if (w.request->has_ring_attach()) {
+      st = absl::InvalidArgumentError("ring_attach: not allowed in a ring slot");
+    } else if (!w.request->has_out_region()) {
+      st = absl::InvalidArgumentError(
+          "out_region: a ring request names output regions (inline outputs do not fit a slot)");
+    }
+  }
+  StepRequest step;
+  if (st.ok()) {
+    st = service_->Prepare(tenant_, *w.request, call_deadline_, cancel_, &step, &w.storage);
+    w.request_id = step.request_id;
+  }
+  w.parsed = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++outstanding_;
+  }
+  if (!st.ok()) {
+    Complete(index, st);
+    return;
+  }
+  service_->core()->Submit(std::move(step), [this, index](absl::StatusOr<StepResult> r) {
+    Complete(index, r);
+  });
+}
+
+void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
+  Work& w = *work_[index];
+  v1::StepResponse& resp = *w.response;
+  resp.set_request_id(w.request_id);
+  if (result.ok()) {
+    const absl::Duration server_time = absl::Now() - w.start;
+    FillStepResponse(*result, &resp, w.request);
+    v1::StepTimings* tm = resp.mutable_timings();
+    tm->set_server_us(absl::ToInt64Microseconds(server_time));
+    tm->set_parse_us(absl::ToInt64Microseconds(w.parsed - w.start));
+    tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - w.parsed));
+    service_->metrics()->ObserveStep(*result, server_time);
+  }
+  // Counted as the stream's steps: the ring is the stream's transport.
+  const grpc::Status g = service_->Finished("StepStream", w.request_id, result.status());
+  resp.set_code(static_cast<int32_t>(g.error_code()));
+  resp.set_message(g.error_message());
+  Answer(index, w.seq, &resp);
+  // The slot's work may be reused from here on.
+  w.busy.store(false, std::memory_order_seq_cst);
+  if (poller_sleeping_.load()) ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+  std::unique_lock<std::mutex> lock(mu_);
+  --outstanding_;
+  MaybeIdle(std::move(lock));
+}
+
+void StepRing::Answer(uint32_t index, uint32_t seq, v1::StepResponse* resp) {
+  ring::SlotHeader* s = ring::SlotAt(ring_, slot_bytes_, index);
+  size_t n = resp->ByteSizeLong();
+  if (n > slot_bytes_) {
+    // Only a long request id or message can do this (outputs are in regions): keep the code
+    // and as much of the message as fits.
+    v1::StepResponse small;
+    small.set_code(resp->code());
+    small.set_message(resp->message().substr(0, slot_bytes_ / 2));
+    *resp = std::move(small);
+    n = resp->ByteSizeLong();
+  }
+  resp->SerializeWithCachedSizesToArray(ring::SlotData(s));
+  ring::Store(s->response_bytes, static_cast<uint32_t>(n), std::memory_order_relaxed);
+  ring::Store(s->response_seq, seq, std::memory_order_seq_cst);
+  if (ring::Load(s->client_waiting, std::memory_order_seq_cst) != 0) {
+    ring::FutexWakeAll(&s->response_seq);
+  }
+}
+
+void StepRing::MaybeIdle(std::unique_lock<std::mutex> lock) {
+  if (idle_ || !joined_ || outstanding_ > 0) return;
+  idle_ = true;
+  lock.unlock();
+  ring::Header* h = ring::HeaderAt(ring_);
+  ring::Store(h->closed, 1, std::memory_order_seq_cst);
+  for (uint32_t i = 0; i < slots_; ++i) {
+    ring::FutexWakeAll(&ring::SlotAt(ring_, slot_bytes_, i)->response_seq);
+  }
+  // The owner may destroy this ring from on_idle: nothing of it is touched after the call.
+  std::function<void()> done = on_idle_;
+  done();
+}
+
+}  // namespace smla::server::edge

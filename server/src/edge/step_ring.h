@@ -1,0 +1,109 @@
+// The server side of a step ring (smla/v1/step_ring.h): a StepStream's request ring in one of
+// its tenant's registered regions. A poller thread per ring waits for the next request (a
+// short spin, then a futex sleep), copies it out of the region, parses and submits it exactly
+// as the stream does (SmlaService::Prepare, ServiceCore::Submit, so ring steps batch with
+// every other step), and the completion writes the response into the request's slot.
+//
+// Ownership and lifetime: the stream reactor owns the ring. Stop() ends polling (it joins the
+// poller); steps already submitted still complete and answer in the ring; once the last has,
+// the ring marks its header closed and calls `on_idle` exactly once, and touches the region no
+// more. The ring holds the region's mapping, so it stays mapped until the ring is destroyed,
+// which its owner may do once `on_idle` has run (not before).
+//
+// Ring memory is untrusted: a request is bounded by slot_bytes, copied before parsing and
+// re-checked against its sequence number after the copy; bad bytes become error responses, and
+// the poller never waits on the client (a client that reads no responses only stops getting
+// them; at most `slots` of its steps are in flight).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "google/protobuf/arena.h"
+#include "smla/server/step.h"
+#include "smla/v1/step.pb.h"
+#include "wire.h"
+
+namespace smla::server::edge {
+
+class ShmMapping;
+class SmlaService;
+
+class StepRing {
+ public:
+  // Spin this long for the next request before sleeping on the doorbell.
+  static constexpr absl::Duration kSpin = absl::Microseconds(30);
+
+  // Checks `attach` for `tenant` (regions allowed, the tenant's region, bounds, alignment,
+  // slot count and size, the header the client wrote) and starts polling. Steps act for
+  // `tenant` with the stream's deadline and cancel flag.
+  static absl::StatusOr<std::unique_ptr<StepRing>> Attach(SmlaService* service,
+                                                          const std::string& tenant,
+                                                          absl::Time call_deadline,
+                                                          CancelFlag cancel,
+                                                          const v1::RingAttach& attach,
+                                                          std::function<void()> on_idle);
+  ~StepRing();
+  StepRing(const StepRing&) = delete;
+  StepRing& operator=(const StepRing&) = delete;
+
+  // Stops polling and waits for the poller to exit; idempotent. Must not be called from a
+  // completion callback of this ring's steps.
+  void Stop();
+
+ private:
+  // A slot's step while it is in flight; reused by the slot's next request.
+  struct Work {
+    Work();
+    alignas(8) char first_block[8192];
+    google::protobuf::Arena arena;
+    v1::StepRequest* request = nullptr;
+    v1::StepResponse* response = nullptr;
+    ParseStorage storage;
+    std::vector<uint8_t> bytes;  // the request copied out of the ring
+    std::string request_id;
+    uint32_t seq = 0;
+    absl::Time start, parsed;
+    std::atomic<bool> busy{false};
+  };
+
+  StepRing(SmlaService* service, std::string tenant, absl::Time call_deadline, CancelFlag cancel,
+           std::shared_ptr<ShmMapping> mapping, uint8_t* ring, uint32_t slots, uint32_t slot_bytes,
+           std::function<void()> on_idle);
+  void Poll();
+  bool Ready(uint64_t n) const;
+  void Serve(uint64_t n);
+  void Complete(uint32_t index, const absl::StatusOr<StepResult>& result);
+  // Writes `resp` into slot `index`'s data and publishes it as the answer to `seq`.
+  void Answer(uint32_t index, uint32_t seq, v1::StepResponse* resp);
+  // One in-flight step fewer or the poller joined: the last of both closes the ring.
+  void MaybeIdle(std::unique_lock<std::mutex> lock);
+
+  SmlaService* const service_;
+  const std::string tenant_;
+  const absl::Time call_deadline_;
+  const CancelFlag cancel_;
+  const std::shared_ptr<ShmMapping> mapping_;  // keeps ring_ mapped
+  uint8_t* const ring_;
+  const uint32_t slots_;
+  const uint32_t slot_bytes_;
+  const std::function<void()> on_idle_;
+  std::vector<std::unique_ptr<Work>> work_;  // per slot
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> poller_sleeping_{false};
+  std::thread poller_;
+  std::mutex mu_;
+  int outstanding_ = 0;  // submitted steps not yet answered; guarded by mu_
+  bool stopping_ = false;
+  bool joined_ = false;
+  bool idle_ = false;
+};
+
+}  // namespace smla::server::edge
