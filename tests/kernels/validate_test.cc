@@ -103,6 +103,26 @@ TEST_F(ValidateTest, IdOutOfRangeNamesSegmentRowAndId) {
                               slots + 5, slots));
 }
 
+// A caller that vouches for its ids (AttendParams::ids_in_range) skips only the per-id check:
+// the CSR's shape is still checked, and the same call without the flag is still refused.
+TEST_F(ValidateTest, VouchedIdsSkipOnlyTheRangeCheck) {
+  AttendParams p = case_->Params(Options());
+  p.ids_in_range = true;
+  EXPECT_TRUE(kernels::ValidateAttend(p).ok());
+  std::vector<int32_t> idx(p.main.indices.begin(), p.main.indices.end());
+  idx[35] = 4096;
+  p.main.indices = idx;
+  EXPECT_TRUE(kernels::ValidateAttend(p).ok());
+  p.ids_in_range = false;
+  EXPECT_EQ(kernels::ValidateAttend(p).code(), absl::StatusCode::kInvalidArgument);
+
+  p = case_->Params(Options());
+  p.ids_in_range = true;
+  p.extra.indices = p.extra.indices.first(p.extra.indices.size() - 1);
+  ExpectError(Call(p), absl::StatusCode::kInvalidArgument,
+              "extra segment: indptr[T] = 20 but indices has 19 entries");
+}
+
 TEST_F(ValidateTest, CsrShapeMismatches) {
   AttendParams p = case_->Params(Options());
   std::vector<int32_t> short_ptr(p.main.indptr.begin(), p.main.indptr.end() - 1);

@@ -130,12 +130,14 @@ std::string LineChart(const std::string& title, const std::string& y_label,
   return o + "</svg>\n";
 }
 
-// Stacked bars per run: overhead, queue, kernel (p50 of each, ms).
+// Stacked bars per run: overhead outside the launch's host prep, queue, prep, kernel (device
+// time) (p50 of each, ms).
 std::string BreakdownChart(const std::vector<RunStats>& runs) {
   const double w = 560, h = 300, l = 70, r = 20, t = 30, b = 50;
   double ymax = 0;
   for (const auto& run : runs) {
-    ymax = std::max(ymax, run.overhead_ms.p50 + run.queue_ms.p50 + run.kernel_ms.p50);
+    ymax = std::max(ymax, std::max(run.overhead_ms.p50, run.prep_ms.p50) + run.queue_ms.p50 +
+                              run.kernel_ms.p50);
   }
   if (ymax <= 0) ymax = 1;
   ymax *= 1.1;
@@ -157,13 +159,16 @@ std::string BreakdownChart(const std::vector<RunStats>& runs) {
   }
   const size_t n = std::max<size_t>(runs.size(), 1);
   const double slot = (w - l - r) / static_cast<double>(n);
-  const char* colors[3] = {"#e8a33d", "#7a7ad8", "#3aa45b"};
-  const char* names[3] = {"transport + service overhead", "queue", "kernel (batch)"};
+  const char* colors[4] = {"#e8a33d", "#7a7ad8", "#c45a8a", "#3aa45b"};
+  const char* names[4] = {"transport + service overhead", "queue", "launch host prep",
+                          "kernel (batch, device)"};
   for (size_t i = 0; i < runs.size(); ++i) {
-    const double parts[3] = {runs[i].overhead_ms.p50, runs[i].queue_ms.p50, runs[i].kernel_ms.p50};
+    const RunStats& run = runs[i];
+    const double parts[4] = {std::max(0.0, run.overhead_ms.p50 - run.prep_ms.p50),
+                             run.queue_ms.p50, run.prep_ms.p50, run.kernel_ms.p50};
     double base = 0;
     const double x = l + slot * i + slot * 0.2;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 4; ++k) {
       const double y0 = t + (h - t - b) * (1 - base / ymax);
       const double y1 = t + (h - t - b) * (1 - (base + parts[k]) / ymax);
       absl::StrAppendFormat(&o,
@@ -175,7 +180,7 @@ std::string BreakdownChart(const std::vector<RunStats>& runs) {
     absl::StrAppendFormat(&o, "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">N=%d</text>\n",
                           x + slot * 0.3, h - b + 16, runs[i].concurrency);
   }
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < 4; ++k) {
     absl::StrAppendFormat(&o,
                           "<rect x=\"%g\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
                           "<text x=\"%g\" y=\"%d\">%s</text>\n",
@@ -233,6 +238,10 @@ std::string TextSummary(const RunStats& r) {
       r.e2e_minus_kernel_ms.p50, r.mean_batch_requests);
   absl::StrAppendFormat(&o, "  service p50 ms: parse %.3f, admit %.3f, batch outside kernel %.3f\n",
                         r.parse_ms.p50, r.admit_ms.p50, r.batch_extra_ms.p50);
+  absl::StrAppendFormat(&o,
+                        "  batch p50 ms: launch host prep %.3f (p99 %.3f), kernel (device) %.3f, "
+                        "attend %.3f\n",
+                        r.prep_ms.p50, r.prep_ms.p99, r.kernel_ms.p50, r.attend_ms.p50);
   absl::StrAppendFormat(&o, "  goodput: %.2f steps/s, %.0f rows/s%s\n", r.goodput_steps_per_s,
                         r.goodput_rows_per_s, r.slo_met ? "" : " (SLO broken)");
   if (!r.errors.empty()) {
@@ -277,6 +286,8 @@ std::string ToJson(const Report& rep) {
         ",\n     \"parse_ms\": ", JsonPercentiles(r.parse_ms),
         ",\n     \"admit_ms\": ", JsonPercentiles(r.admit_ms),
         ",\n     \"batch_extra_ms\": ", JsonPercentiles(r.batch_extra_ms),
+        ",\n     \"prep_ms\": ", JsonPercentiles(r.prep_ms),
+        ",\n     \"attend_ms\": ", JsonPercentiles(r.attend_ms),
         ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
         ", \"good_steps\": ", r.good_steps,
         ", \"goodput_steps_per_s\": ", Num(r.goodput_steps_per_s),
@@ -315,8 +326,9 @@ std::string ToHtml(const Report& rep) {
   }
   o += "<table>\n<tr><th>N</th><th>rate</th><th>calls</th><th>calls/s</th><th>steps/s</th>"
        "<th>rows/s</th><th>p50 ms</th><th>p90 ms</th><th>p95 ms</th><th>p99 ms</th>"
-       "<th>max ms</th><th>overhead p50</th><th>queue p50</th><th>kernel p50</th>"
-       "<th>e2e-kernel p50</th><th>goodput rows/s</th><th>errors</th></tr>\n";
+       "<th>max ms</th><th>overhead p50</th><th>queue p50</th><th>prep p50</th>"
+       "<th>kernel p50</th><th>attend p50</th><th>e2e-kernel p50</th><th>goodput rows/s</th>"
+       "<th>errors</th></tr>\n";
   for (const RunStats& r : rep.runs) {
     std::string errors;
     for (const auto& [code, n] : r.errors) absl::StrAppend(&errors, code, "=", n, " ");
@@ -324,11 +336,12 @@ std::string ToHtml(const Report& rep) {
                           "<tr><td>%d</td><td>%.4g</td><td>%lld</td><td>%.4g</td><td>%.4g</td>"
                           "<td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
                           "<td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
-                          "<td>%.4g</td><td>%s</td></tr>\n",
+                          "<td>%.4g</td><td>%.4g</td><td>%.4g</td><td>%s</td></tr>\n",
                           r.concurrency, r.rate, static_cast<long long>(r.calls), r.calls_per_s,
                           r.steps_per_s, r.rows_per_s, r.call_ms.p50, r.call_ms.p90, r.call_ms.p95,
                           r.call_ms.p99, r.call_ms.max, r.overhead_ms.p50, r.queue_ms.p50,
-                          r.kernel_ms.p50, r.e2e_minus_kernel_ms.p50, r.goodput_rows_per_s,
+                          r.prep_ms.p50, r.kernel_ms.p50, r.attend_ms.p50,
+                          r.e2e_minus_kernel_ms.p50, r.goodput_rows_per_s,
                           Html(errors));
   }
   o += "</table>\n";

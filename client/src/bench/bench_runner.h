@@ -52,9 +52,14 @@ struct RunStats {
   // service (the server's time outside queue and kernel: parsing, validation, the response).
   Percentiles overhead_ms, transport_ms, service_ms, queue_ms, kernel_ms, e2e_minus_kernel_ms;
   // Parts of service (streams only, zero for unary): the edge's parsing, admission (the
-  // core's validation) and the executor's batch outside the kernel (page reservations,
-  // commits); the rest of service is hand-offs between threads and building the response.
+  // core's validation) and the executor's batch outside the kernel (page reservations, the
+  // launch's host prep, commits); the rest of service is hand-offs between threads and building
+  // the response.
   Percentiles parse_ms, admit_ms, batch_extra_ms;
+  // Parts of the batch (any call): the launch's host work that its device work did not overlap
+  // (inside batch_extra, since kernel is device time only) and the attention kernel alone
+  // (inside kernel).
+  Percentiles prep_ms, attend_ms;
   double mean_batch_requests = 0;
   int64_t good_steps = 0;  // within the SLO
   double goodput_steps_per_s = 0, goodput_rows_per_s = 0;

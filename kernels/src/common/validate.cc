@@ -17,8 +17,10 @@ bool IsPowerOfTwo(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
 
 bool LegalHeads(int32_t h) { return h == 8 || h == 16 || h == 32 || h == 64 || h == 128; }
 
-// CSR shape and ids of one segment. `name` is "main" or "extra".
-absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int32_t num_rows) {
+// CSR shape and, unless the caller vouched for them, ids of one segment. `name` is "main" or
+// "extra".
+absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int32_t num_rows,
+                             bool ids_in_range) {
   const std::string name(name_view);
   const std::string what = absl::StrCat(name, " segment cache");
   if (absl::Status s = ValidateCacheView(seg.cache, what); !s.ok()) return s;
@@ -43,6 +45,7 @@ absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int
         absl::StrFormat("%s segment: indptr[T] = %d but indices has %d entries", name,
                         seg.indptr[num_rows], seg.indices.size()));
   }
+  if (ids_in_range) return absl::OkStatus();
   const int64_t slots = seg.cache.num_slots();
   for (int32_t t = 0; t < num_rows; ++t) {
     for (int32_t j = seg.indptr[t]; j < seg.indptr[t + 1]; ++j) {
@@ -124,7 +127,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
         "main segment cache has geometry ", std::string(GeometryName(p.main.cache.geometry)),
         " but the call is ", std::string(GeometryName(p.geometry))));
   }
-  if (absl::Status s = ValidateSegment(p.main, "main", p.num_rows); !s.ok()) return s;
+  if (absl::Status s = ValidateSegment(p.main, "main", p.num_rows, p.ids_in_range); !s.ok()) return s;
   if (p.has_extra) {
     if (p.extra.cache.geometry != p.geometry) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -132,7 +135,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
           " but the main segment has ", std::string(GeometryName(p.geometry)),
           " (both segments share the geometry)"));
     }
-    if (absl::Status s = ValidateSegment(p.extra, "extra", p.num_rows); !s.ok()) return s;
+    if (absl::Status s = ValidateSegment(p.extra, "extra", p.num_rows, p.ids_in_range); !s.ok()) return s;
   }
   if (p.num_rows > 0 && p.q == nullptr) return absl::InvalidArgumentError("q is null");
   if (!p.sink.empty()) {

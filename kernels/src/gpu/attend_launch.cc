@@ -274,6 +274,23 @@ void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* hos
   if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
 }
 
+void AttendUploads(const AttendParams& params, const AttendLaunch& l, uint8_t* ws,
+                   std::vector<CopyOp>& copies) {
+  auto put = [&](int64_t off, const void* src, size_t bytes) {
+    if (bytes > 0) copies.push_back(CopyOp{ws + off, src, bytes});
+  };
+  put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
+  put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
+  if (params.has_extra) {
+    put(l.off_indptr[1], params.extra.indptr.data(), params.extra.indptr.size_bytes());
+    put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
+  }
+  if (l.off_positions >= 0) {
+    put(l.off_positions, params.epilogue.positions.data(), params.epilogue.positions.size_bytes());
+  }
+  if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
+}
+
 void BindAttend(AttendLaunch& l, uint8_t* ws) {
   AttendKernelParams& k = l.kernel;
   for (int s = 0; s < k.num_segments; ++s) {

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpu/kernel_params.h"
+#include "smla/kernels/backend.h"
 #include "smla/kernels/device_info.h"
 #include "smla/kernels/params.h"
 #include "smla/kernels/plan.h"
@@ -45,6 +47,10 @@ struct AttendLaunch {
 absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device);
 // Writes the call's host arrays (CSR, positions, sink) at their offsets in `host` (staged_bytes).
 void StageAttend(const AttendParams& params, const AttendLaunch& launch, uint8_t* host);
+// The copies that put the call's host arrays at their offsets in `workspace` straight from
+// where they lie (AttendParams::arrays_pinned: page-locked memory), instead of StageAttend.
+void AttendUploads(const AttendParams& params, const AttendLaunch& launch, uint8_t* workspace,
+                   std::vector<CopyOp>& copies);
 // Points the kernel parameters at a device workspace of at least workspace_bytes.
 void BindAttend(AttendLaunch& launch, uint8_t* workspace);
 // Enqueues the attention kernel and, with split-K, the combine.

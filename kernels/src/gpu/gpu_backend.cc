@@ -1,8 +1,10 @@
 // The GPU backend (backend.h) over the portable runtime layer: owned device memory, streams,
-// the row writers and sparse MLA attention. Attend validates, stages the call's small host
-// arrays (CSR, positions, sink) into a per-stream device workspace with one asynchronous copy
-// from pinned memory, plans the launch (attend_launch.h) and enqueues the kernels.
+// events, the row writers and sparse MLA attention. Attend validates, stages the call's small
+// host arrays (CSR, positions, sink) into a per-stream device workspace with one asynchronous
+// copy from pinned memory (or, when the caller's arrays are page-locked already, copies them
+// there directly), plans the launch (attend_launch.h) and enqueues the kernels.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -102,6 +104,14 @@ class GpuStream : public Stream {
   size_t workspace_size_ = 0;
 };
 
+class GpuEvent : public Event {
+ public:
+  ~GpuEvent() override {
+    if (handle != nullptr) static_cast<void>(gpu::EventDestroy(handle));
+  }
+  gpu::EventHandle handle = nullptr;
+};
+
 class GpuBackend : public Backend {
  public:
   explicit GpuBackend(DeviceInfo info) : info_(std::move(info)) {}
@@ -141,6 +151,36 @@ class GpuBackend : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CopyBatch(std::span<const CopyOp> copies, CopyDirection direction,
+                         Stream& stream) override {
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    return Copies(copies, direction, s->handle());
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    auto e = std::make_unique<GpuEvent>();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::EventCreate(&e->handle));
+    return std::unique_ptr<Event>(std::move(e));
+  }
+
+  absl::Status RecordEvent(Event& event, Stream& stream) override {
+    auto* s = Cast(stream);
+    auto* e = dynamic_cast<GpuEvent*>(&event);
+    if (s == nullptr || e == nullptr) return NotOurs();
+    SMLA_GPU_RETURN_IF_ERROR(gpu::EventRecord(e->handle, s->handle()));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
+    const auto* a = dynamic_cast<const GpuEvent*>(&start);
+    const auto* b = dynamic_cast<const GpuEvent*>(&end);
+    if (a == nullptr || b == nullptr) return NotOurs();
+    float ms = 0;
+    SMLA_GPU_RETURN_IF_ERROR(gpu::EventElapsedMs(&ms, a->handle, b->handle));
+    return double{ms} * 1e-3;
+  }
+
   absl::Status WriteRows(const WriteRowsParams& params, Stream& stream) override {
     if (absl::Status st = ValidateWriteRows(params); !st.ok()) return st;
     auto* s = Cast(stream);
@@ -174,6 +214,18 @@ class GpuBackend : public Backend {
     if (params.num_rows == 0) return absl::OkStatus();
     absl::StatusOr<gpu::AttendLaunch> launch = gpu::PlanAttend(params, info_);
     if (!launch.ok()) return launch.status();
+    if (params.arrays_pinned) {
+      // Page-locked arrays that outlive the work: copied where they lie, nothing staged.
+      absl::StatusOr<uint8_t*> ws = s->Workspace(launch->workspace_bytes);
+      if (!ws.ok()) return ws.status();
+      std::vector<CopyOp> uploads;
+      gpu::AttendUploads(params, *launch, *ws, uploads);
+      if (absl::Status st = Copies(uploads, CopyDirection::kToDevice, s->handle()); !st.ok()) {
+        return st;
+      }
+      gpu::BindAttend(*launch, *ws);
+      return gpu::RunAttend(*launch, s->handle());
+    }
     // Host arrays are consumed here: copied to pinned memory and uploaded in one copy.
     absl::StatusOr<uint8_t*> pinned = s->Pinned(launch->staged_bytes);
     if (!pinned.ok()) return pinned.status();
@@ -218,12 +270,44 @@ class GpuBackend : public Backend {
   }
 
  private:
+  // One batch call where the runtime has it; one copy each where it refused a batch (once
+  // refused, the backend stops trying).
+  absl::Status Copies(std::span<const CopyOp> copies, CopyDirection direction,
+                      StreamHandle stream) {
+    if (copies.empty()) return absl::OkStatus();
+    if (batch_copies_.load(std::memory_order_relaxed)) {
+      std::vector<void*> dsts(copies.size());
+      std::vector<const void*> srcs(copies.size());
+      std::vector<size_t> sizes(copies.size());
+      for (size_t i = 0; i < copies.size(); ++i) {
+        dsts[i] = copies[i].dst;
+        srcs[i] = copies[i].src;
+        sizes[i] = copies[i].bytes;
+      }
+      if (gpu::MemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), copies.size(), stream) ==
+          gpu::kSuccess) {
+        return absl::OkStatus();
+      }
+      static_cast<void>(gpu::GetLastError());  // the refusal is not sticky; copy one by one
+      batch_copies_.store(false, std::memory_order_relaxed);
+    }
+    for (const CopyOp& c : copies) {
+      if (direction == CopyDirection::kToDevice) {
+        SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyH2DAsync(c.dst, c.src, c.bytes, stream));
+      } else {
+        SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyD2HAsync(c.dst, c.src, c.bytes, stream));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   static GpuStream* Cast(Stream& s) { return dynamic_cast<GpuStream*>(&s); }
   static absl::Status NotOurs() {
     return absl::InvalidArgumentError("stream was not created by this GPU backend");
   }
 
   DeviceInfo info_;
+  std::atomic<bool> batch_copies_{true};
 };
 
 }  // namespace

@@ -169,10 +169,17 @@ class ServiceCoreImpl : public ServiceCore {
   void Drain() override { scheduler_->Drain(); }
 
   bool Healthy() const override { return executor_->healthy(); }
+  // The executor copies inputs inside a registered range straight to the device, so it learns
+  // of a range once the backend has page-locked it and forgets it before it is unlocked.
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
-    return backend_->RegisterHostMemory(data, bytes);
+    SMLA_RETURN_IF_ERROR(backend_->RegisterHostMemory(data, bytes));
+    executor_->host_ranges().Add(data, bytes);
+    return absl::OkStatus();
   }
-  void UnregisterHostMemory(void* data) override { backend_->UnregisterHostMemory(data); }
+  void UnregisterHostMemory(void* data) override {
+    executor_->host_ranges().Remove(data);
+    backend_->UnregisterHostMemory(data);
+  }
 
  private:
   absl::StatusOr<ModelRuntime*> Find(const std::string& model) const {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/server/segment_builder.h"
 #include "smla/server/step_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -16,6 +17,20 @@ using kernels::OutputFormat;
 
 bool AllFinite(std::span<const float> v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// Appends a copy, merged into the previous one where it continues it on both sides.
+void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (!copies.empty()) {
+    kernels::CopyOp& last = copies.back();
+    if (static_cast<uint8_t*>(last.dst) + last.bytes == dst &&
+        static_cast<const uint8_t*>(last.src) + last.bytes == src) {
+      last.bytes += bytes;
+      return;
+    }
+  }
+  copies.push_back(kernels::CopyOp{dst, src, bytes});
 }
 
 }  // namespace
@@ -95,8 +110,8 @@ ModelRuntime::Rope ModelRuntime::rope() const {
 }
 
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
-                           std::vector<ModelRuntime*> models)
-    : backend_(backend), stream_(std::move(stream)) {
+                           Events events, std::vector<ModelRuntime*> models)
+    : backend_(backend), stream_(std::move(stream)), events_(std::move(events)) {
   for (ModelRuntime* m : models) models_[m->config().profile] = m;
 }
 
@@ -104,8 +119,19 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     kernels::Backend& backend, std::vector<ModelRuntime*> models) {
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend.CreateStream();
   if (!stream.ok()) return stream.status();
-  return std::unique_ptr<StepExecutor>(
-      new StepExecutor(backend, *std::move(stream), std::move(models)));
+  Events events;
+  for (std::unique_ptr<kernels::Event>* e :
+       {&events.start, &events.attend_begin, &events.attend_end, &events.end}) {
+    absl::StatusOr<std::unique_ptr<kernels::Event>> created = backend.CreateEvent();
+    if (!created.ok()) return created.status();
+    *e = *std::move(created);
+  }
+  std::unique_ptr<StepExecutor> executor(
+      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models)));
+  // Learns whether the backend has page-locked memory (pinned()) before the first launch.
+  absl::StatusOr<uint8_t*> arena = executor->HostArena(size_t{1} << 20);
+  if (!arena.ok()) return arena.status();
+  return executor;
 }
 
 absl::Status StepExecutor::Ensure(kernels::Buffer& buffer, size_t bytes) {
@@ -119,20 +145,26 @@ absl::Status StepExecutor::Ensure(kernels::Buffer& buffer, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> StepExecutor::HostStaging(size_t bytes) {
-  if (!host_staging_) return nullptr;
-  if (host_in_.size() < bytes || host_in_.data() == nullptr) {
-    const size_t size = std::max<size_t>({bytes, host_in_.size() * 2, size_t{1} << 20});
-    host_in_ = kernels::Buffer();
-    absl::StatusOr<kernels::Buffer> fresh = backend_.AllocateHost(size);
-    if (absl::IsUnimplemented(fresh.status())) {
-      host_staging_ = false;
-      return nullptr;
+absl::StatusOr<uint8_t*> StepExecutor::HostArena(size_t bytes) {
+  if (host_pinned_ok_) {
+    if (host_pinned_.size() >= bytes && host_pinned_.data() != nullptr) {
+      return host_pinned_.as<uint8_t>();
     }
-    if (!fresh.ok()) return fresh.status();
-    host_in_ = *std::move(fresh);
+    const size_t size = std::max<size_t>({bytes, host_pinned_.size() * 2, size_t{1} << 20});
+    host_pinned_ = kernels::Buffer();
+    absl::StatusOr<kernels::Buffer> fresh = backend_.AllocateHost(size);
+    if (fresh.ok()) {
+      host_pinned_ = *std::move(fresh);
+      return host_pinned_.as<uint8_t>();
+    }
+    if (!absl::IsUnimplemented(fresh.status())) return fresh.status();
+    host_pinned_ok_ = false;
   }
-  return host_in_.as<uint8_t>();
+  const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t) + 8;
+  if (host_plain_.size() < words) host_plain_.resize(std::max(words, host_plain_.size() * 2));
+  // 64-byte alignment inside the vector's 8-byte-aligned storage.
+  const uintptr_t at = reinterpret_cast<uintptr_t>(host_plain_.data());
+  return reinterpret_cast<uint8_t*>((at + 63) / 64 * 64);
 }
 
 absl::Status StepExecutor::WarmUp() {
@@ -207,6 +239,9 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   }
   if (!included.empty()) {
     const absl::Status status = Launch(model, layer, rope, steps, included, prepared, results);
+    // After a failure, work already enqueued may still read the pages and the buffers that the
+    // next batch reuses.
+    if (!status.ok()) static_cast<void>(backend_.Synchronize(*stream_));
     for (size_t i : included) {
       if (status.ok()) {
         store.Commit(*prepared[i]);
@@ -227,6 +262,23 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   return results;
 }
 
+struct StepExecutor::LaunchArgs {
+  ModelRuntime& model;
+  int32_t layer;
+  const ModelRuntime::Rope& rope;
+  std::span<const StepRequest* const> steps;
+  std::span<const size_t> included;  // indices into steps
+  std::span<const std::unique_ptr<PreparedStep>> prepared;
+};
+
+struct StepExecutor::DeviceWork {
+  std::vector<kernels::CopyOp> to_device;   // sources page-locked (or any, on the CPU backend)
+  std::vector<kernels::CopyOp> to_host;     // destinations page-locked (likewise)
+  std::vector<kernels::CopyOp> to_pageable; // destinations in plain memory (result vectors)
+  kernels::WriteRowsParams write;
+  kernels::AttendParams attend;
+};
+
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
                                   const ModelRuntime::Rope& rope,
                                   std::span<const StepRequest* const> steps,
@@ -234,148 +286,181 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
                                   std::span<const std::unique_ptr<PreparedStep>> prepared,
                                   std::vector<absl::StatusOr<StepResult>>& results) {
   const absl::Time start = absl::Now();
+  const LaunchArgs args{model, layer, rope, steps, included, prepared};
+  DeviceWork work;
+  SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));
+  const absl::Time prepared_at = absl::Now();
+  SMLA_RETURN_IF_ERROR(Enqueue(work));
+  const absl::Time enqueued_at = absl::Now();
+  SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
+  absl::StatusOr<double> kernel_s = backend_.ElapsedSeconds(*events_.start, *events_.end);
+  if (!kernel_s.ok()) return kernel_s.status();
+  absl::StatusOr<double> attend_s =
+      backend_.ElapsedSeconds(*events_.attend_begin, *events_.attend_end);
+  if (!attend_s.ok()) return attend_s.status();
+  StepTimings t;
+  t.kernel = absl::Seconds(*kernel_s);
+  t.attend = absl::Seconds(*attend_s);
+  // Enqueueing is host work too, but only what the device did not overlap delays the batch
+  // (on the CPU backend the device work runs inside the enqueueing calls).
+  t.prep = (prepared_at - start) +
+           std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - t.kernel);
+  for (size_t i : included) {
+    results[i]->timings.kernel = t.kernel;
+    results[i]->timings.attend = t.attend;
+    results[i]->timings.prep = t.prep;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
+                                         std::vector<absl::StatusOr<StepResult>>& results) {
+  ModelRuntime& model = args.model;
   const ModelProfile& profile = model.profile();
-  const LayerSpec& spec = profile.layers[layer];
+  const LayerSpec& spec = profile.layers[args.layer];
   const int32_t heads = model.config().heads_per_rank;
-  const int qk = kernels::QkWidth(profile.geometry);
-  const size_t row_bytes = size_t{2} * qk;
-  const StepRequest& head = *steps[included[0]];
+  const size_t row_bytes = size_t{2} * kernels::QkWidth(profile.geometry);
+  const StepRequest& head = *args.steps[args.included[0]];
   const OutputFormat format = head.output_format;
   const bool inverse_rope = head.inverse_rope;
-  const int32_t W = profile.swa_window;
 
-  int64_t total_rows = 0, write_rows = 0;
+  std::vector<SpanRef> spans;
   bool want_lse = false;
-  for (size_t i : included) {
-    const StepRequest& r = *steps[i];
+  for (size_t i : args.included) {
+    const StepRequest& r = *args.steps[i];
     want_lse = want_lse || r.want_lse;
-    for (const SpanInput& s : r.spans) {
-      total_rows += s.num_rows;
-      write_rows += s.num_rows + static_cast<int64_t>(s.compressed_rows.size() / row_bytes);
-    }
-  }
-  const size_t q_bytes = static_cast<size_t>(total_rows) * heads * row_bytes;
-  SMLA_RETURN_IF_ERROR(Ensure(q_, q_bytes));
-  SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(write_rows) * row_bytes));
-
-  // Inputs to backend memory, slots and segments on the host. A GPU backend gets the batch's
-  // queries and rows gathered into page-locked memory and copied in two transfers: one
-  // copy per span from pageable memory costs a synchronous bounce-buffer copy each.
-  const size_t rows_bytes = static_cast<size_t>(write_rows) * row_bytes;
-  absl::StatusOr<uint8_t*> staging = HostStaging(q_bytes + rows_bytes);
-  if (!staging.ok()) return staging.status();
-  uint8_t* const q_stage = *staging;
-  uint8_t* const rows_stage = q_stage == nullptr ? nullptr : q_stage + q_bytes;
-  auto put = [&](uint8_t* stage, uint8_t* device, size_t off, std::span<const uint8_t> src) {
-    if (src.empty()) return absl::OkStatus();
-    if (stage != nullptr) {
-      std::memcpy(stage + off, src.data(), src.size());
-      return absl::OkStatus();
-    }
-    return backend_.CopyToDevice(device + off, src.data(), src.size(), *stream_);
-  };
-  std::vector<int64_t> slots;
-  slots.reserve(write_rows);
-  std::vector<int32_t> main_indptr{0}, main_idx, extra_indptr{0}, extra_idx, positions;
-  main_indptr.reserve(total_rows + 1);
-  extra_indptr.reserve(total_rows + 1);
-  size_t q_off = 0, row_off = 0;
-  auto* q_base = static_cast<uint8_t*>(q_.data());
-  auto* rows_base = static_cast<uint8_t*>(rows_.data());
-  for (size_t i : included) {
-    const StepRequest& r = *steps[i];
-    const PreparedStep& p = *prepared[i];
     for (size_t si = 0; si < r.spans.size(); ++si) {
-      const SpanInput& s = r.spans[si];
-      SMLA_RETURN_IF_ERROR(put(q_stage, q_base, q_off, s.q));
-      q_off += s.q.size();
-      SMLA_RETURN_IF_ERROR(put(rows_stage, rows_base, row_off, s.kv_rows));
-      row_off += s.kv_rows.size();
-      for (int32_t t = 0; t < s.num_rows; ++t)
-        slots.push_back(p.MainSlot(si, s.first_position + t));
-      if (spec.has_compressed() && !s.compressed_rows.empty()) {
-        SMLA_RETURN_IF_ERROR(put(rows_stage, rows_base, row_off, s.compressed_rows));
-        row_off += s.compressed_rows.size();
-        const int64_t e0 = s.first_position / spec.ratio;
-        const int64_t n = static_cast<int64_t>(s.compressed_rows.size() / row_bytes);
-        for (int64_t e = e0; e < e0 + n; ++e) slots.push_back(p.CompressedSlot(si, e));
-      }
-      for (int32_t t = 0; t < s.num_rows; ++t) {
-        const int64_t pos = s.first_position + t;
-        if (spec.has_window()) {
-          for (int64_t k = std::max<int64_t>(0, pos - (W - 1)); k <= pos; ++k) {
-            main_idx.push_back(static_cast<int32_t>(p.MainSlot(si, k)));
-          }
-        } else {
-          for (int32_t k = 0; k < s.topk_width; ++k) {
-            const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
-            main_idx.push_back(e < 0 ? -1 : static_cast<int32_t>(p.MainSlot(si, e)));
-          }
-        }
-        main_indptr.push_back(static_cast<int32_t>(main_idx.size()));
-        if (spec.kind == LayerKind::kSwaTopK) {
-          for (int32_t k = 0; k < s.topk_width; ++k) {
-            const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
-            extra_idx.push_back(e < 0 ? -1 : static_cast<int32_t>(p.CompressedSlot(si, e)));
-          }
-        } else if (spec.kind == LayerKind::kSwaDense) {
-          for (int64_t e = 0; e < (pos + 1) / spec.ratio; ++e) {
-            extra_idx.push_back(static_cast<int32_t>(p.CompressedSlot(si, e)));
-          }
-        }
-        extra_indptr.push_back(static_cast<int32_t>(extra_idx.size()));
-        if (inverse_rope) positions.push_back(static_cast<int32_t>(pos));
-      }
+      spans.push_back(SpanRef{&r.spans[si], args.prepared[i].get(), si});
+    }
+  }
+  const SegmentShape shape{spec, profile.swa_window, row_bytes};
+  const SegmentCounts counts = CountSegments(shape, spans);
+  const size_t T = static_cast<size_t>(counts.rows);
+
+  // Backend buffers: queries; KV rows, then compressed entries (the order of `slots`); outputs.
+  const size_t q_bytes = T * heads * row_bytes;
+  const size_t kv_bytes = T * row_bytes;
+  SMLA_RETURN_IF_ERROR(Ensure(q_, q_bytes));
+  SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(counts.slots()) * row_bytes));
+  const size_t out_row = format == OutputFormat::kBf16
+                             ? size_t{2} * heads * kernels::kValueWidth
+                             : size_t{1} * heads * kernels::kValueWidth;
+  const size_t scale_row = size_t{static_cast<size_t>(heads)} * kernels::kMxGroupsPerHead;
+  const size_t lse_row = size_t{static_cast<size_t>(heads)} * sizeof(float);
+  SMLA_RETURN_IF_ERROR(Ensure(out_, T * out_row));
+  if (format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, T * scale_row));
+  if (want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, T * lse_row));
+
+  // Inputs are copied from where they lie when the backend can copy from there (page-locked
+  // memory; any memory where copies are memcpys), else gathered into the arena first.
+  auto direct = [&](std::span<const uint8_t> src) {
+    return !pinned() || host_ranges_.Contains(src.data(), src.size());
+  };
+  enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kKinds = 3 };
+  size_t staged[kKinds] = {0, 0, 0};
+  for (const SpanRef& ref : spans) {
+    const SpanInput& s = *ref.input;
+    if (!direct(s.q)) staged[kQ] += s.q.size();
+    if (!direct(s.kv_rows)) staged[kKv] += s.kv_rows.size();
+    if (spec.has_compressed() && !direct(s.compressed_rows)) {
+      staged[kCompressed] += s.compressed_rows.size();
     }
   }
 
-  if (q_stage != nullptr) {
-    SMLA_CHECK(q_off == q_bytes && row_off <= rows_bytes, "staged input sizes");
-    if (q_off > 0) SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(q_base, q_stage, q_off, *stream_));
-    if (row_off > 0) {
-      SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(rows_base, rows_stage, row_off, *stream_));
+  // The arena: slot lists and segments (built in place), positions, sink, gathered inputs.
+  size_t total = 0;
+  auto take = [&total](size_t bytes) {
+    const size_t at = total;
+    total = (total + bytes + 63) / 64 * 64;
+    return at;
+  };
+  const size_t o_slots = take(static_cast<size_t>(counts.slots()) * sizeof(int64_t));
+  const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
+  const size_t o_main = take(static_cast<size_t>(counts.main_indices) * sizeof(int32_t));
+  const size_t extra_rows = spec.has_compressed() ? T + 1 : 0;
+  const size_t o_extra_indptr = take(extra_rows * sizeof(int32_t));
+  const size_t o_extra = take(static_cast<size_t>(counts.extra_indices) * sizeof(int32_t));
+  const size_t o_positions = take(inverse_rope ? T * sizeof(int32_t) : 0);
+  const std::vector<float> sink =
+      profile.has_sink ? model.LayerSink(args.layer) : std::vector<float>();
+  const size_t o_sink = take(sink.size() * sizeof(float));
+  size_t o_stage[kKinds];
+  for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
+  absl::StatusOr<uint8_t*> arena_or = HostArena(total);
+  if (!arena_or.ok()) return arena_or.status();
+  uint8_t* const arena = *arena_or;
+  auto i32 = [arena](size_t off, size_t n) {
+    return std::span<int32_t>(reinterpret_cast<int32_t*>(arena + off), n);
+  };
+
+  SegmentArrays arrays;
+  arrays.slots = std::span<int64_t>(reinterpret_cast<int64_t*>(arena + o_slots),
+                                    static_cast<size_t>(counts.slots()));
+  arrays.main_indptr = i32(o_main_indptr, T + 1);
+  arrays.main_indices = i32(o_main, static_cast<size_t>(counts.main_indices));
+  arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
+  arrays.extra_indices = i32(o_extra, static_cast<size_t>(counts.extra_indices));
+  arrays.positions = i32(o_positions, inverse_rope ? T : 0);
+  BuildSegments(shape, spans, arrays);
+  std::span<const float> sink_view;
+  if (!sink.empty()) {
+    std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));
+    sink_view = std::span<const float>(reinterpret_cast<const float*>(arena + o_sink), sink.size());
+  }
+
+  // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
+  uint8_t* const dev[kKinds] = {q_.as<uint8_t>(), rows_.as<uint8_t>(),
+                                rows_.as<uint8_t>() + kv_bytes};
+  std::vector<kernels::CopyOp> copies[kKinds];
+  size_t dev_off[kKinds] = {0, 0, 0}, stage_off[kKinds] = {0, 0, 0};
+  auto input = [&](Kind k, std::span<const uint8_t> src) {
+    if (src.empty()) return;
+    const void* from = src.data();
+    if (!direct(src)) {
+      uint8_t* stage = arena + o_stage[k] + stage_off[k];
+      std::memcpy(stage, src.data(), src.size());
+      stage_off[k] += src.size();
+      from = stage;
     }
+    AddCopy(copies[k], dev[k] + dev_off[k], from, src.size());
+    dev_off[k] += src.size();
+  };
+  for (const SpanRef& ref : spans) {
+    const SpanInput& s = *ref.input;
+    input(kQ, s.q);
+    input(kKv, s.kv_rows);
+    if (spec.has_compressed()) input(kCompressed, s.compressed_rows);
   }
+  SMLA_CHECK(dev_off[kQ] == q_bytes && dev_off[kKv] == kv_bytes &&
+                 dev_off[kCompressed] == static_cast<size_t>(counts.compressed) * row_bytes,
+             "input sizes");
+  for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
 
-  if (!slots.empty()) {
-    kernels::WriteRowsParams w;
-    w.cache = model.store().cache();
-    w.slots = slots;
-    w.rows = rows_.data();
-    SMLA_RETURN_IF_ERROR(backend_.WriteRows(w, *stream_));
-  }
+  work.write.cache = model.store().cache();
+  work.write.slots = arrays.slots;
+  work.write.rows = rows_.data();
 
-  const size_t out_bytes = format == OutputFormat::kBf16
-                               ? static_cast<size_t>(total_rows) * heads * kernels::kValueWidth * 2
-                               : static_cast<size_t>(total_rows) * heads * kernels::kValueWidth;
-  SMLA_RETURN_IF_ERROR(Ensure(out_, out_bytes));
-  const size_t scale_bytes = static_cast<size_t>(total_rows) * heads * kernels::kMxGroupsPerHead;
-  if (format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, scale_bytes));
-  const size_t lse_bytes = static_cast<size_t>(total_rows) * heads * sizeof(float);
-  if (want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, lse_bytes));
-
-  const std::vector<float> sink = profile.has_sink ? model.LayerSink(layer) : std::vector<float>();
-  kernels::AttendParams a;
-  a.num_rows = static_cast<int32_t>(total_rows);
+  kernels::AttendParams& a = work.attend;
+  a.num_rows = static_cast<int32_t>(T);
   a.num_heads = heads;
   a.geometry = profile.geometry;
   a.q = q_.data();
   a.softmax_scale = model.config().softmax_scale;
   a.main.cache = model.store().cache().view();
-  a.main.indptr = main_indptr;
-  a.main.indices = main_idx;
+  a.main.indptr = arrays.main_indptr;
+  a.main.indices = arrays.main_indices;
   a.has_extra = spec.has_compressed();
   if (a.has_extra) {
     a.extra.cache = a.main.cache;
-    a.extra.indptr = extra_indptr;
-    a.extra.indices = extra_idx;
+    a.extra.indptr = arrays.extra_indptr;
+    a.extra.indices = arrays.extra_indices;
   }
-  a.sink = sink;
+  a.sink = sink_view;
   if (inverse_rope) {
-    SMLA_CHECK(rope.table != nullptr, "inverse RoPE without a table");
-    a.epilogue.positions = positions;
-    a.epilogue.cos_sin = rope.table->as<const float>();
-    a.epilogue.num_positions = rope.positions;
+    SMLA_CHECK(args.rope.table != nullptr, "inverse RoPE without a table");
+    a.epilogue.positions = arrays.positions;
+    a.epilogue.cos_sin = args.rope.table->as<const float>();
+    a.epilogue.num_positions = args.rope.positions;
   }
   a.out.format = format;
   if (format == OutputFormat::kBf16) {
@@ -385,59 +470,56 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     a.out.mx_scales = scales_.as<uint8_t>();
   }
   a.out.lse = want_lse ? lse_.as<float>() : nullptr;
-  SMLA_RETURN_IF_ERROR(backend_.Attend(a, *stream_));
+  // Slots come from page tables of this pool, and the arrays stay put until Synchronize.
+  a.ids_in_range = true;
+  a.arrays_pinned = pinned();
 
-  // Copy each step's rows back into its own result.
-  const size_t out_row = out_bytes / static_cast<size_t>(total_rows);
-  const size_t scale_row = size_t{static_cast<size_t>(heads)} * kernels::kMxGroupsPerHead;
-  int64_t row0 = 0;
-  for (size_t i : included) {
-    const StepRequest& r = *steps[i];
-    const int64_t n = StepRows(r);
-    StepResult res;
+  // Each step's rows go back to its own destination when it named one, else to its result.
+  size_t row0 = 0;
+  auto output = [&]<typename V>(std::span<uint8_t> dst, V& fallback, const uint8_t* src,
+                                size_t bytes) {
+    void* to = dst.data();
+    if (dst.empty()) {
+      fallback.resize(bytes / sizeof(typename V::value_type));
+      to = fallback.data();
+    }
+    SMLA_CHECK(dst.empty() || dst.size() == bytes, "output destination size");
+    const bool locked = !pinned() || (!dst.empty() && host_ranges_.Contains(to, bytes));
+    (locked ? work.to_host : work.to_pageable).push_back(kernels::CopyOp{to, src, bytes});
+  };
+  for (size_t i : args.included) {
+    const StepRequest& r = *args.steps[i];
+    const size_t n = static_cast<size_t>(StepRows(r));
+    results[i] = StepResult();
+    StepResult& res = *results[i];
     res.num_rows = static_cast<int32_t>(n);
     res.num_heads = heads;
     res.output_format = format;
-    // Each tensor goes to the caller's destination when it named one, else to the result.
     const OutputDestination& dst = r.destination;
-    uint8_t* out_dst = dst.out.data();
-    if (dst.out.empty()) {
-      res.out.resize(n * out_row);
-      out_dst = res.out.data();
-    }
-    SMLA_CHECK(dst.out.empty() || dst.out.size() == n * out_row, "output destination size");
-    SMLA_RETURN_IF_ERROR(
-        backend_.CopyToHost(out_dst, out_.as<uint8_t>() + row0 * out_row, n * out_row, *stream_));
+    output(dst.out, res.out, out_.as<uint8_t>() + row0 * out_row, n * out_row);
     if (format == OutputFormat::kMxfp8) {
-      uint8_t* sc_dst = dst.mx_scales.data();
-      if (dst.mx_scales.empty()) {
-        res.mx_scales.resize(n * scale_row);
-        sc_dst = res.mx_scales.data();
-      }
-      SMLA_CHECK(dst.mx_scales.empty() || dst.mx_scales.size() == n * scale_row,
-                 "scale destination size");
-      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(sc_dst, scales_.as<uint8_t>() + row0 * scale_row,
-                                               n * scale_row, *stream_));
+      output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * scale_row,
+             n * scale_row);
     }
-    if (r.want_lse) {
-      void* lse_dst = dst.lse.data();
-      if (dst.lse.empty()) {
-        res.lse.resize(n * heads);
-        lse_dst = res.lse.data();
-      }
-      SMLA_CHECK(dst.lse.empty() || dst.lse.size() == n * heads * sizeof(float),
-                 "LSE destination size");
-      SMLA_RETURN_IF_ERROR(backend_.CopyToHost(lse_dst, lse_.as<float>() + row0 * heads,
-                                               n * heads * sizeof(float), *stream_));
-    }
-    // Moving keeps the vectors' storage, which the copies above may still be filling.
-    results[i] = std::move(res);
+    if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * lse_row, n * lse_row);
     row0 += n;
   }
-  SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
-  const absl::Duration kernel = absl::Now() - start;
-  for (size_t i : included) results[i]->timings.kernel = kernel;
   return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Enqueue(const DeviceWork& w) {
+  kernels::Stream& stream = *stream_;
+  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
+  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
+  if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
+  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
+  SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
+  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_end, stream));
+  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
+  for (const kernels::CopyOp& c : w.to_pageable) {
+    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
+  }
+  return backend_.RecordEvent(*events_.end, stream);
 }
 
 }  // namespace smla::server

@@ -429,6 +429,8 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
   v1::StepTimings* tm = pb->mutable_timings();
   tm->set_queued_us(absl::ToInt64Microseconds(result.timings.queued));
   tm->set_kernel_us(absl::ToInt64Microseconds(result.timings.kernel));
+  tm->set_prep_us(absl::ToInt64Microseconds(result.timings.prep));
+  tm->set_attend_us(absl::ToInt64Microseconds(result.timings.attend));
   tm->set_batch_us(absl::ToInt64Microseconds(result.timings.batch));
   tm->set_batch_requests(result.timings.batch_requests);
   tm->set_batch_rows(result.timings.batch_rows);

@@ -7,11 +7,13 @@
 // until the stream is synchronised.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 
@@ -66,6 +68,27 @@ class Stream {
   virtual ~Stream() = default;
 };
 
+// One copy of a batch (Backend::CopyBatch).
+struct CopyOp {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+enum class CopyDirection : uint8_t { kToDevice = 0, kToHost = 1 };
+
+// A mark on a stream's timeline, for timing device work (Backend::RecordEvent).
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// The host clock's reading when the event was recorded: the default events, exact where work
+// runs as it is enqueued.
+class HostClockEvent : public Event {
+ public:
+  std::chrono::steady_clock::time_point at;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -78,6 +101,19 @@ class Backend {
   virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual absl::Status Fill(void* dst, uint8_t byte, size_t bytes, Stream& stream) = 0;
+  // Independent copies in one direction (no two overlap), enqueued together: a GPU backend
+  // issues them as one runtime call where its runtime has batches. On GPU backends the host
+  // sides must be page-locked (AllocateHost, RegisterHostMemory). The default copies one by one.
+  virtual absl::Status CopyBatch(std::span<const CopyOp> copies, CopyDirection direction,
+                                 Stream& stream) {
+    for (const CopyOp& c : copies) {
+      absl::Status s = direction == CopyDirection::kToDevice
+                           ? CopyToDevice(c.dst, c.src, c.bytes, stream)
+                           : CopyToHost(c.dst, c.src, c.bytes, stream);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   // Quantises bf16 rows into a pool at the given slots.
   virtual absl::Status WriteRows(const WriteRowsParams& params, Stream& stream) = 0;
@@ -87,6 +123,29 @@ class Backend {
 
   // Waits for everything enqueued on the stream; reports asynchronous device errors.
   virtual absl::Status Synchronize(Stream& stream) = 0;
+
+  // Timing of device work: RecordEvent marks the point of the stream after everything enqueued
+  // on it so far; once both events are complete (the stream synchronised), ElapsedSeconds is
+  // the device time between them. The defaults read the host clock at RecordEvent, which is the
+  // device time of a backend that runs work as it is enqueued (the CPU backend); a GPU backend
+  // records events on the device.
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() {
+    return std::unique_ptr<Event>(std::make_unique<HostClockEvent>());
+  }
+  virtual absl::Status RecordEvent(Event& event, Stream& /*stream*/) {
+    auto* e = dynamic_cast<HostClockEvent*>(&event);
+    if (e == nullptr) return absl::InvalidArgumentError("event was not created by this backend");
+    e->at = std::chrono::steady_clock::now();
+    return absl::OkStatus();
+  }
+  virtual absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) {
+    const auto* a = dynamic_cast<const HostClockEvent*>(&start);
+    const auto* b = dynamic_cast<const HostClockEvent*>(&end);
+    if (a == nullptr || b == nullptr) {
+      return absl::InvalidArgumentError("event was not created by this backend");
+    }
+    return std::chrono::duration<double>(b->at - a->at).count();
+  }
 
   // Host memory that many calls copy from and to (a client's shared-memory region): a GPU
   // backend page-locks it so those copies are direct DMA instead of synchronous bounce-buffer

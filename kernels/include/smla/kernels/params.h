@@ -1,7 +1,8 @@
 // The operator's arguments (operator.md section 1): cache views, CSR segments, epilogue and
 // outputs. Tensor pointers live in the backend's memory (device memory on GPUs, host memory
 // on the CPU backend); CSR arrays, positions and the sink are small host arrays that the
-// backend validates and stages itself, so bad ids are rejected before any work.
+// backend validates and stages itself, so bad ids are rejected before any work (unless the
+// caller vouches for them: AttendParams::ids_in_range, arrays_pinned).
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,17 @@ struct AttendParams {
   // measured slower on the H200 (docs/results/kbench-h200.md). Results stay within operator.md's
   // tolerances and are reproducible either way.
   bool row_pairs = false;
+  // What the caller vouches for, so the backend can skip work on a hot path. Both default to
+  // false, and a caller that cannot vouch leaves them so: the backend then checks every id and
+  // stages the host arrays itself.
+  // ids_in_range: every index of both segments is a sentinel (< 0) or below its cache's
+  // num_slots (the caller built them from page tables of that cache). The per-id range check
+  // is skipped; the CSR's shape (T+1 offsets, non-decreasing, matching counts) is still checked.
+  bool ids_in_range = false;
+  // arrays_pinned: the host arrays (indptr, indices, positions, sink) lie in page-locked host
+  // memory (Backend::AllocateHost) and stay unchanged until the stream is synchronised, so a GPU
+  // backend copies them to the device directly instead of through its own staging buffer.
+  bool arrays_pinned = false;
 };
 
 // Quantise bf16 rows into a pool (operator.md section 3, "Writing rows").

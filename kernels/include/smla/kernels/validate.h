@@ -12,8 +12,8 @@ namespace smla::kernels {
 absl::Status ValidateCacheView(const CacheView& cache, std::string_view what);
 
 // Everything an Attend call needs: heads, q type and scale, CSR shape of both segments, ids in
-// range ("main segment, row 3: index 4096 out of range (pool has 4096 slots)"), sink, epilogue
-// positions, output pointers.
+// range ("main segment, row 3: index 4096 out of range (pool has 4096 slots)") unless the call
+// vouches for them (AttendParams::ids_in_range), sink, epilogue positions, output pointers.
 absl::Status ValidateAttend(const AttendParams& params);
 
 // Slots in range, cache view valid.

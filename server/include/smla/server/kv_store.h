@@ -68,6 +68,10 @@ class PreparedStep {
   // Slot of compressed entry e of span i.
   int64_t CompressedSlot(size_t span, int64_t entry) const;
   int32_t new_pages() const { return static_cast<int32_t>(new_pages_.size()); }
+  // Span i's page tables as they will be after the step, for building many slots at once
+  // (segment_builder.h); MainSlot/CompressedSlot read the same tables one id at a time.
+  const LayerPages& pages(size_t span) const { return spans_[span].next; }
+  int32_t rows_per_page() const { return rows_per_page_; }
 
  private:
   friend class KvStore;

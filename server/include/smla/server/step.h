@@ -64,10 +64,18 @@ struct StepRequest {
   OutputDestination destination;
 };
 
+// Times of the batch that carried a step (all of its steps get the same launch times).
 struct StepTimings {
   absl::Duration queued;  // admission to launch
-  absl::Duration kernel;  // write + attend on the backend, for the whole batch
-  absl::Duration batch;   // the executor's whole batch: page reservations, kernel, commits
+  // Device time of the batch's device work, input copies to output copies, from events on the
+  // backend's stream (wall time of the same work on the CPU backend). No host work.
+  absl::Duration kernel;
+  // Host work of the launch that its device work did not overlap: sizing buffers, gathering
+  // inputs, building slot lists and segments before the first device work, and enqueueing
+  // beyond the device's time. prep + kernel is about the launch's wall time.
+  absl::Duration prep;
+  absl::Duration attend;  // the attention kernel(s) alone (device events; part of kernel)
+  absl::Duration batch;   // the executor's whole batch: page reservations, prep, kernel, commits
   absl::Time admitted;    // when the scheduler queued the step
   int32_t batch_requests = 0;
   int32_t batch_rows = 0;

@@ -1,7 +1,11 @@
 // Runs batches of steps on the backend (the BatchRunner behind the scheduler): per step,
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
-// one WriteRows for every new KV row and compressed entry of the batch, one Attend over all
-// rows, the copy back, Synchronize, and Commit. Outputs are sliced back to each step.
+// the launch: host work first (slot lists and segments built into page-locked memory, inputs
+// outside registered memory gathered there), then the device work back to back between two
+// events (input copies, one WriteRows for every new KV row and compressed entry, one Attend over
+// all rows, the copies back), Synchronize, and Commit. Outputs are sliced back to each step.
+// Inputs inside a registered host range (host_ranges(): a client's shared memory the backend
+// page-locked) are copied to the device directly, one copy per contiguous range.
 //
 // Each row's segments are built here: the main segment is the SWA window ending at the row's
 // own position (min(p+1, W) keys, so the draft rows of a span see each other causally) or the
@@ -23,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/config.h"
+#include "smla/server/host_ranges.h"
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/scheduler.h"
@@ -80,28 +85,47 @@ class StepExecutor : public BatchRunner {
 
   kernels::Stream& stream() { return *stream_; }
 
+  // Host ranges the backend has page-locked (the core adds and removes them with the backend's
+  // RegisterHostMemory / UnregisterHostMemory).
+  HostRanges& host_ranges() { return host_ranges_; }
+
  private:
+  struct Events {
+    std::unique_ptr<kernels::Event> start, attend_begin, attend_end, end;
+  };
+  struct LaunchArgs;  // one launch's inputs (step_executor.cc)
+  struct DeviceWork;  // what a launch enqueues (step_executor.cc)
+
   StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
-               std::vector<ModelRuntime*> models);
+               Events events, std::vector<ModelRuntime*> models);
   absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
-  // Page-locked host bytes to gather a batch's inputs into, or null where the backend has
-  // none (its copies are plain memcpys, so inputs are copied span by span).
-  absl::StatusOr<uint8_t*> HostStaging(size_t bytes);
+  // Host bytes for a launch's arrays and gathered inputs: page-locked where the backend has
+  // such memory (pinned() says which), else plain memory; 64-byte aligned.
+  absl::StatusOr<uint8_t*> HostArena(size_t bytes);
+  bool pinned() const { return host_pinned_ok_; }
   // Runs the launch for the prepared steps (indices into `steps`), filling their results.
   // `rope` is the table the steps were checked against.
   absl::Status Launch(ModelRuntime& model, int32_t layer, const ModelRuntime::Rope& rope,
                       std::span<const StepRequest* const> steps, std::span<const size_t> included,
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
+  // The host part of a launch: buffers, segments, input gathering, result storage.
+  absl::Status PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
+                             std::vector<absl::StatusOr<StepResult>>& results);
+  // Enqueues the device work between the timing events.
+  absl::Status Enqueue(const DeviceWork& work);
 
   kernels::Backend& backend_;
   std::unique_ptr<kernels::Stream> stream_;
+  Events events_;
   absl::flat_hash_map<std::string, ModelRuntime*> models_;
   std::atomic<bool> healthy_{true};
-  // Staging buffers in backend memory, grown as needed; only the executor thread uses them.
+  HostRanges host_ranges_;
+  // Buffers in backend memory, grown as needed; only the executor thread uses them.
   kernels::Buffer q_, rows_, out_, scales_, lse_;
-  kernels::Buffer host_in_;
-  bool host_staging_ = true;  // false once the backend said it has no page-locked memory
+  kernels::Buffer host_pinned_;
+  std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
+  bool host_pinned_ok_ = true;        // false once the backend said it has none
 };
 
 }  // namespace smla::server

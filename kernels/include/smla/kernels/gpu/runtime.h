@@ -50,6 +50,17 @@ inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return hipMemsetAsync(d, v, n, st);
 }
+// Independent copies (no two overlap; host sides page-locked) after earlier work on the stream,
+// in any order among themselves. HIP has no batch call: one copy each.
+inline Error MemcpyBatchAsync(void* const* d, const void* const* s, const size_t* n, size_t count,
+                              StreamHandle st) {
+  for (size_t i = 0; i < count; ++i) {
+    if (const Error e = hipMemcpyAsync(d[i], s[i], n[i], hipMemcpyDefault, st); e != hipSuccess) {
+      return e;
+    }
+  }
+  return hipSuccess;
+}
 inline Error StreamCreate(StreamHandle* s) {
   return hipStreamCreateWithFlags(s, hipStreamNonBlocking);
 }
@@ -93,6 +104,25 @@ inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
 }
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return cudaMemsetAsync(d, v, n, st);
+}
+// Independent copies (no two overlap; host sides page-locked) after earlier work on the stream,
+// in any order among themselves: one runtime call for all of them from CUDA 13 on.
+inline Error MemcpyBatchAsync(void* const* d, const void* const* s, const size_t* n, size_t count,
+                              StreamHandle st) {
+#if CUDART_VERSION >= 13000
+  if (count == 0) return cudaSuccess;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t first = 0;
+  return cudaMemcpyBatchAsync(d, s, n, count, &attr, &first, 1, st);
+#else
+  for (size_t i = 0; i < count; ++i) {
+    if (const Error e = cudaMemcpyAsync(d[i], s[i], n[i], cudaMemcpyDefault, st); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+#endif
 }
 inline Error StreamCreate(StreamHandle* s) {
   return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);

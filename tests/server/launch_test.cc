@@ -1,0 +1,196 @@
+// The executor's launch seen from outside: its timings (device time, attention, host prep) and
+// where it copies inputs from. A wrapper of the CPU backend stands in for a GPU backend that
+// has page-locked memory, so the executor copies registered inputs straight from the caller's
+// memory (one copy per contiguous range) and gathers the others into its arena; the outputs
+// are the same bit for bit either way.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core_test_util.h"
+#include "gtest/gtest.h"
+#include "smla/kernels/cpu_backend.h"
+#include "smla/server/model_profile.h"
+#include "smla/server/service_core.h"
+
+namespace smla::server {
+namespace {
+
+using testing::SpanData;
+
+constexpr char kTenant[] = "t";
+constexpr char kModel[] = "dsv4.1-flash";
+constexpr int32_t kLayer = 20;  // SWA 128 + top-512 of the 1/1 cache
+
+// The CPU backend with "page-locked" host memory, recording the sources of copies to the
+// device that the executor batches.
+class PinningBackend : public testing::ControlledBackend {
+ public:
+  explicit PinningBackend(std::unique_ptr<kernels::Backend> inner)
+      : ControlledBackend(std::move(inner)) {}
+
+  absl::StatusOr<kernels::Buffer> AllocateHost(size_t bytes) override { return Allocate(bytes); }
+  absl::Status CopyBatch(std::span<const kernels::CopyOp> copies, kernels::CopyDirection d,
+                         kernels::Stream& s) override {
+    if (d == kernels::CopyDirection::kToDevice) {
+      absl::MutexLock lock(&mu_);
+      to_device_.assign(copies.begin(), copies.end());
+    }
+    return kernels::Backend::CopyBatch(copies, d, s);
+  }
+  std::vector<kernels::CopyOp> last_to_device() {
+    absl::MutexLock lock(&mu_);
+    return to_device_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<kernels::CopyOp> to_device_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Core {
+  std::unique_ptr<ServiceCore> core;
+  PinningBackend* backend = nullptr;
+};
+
+Core Start(bool pinning) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
+      kernels::CreateCpuBackend({.cpu_threads = 2});
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  Core c;
+  std::unique_ptr<kernels::Backend> backend;
+  if (pinning) {
+    auto p = std::make_unique<PinningBackend>(*std::move(cpu));
+    c.backend = p.get();
+    backend = std::move(p);
+  } else {
+    backend = *std::move(cpu);
+  }
+  ServerConfig config;
+  absl::StatusOr<ModelConfig> m = ParseModelConfig("dsv4.1-flash:tp=4:page_rows=16:pool_pages=512");
+  EXPECT_TRUE(m.ok()) << m.status();
+  config.models.push_back(*m);
+  absl::StatusOr<std::unique_ptr<ServiceCore>> core =
+      ServiceCore::Create(config, std::move(backend));
+  EXPECT_TRUE(core.ok()) << core.status();
+  c.core = *std::move(core);
+  const ModelProfile& p = *FindProfile(kModel);
+  if (p.has_sink) {
+    std::vector<float> sinks(size_t{static_cast<size_t>(p.num_layers())} * 16, 0.25f);
+    EXPECT_TRUE(c.core->SetSinks(kModel, sinks).ok());
+  }
+  return c;
+}
+
+// Two sequences with some context, then one decode step over both whose tensors of each kind
+// lie back to back in one buffer (as a packed shared-memory request's do).
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ModelProfile& p = *FindProfile(kModel);
+    for (const char* seq : {"a", "b"}) {
+      prefill_.push_back(testing::MakeSpan(rng_, p, kLayer, 16, seq, 0, 150, 512));
+    }
+    for (int i = 0; i < 2; ++i) {
+      decode_.push_back(testing::MakeSpan(rng_, p, kLayer, 16, prefill_[i].sequence, 150, 6, 512));
+    }
+    // One buffer: all q, then all KV rows, then all compressed entries.
+    for (const SpanData& s : decode_) Append(s.q);
+    for (const SpanData& s : decode_) Append(s.kv);
+    for (const SpanData& s : decode_) Append(s.compressed);
+  }
+
+  void Append(const std::vector<uint16_t>& v) {
+    const size_t at = region_.size();
+    region_.resize(at + v.size() * 2);
+    std::memcpy(region_.data() + at, v.data(), v.size() * 2);
+  }
+
+  StepRequest Request(const std::vector<SpanData>& spans, bool from_region) {
+    StepRequest r;
+    r.tenant = std::string(kTenant);
+    r.model = std::string(kModel);
+    r.layer = kLayer;
+    r.output_format = kernels::OutputFormat::kMxfp8;
+    r.want_lse = true;
+    size_t q_at = 0, kv_at = 0, c_at = 0;
+    for (const SpanData& s : spans) kv_at += s.q.size() * 2;
+    c_at = kv_at;
+    for (const SpanData& s : spans) c_at += s.kv.size() * 2;
+    for (const SpanData& s : spans) {
+      SpanInput in = s.View();
+      if (from_region) {
+        in.q = {region_.data() + q_at, s.q.size() * 2};
+        in.kv_rows = {region_.data() + kv_at, s.kv.size() * 2};
+        in.compressed_rows = {region_.data() + c_at, s.compressed.size() * 2};
+        q_at += s.q.size() * 2;
+        kv_at += s.kv.size() * 2;
+        c_at += s.compressed.size() * 2;
+      }
+      r.spans.push_back(in);
+    }
+    return r;
+  }
+
+  StepResult Run(ServiceCore& core, bool from_region) {
+    for (const SpanData& s : prefill_) {
+      EXPECT_TRUE(core.CreateSequence(kTenant, kModel, s.sequence).ok());
+    }
+    absl::StatusOr<StepResult> pre = testing::RunStep(core, Request(prefill_, false));
+    EXPECT_TRUE(pre.ok()) << pre.status();
+    absl::StatusOr<StepResult> got = testing::RunStep(core, Request(decode_, from_region));
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *std::move(got) : StepResult();
+  }
+
+  bool InRegion(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return b >= region_.data() && b < region_.data() + region_.size();
+  }
+
+  std::mt19937 rng_{7};
+  std::vector<SpanData> prefill_, decode_;
+  std::vector<uint8_t> region_;
+};
+
+TEST_F(LaunchTest, TimingsArePresentAndConsistent) {
+  Core c = Start(false);
+  const StepResult r = Run(*c.core, true);
+  const StepTimings& t = r.timings;
+  EXPECT_GT(t.kernel, absl::ZeroDuration());
+  EXPECT_GT(t.attend, absl::ZeroDuration());
+  EXPECT_LE(t.attend, t.kernel);
+  EXPECT_GT(t.prep, absl::ZeroDuration());
+  // The batch holds page reservations, prep, device work and commits.
+  EXPECT_LE(t.prep + t.kernel, t.batch);
+}
+
+TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
+  Core plain = Start(false);
+  const StepResult want = Run(*plain.core, true);
+
+  Core gathered = Start(true);
+  const StepResult staged = Run(*gathered.core, true);
+  const std::vector<kernels::CopyOp> staged_copies = gathered.backend->last_to_device();
+
+  Core direct = Start(true);
+  ASSERT_TRUE(direct.core->RegisterHostMemory(region_.data(), region_.size()).ok());
+  const StepResult in_place = Run(*direct.core, true);
+  const std::vector<kernels::CopyOp> direct_copies = direct.backend->last_to_device();
+  direct.core->UnregisterHostMemory(region_.data());
+
+  for (const StepResult* r : {&staged, &in_place}) {
+    EXPECT_TRUE(r->out == want.out);
+    EXPECT_TRUE(r->mx_scales == want.mx_scales);
+    ASSERT_EQ(r->lse.size(), want.lse.size());
+    EXPECT_EQ(0, std::memcmp(r->lse.data(), want.lse.data(), want.lse.size() * 4));
+  }
+  // q, KV rows, compressed entries: one copy each, from the region or from the arena.
+  ASSERT_EQ(direct_copies.size(), 3u);
+  for (const kernels::CopyOp& c : direct_copies) EXPECT_TRUE(InRegion(c.src));
+  ASSERT_EQ(staged_copies.size(), 3u);
+  for (const kernels::CopyOp& c : staged_copies) EXPECT_FALSE(InRegion(c.src));
+}
+
+}  // namespace
+}  // namespace smla::server

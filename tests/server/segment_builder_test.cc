@@ -1,0 +1,360 @@
+// The bulk segment builder (segment_builder.h) against the per-id path it replaced
+// (PreparedStep::MainSlot / CompressedSlot for every key of every row), on real prepared page
+// tables: windows near position 0 and windows that slid past dropped pages, -1 sentinels,
+// several spans and requests, compressed entries, dense and chosen-position layers.
+#include "smla/server/segment_builder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "smla/kernels/cpu_backend.h"
+#include "smla/server/host_ranges.h"
+
+namespace smla::server {
+namespace {
+
+struct Built {
+  std::vector<int64_t> slots;
+  std::vector<int32_t> main_indptr, main_idx, extra_indptr, extra_idx, positions;
+};
+
+// The per-id construction, one MainSlot / CompressedSlot call per key (slots: KV rows of every
+// span, then compressed entries of every span).
+Built PerId(const SegmentShape& shape, std::span<const SpanRef> spans) {
+  const LayerSpec& spec = shape.spec;
+  const int32_t W = shape.window;
+  Built b;
+  b.main_indptr.push_back(0);
+  if (spec.has_compressed()) b.extra_indptr.push_back(0);
+  std::vector<int64_t> compressed;
+  for (const SpanRef& ref : spans) {
+    const SpanInput& s = *ref.input;
+    const PreparedStep& p = *ref.prepared;
+    const size_t si = ref.index;
+    for (int32_t t = 0; t < s.num_rows; ++t) b.slots.push_back(p.MainSlot(si, s.first_position + t));
+    if (spec.has_compressed()) {
+      const int64_t e0 = s.first_position / spec.ratio;
+      const int64_t n = static_cast<int64_t>(s.compressed_rows.size() / shape.row_bytes);
+      for (int64_t e = e0; e < e0 + n; ++e) compressed.push_back(p.CompressedSlot(si, e));
+    }
+    for (int32_t t = 0; t < s.num_rows; ++t) {
+      const int64_t pos = s.first_position + t;
+      if (spec.has_window()) {
+        for (int64_t k = std::max<int64_t>(0, pos - (W - 1)); k <= pos; ++k) {
+          b.main_idx.push_back(static_cast<int32_t>(p.MainSlot(si, k)));
+        }
+      } else {
+        for (int32_t k = 0; k < s.topk_width; ++k) {
+          const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
+          b.main_idx.push_back(e < 0 ? -1 : static_cast<int32_t>(p.MainSlot(si, e)));
+        }
+      }
+      b.main_indptr.push_back(static_cast<int32_t>(b.main_idx.size()));
+      if (spec.kind == LayerKind::kSwaTopK) {
+        for (int32_t k = 0; k < s.topk_width; ++k) {
+          const int32_t e = s.topk[int64_t{t} * s.topk_width + k];
+          b.extra_idx.push_back(e < 0 ? -1 : static_cast<int32_t>(p.CompressedSlot(si, e)));
+        }
+      } else if (spec.kind == LayerKind::kSwaDense) {
+        for (int64_t e = 0; e < (pos + 1) / spec.ratio; ++e) {
+          b.extra_idx.push_back(static_cast<int32_t>(p.CompressedSlot(si, e)));
+        }
+      }
+      if (spec.has_compressed()) b.extra_indptr.push_back(static_cast<int32_t>(b.extra_idx.size()));
+      b.positions.push_back(static_cast<int32_t>(pos));
+    }
+  }
+  b.slots.insert(b.slots.end(), compressed.begin(), compressed.end());
+  return b;
+}
+
+Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans) {
+  const SegmentCounts c = CountSegments(shape, spans);
+  Built b;
+  b.slots.resize(c.slots());
+  b.main_indptr.resize(c.rows + 1);
+  b.main_idx.resize(c.main_indices);
+  b.extra_indptr.resize(shape.spec.has_compressed() ? c.rows + 1 : 0);
+  b.extra_idx.resize(c.extra_indices);
+  b.positions.resize(c.rows);
+  SegmentArrays a{b.slots, b.main_indptr, b.main_idx, b.extra_indptr, b.extra_idx, b.positions};
+  BuildSegments(shape, spans, a);
+  return b;
+}
+
+// One span's inputs, owned.
+struct SpanOwned {
+  std::string sequence;
+  int64_t first = 0;
+  int32_t rows = 0;
+  std::vector<uint8_t> compressed;  // only its size matters here
+  std::vector<int32_t> topk;
+  int32_t width = 0;
+  SpanInput View() const {
+    SpanInput s;
+    s.sequence_id = sequence;
+    s.first_position = first;
+    s.num_rows = rows;
+    s.compressed_rows = compressed;
+    s.topk = topk;
+    s.topk_width = width;
+    return s;
+  }
+};
+
+class SegmentBuilderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> b =
+        kernels::CreateCpuBackend({.cpu_threads = 1});
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = *std::move(b);
+  }
+
+  void Open(const std::string& spec, int32_t max_sequences = 16) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(spec);
+    ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<std::unique_ptr<KvStore>> s = KvStore::Create(*c, *backend_, max_sequences);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+
+  // Stores `length` positions of a sequence on a layer (committed steps of up to 64 rows).
+  void Grow(const std::string& seq, int32_t layer, int64_t length) {
+    if (!store_->Length("t", seq, 0).ok()) {
+      ASSERT_TRUE(store_->CreateSequence("t", seq).ok());
+    }
+    int64_t at = *store_->Length("t", seq, layer);
+    while (at < length) {
+      const int32_t n = static_cast<int32_t>(std::min<int64_t>(64, length - at));
+      store_->BeginBatch();
+      SpanWrite w{seq, at, n};
+      absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, {&w, 1});
+      ASSERT_TRUE(p.ok()) << p.status();
+      store_->Commit(**p);
+      store_->EndBatch();
+      at += n;
+    }
+  }
+
+  // A span of `rows` rows from `first` with admission-valid chosen entries (about a tenth -1).
+  SpanOwned MakeSpan(int32_t layer, const std::string& seq, int64_t first, int32_t rows,
+                     int32_t width) {
+    const ModelProfile& profile = store_->profile();
+    const LayerSpec& spec = profile.layers[layer];
+    SpanOwned s{seq, first, rows, {}, {}, 0};
+    if (spec.has_compressed()) {
+      const int64_t n = (first + rows) / spec.ratio - first / spec.ratio;
+      s.compressed.resize(n * RowBytes());
+    }
+    if (spec.client_chooses()) {
+      s.width = width;
+      for (int32_t t = 0; t < rows; ++t) {
+        const int64_t p = first + t;
+        const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
+        std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(0, visible - 1));
+        for (int32_t k = 0; k < width; ++k) {
+          s.topk.push_back(visible == 0 || rng_() % 10 == 0 ? -1 : static_cast<int32_t>(pick(rng_)));
+        }
+      }
+    }
+    return s;
+  }
+
+  size_t RowBytes() const { return size_t{2} * kernels::QkWidth(store_->profile().geometry); }
+
+  SegmentShape Shape(int32_t layer) const {
+    return SegmentShape{store_->profile().layers[layer], store_->profile().swa_window, RowBytes()};
+  }
+
+  // Prepares requests (each a list of spans), builds both ways and compares; aborts after.
+  void Compare(int32_t layer, const std::vector<std::vector<const SpanOwned*>>& requests) {
+    std::vector<std::vector<SpanInput>> inputs(requests.size());
+    std::vector<std::unique_ptr<PreparedStep>> prepared;
+    std::vector<SpanRef> refs;
+    store_->BeginBatch();
+    for (size_t r = 0; r < requests.size(); ++r) {
+      std::vector<SpanWrite> writes;
+      for (const SpanOwned* s : requests[r]) {
+        inputs[r].push_back(s->View());
+        writes.push_back(SpanWrite{s->sequence, s->first, s->rows});
+      }
+      absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, writes);
+      ASSERT_TRUE(p.ok()) << p.status();
+      prepared.push_back(*std::move(p));
+      for (size_t i = 0; i < inputs[r].size(); ++i) {
+        refs.push_back(SpanRef{&inputs[r][i], prepared.back().get(), i});
+      }
+    }
+    const Built want = PerId(Shape(layer), refs);
+    const Built got = Bulk(Shape(layer), refs);
+    EXPECT_EQ(got.slots, want.slots);
+    EXPECT_EQ(got.main_indptr, want.main_indptr);
+    EXPECT_EQ(got.main_idx, want.main_idx);
+    EXPECT_EQ(got.extra_indptr, want.extra_indptr);
+    EXPECT_EQ(got.extra_idx, want.extra_idx);
+    EXPECT_EQ(got.positions, want.positions);
+    for (auto& p : prepared) store_->Abort(*p);
+    store_->EndBatch();
+  }
+
+  std::mt19937 rng_{20261130};
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<KvStore> store_;
+};
+
+TEST_F(SegmentBuilderTest, WindowsNearPositionZeroAndAfterSliding) {
+  // page_rows 8: a window of 128 spans 17 pages, and pages before it are dropped at commit.
+  Open("dsv4.1-flash:tp=8:page_rows=8:pool_pages=2048");
+  for (int32_t layer : {0, 2, 20}) {  // SWA only, top-k of 1/2, top-k of 1/1
+    SCOPED_TRACE(layer);
+    Grow("long", layer, 700);
+    Grow("mid", layer, 130);
+    ASSERT_GT(store_->Pages("t", "long", layer)->main_first_page, 0) << "the window slid";
+    const SpanOwned zero = MakeSpan(layer, absl::StrCat("fresh", layer), 0, 6, 512);
+    ASSERT_TRUE(store_->CreateSequence("t", zero.sequence).ok());
+    const SpanOwned slid = MakeSpan(layer, "long", 700, 6, 512);
+    const SpanOwned back = MakeSpan(layer, "mid", 125, 9, 37);  // rolls back 5 positions
+    Compare(layer, {{&zero}, {&slid, &back}});
+    Compare(layer, {{&slid}});
+  }
+}
+
+TEST_F(SegmentBuilderTest, PrefillSpanCrossingPages) {
+  Open("dsv4.1-flash:tp=4:page_rows=16:pool_pages=1024");
+  for (int32_t layer : {1, 3, 39}) {
+    SCOPED_TRACE(layer);
+    Grow("a", layer, 33);
+    const SpanOwned a = MakeSpan(layer, "a", 33, 300, 64);
+    ASSERT_TRUE(store_->CreateSequence("t", absl::StrCat("b", layer)).ok());
+    const SpanOwned b = MakeSpan(layer, absl::StrCat("b", layer), 0, 1, 1);
+    Compare(layer, {{&a, &b}});
+  }
+}
+
+TEST_F(SegmentBuilderTest, DenseCompressedLayer) {
+  Open("dsv4-flash:tp=8:page_rows=32:pool_pages=512:swa_rollback=64");
+  const int32_t layer = 3;  // SWA + every entry of the 1/128 cache
+  ASSERT_EQ(store_->profile().layers[layer].kind, LayerKind::kSwaDense);
+  Grow("a", layer, 1000);
+  const SpanOwned d = MakeSpan(layer, "a", 1000, 6, 0);
+  const SpanOwned r = MakeSpan(layer, "a", 950, 140, 0);  // crosses entry boundaries
+  Compare(layer, {{&d}});
+  Compare(layer, {{&r}});
+}
+
+TEST_F(SegmentBuilderTest, ChosenPositions) {
+  Open("glm-5.3-flash:tp=4:kv=bf16:page_rows=8:pool_pages=512");
+  Grow("g", 0, 500);
+  const SpanOwned d = MakeSpan(0, "g", 500, 6, 2048);
+  const SpanOwned r = MakeSpan(0, "g", 300, 3, 17);
+  Compare(0, {{&d}});
+  Compare(0, {{&r}});
+}
+
+// The decode C=32 cell of the H200 benchmark (32 requests x 6 rows at 128K, layer 20): how long
+// the bulk build and the per-id path take on this machine (printed; the pools are never
+// written, so their memory is not touched).
+TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
+  Open("dsv4.1-flash:tp=4:page_rows=64:pool_pages=70000", 32);
+  const int32_t layer = 20;
+  const int64_t context = 128 * 1024;
+  std::vector<SpanOwned> spans;
+  for (int i = 0; i < 32; ++i) {
+    const std::string seq = absl::StrCat("s", i);
+    ASSERT_TRUE(store_->CreateSequence("t", seq).ok());
+    for (int64_t at = 0; at < context; at += 16384) {
+      store_->BeginBatch();
+      SpanWrite w{seq, at, 16384};
+      absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, {&w, 1});
+      ASSERT_TRUE(p.ok()) << p.status();
+      store_->Commit(**p);
+      store_->EndBatch();
+    }
+    spans.push_back(MakeSpan(layer, seq, context, 6, 512));
+  }
+  std::vector<SpanInput> inputs;
+  for (const SpanOwned& s : spans) inputs.push_back(s.View());
+  std::vector<std::unique_ptr<PreparedStep>> prepared;
+  std::vector<SpanRef> refs;
+  store_->BeginBatch();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    SpanWrite w{spans[i].sequence, spans[i].first, spans[i].rows};
+    absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, {&w, 1});
+    ASSERT_TRUE(p.ok()) << p.status();
+    prepared.push_back(*std::move(p));
+    refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0});
+  }
+  auto median_us = [](auto&& fn) {
+    std::vector<double> t;
+    for (int k = 0; k < 15; ++k) {
+      const auto a = std::chrono::steady_clock::now();
+      fn();
+      t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a)
+                      .count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  Built bulk, per_id;
+  const double bulk_us = median_us([&] { bulk = Bulk(Shape(layer), refs); });
+  const double per_id_us = median_us([&] { per_id = PerId(Shape(layer), refs); });
+  EXPECT_EQ(bulk.extra_idx, per_id.extra_idx);
+  std::vector<int32_t> scratch(bulk.extra_idx.size());
+  const double translate_us = median_us([&] {
+    int32_t* out = scratch.data();
+    for (const SpanRef& r : refs) {
+      const LayerPages& pages = r.prepared->pages(r.index);
+      ASSERT_TRUE(TranslateEntries(r.input->topk, pages.compressed, 6, out));
+      out += r.input->topk.size();
+    }
+  });
+  EXPECT_EQ(scratch, bulk.extra_idx);
+  std::printf(
+      "decode C=32 segments (%zu main + %zu extra ids): bulk %.1f us (top-k translation alone "
+      "%.1f us), per id %.1f us\n",
+      bulk.main_idx.size(), bulk.extra_idx.size(), bulk_us, translate_us, per_id_us);
+  for (auto& p : prepared) store_->Abort(*p);
+  store_->EndBatch();
+}
+
+TEST(TranslateEntriesTest, SentinelsAndTheTableEnd) {
+  const std::vector<int32_t> pages = {7, 2, 9};  // 4 rows per page: entries 0..11
+  const std::vector<int32_t> ids = {0, 3, 4, -1, 11, 5, -1, 8};
+  std::vector<int32_t> out(ids.size());
+  ASSERT_TRUE(TranslateEntries(ids, pages, 2, out.data()));
+  EXPECT_EQ(out, (std::vector<int32_t>{28, 31, 8, -1, 39, 9, -1, 36}));
+  const std::vector<int32_t> past = {1, 12};
+  EXPECT_FALSE(TranslateEntries(past, pages, 2, out.data()));
+  // No pages yet: only sentinels are valid.
+  const std::vector<int32_t> none = {-1, -1};
+  EXPECT_TRUE(TranslateEntries(none, {}, 2, out.data()));
+  EXPECT_EQ(out[0], -1);
+  EXPECT_FALSE(TranslateEntries(past, {}, 2, out.data()));
+}
+
+TEST(HostRangesTest, ContainsOnlyWholeRangesInsideOneRegistration) {
+  std::vector<uint8_t> a(100), b(100);
+  HostRanges r;
+  EXPECT_FALSE(r.Contains(a.data(), 1));
+  r.Add(a.data(), a.size());
+  EXPECT_TRUE(r.Contains(a.data(), 100));
+  EXPECT_TRUE(r.Contains(a.data() + 40, 60));
+  EXPECT_FALSE(r.Contains(a.data() + 40, 61));
+  EXPECT_FALSE(r.Contains(b.data(), 1));
+  r.Add(b.data(), 50);
+  EXPECT_TRUE(r.Contains(b.data() + 49, 1));
+  EXPECT_FALSE(r.Contains(b.data() + 49, 2));
+  r.Remove(a.data());
+  EXPECT_FALSE(r.Contains(a.data(), 1));
+  EXPECT_TRUE(r.Contains(b.data(), 50));
+}
+
+}  // namespace
+}  // namespace smla::server
