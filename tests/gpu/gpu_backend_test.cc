@@ -878,11 +878,14 @@ TEST_F(GpuTest, CopyBatchAndEvents) {
   void* dsts[1] = {d};
   const void* srcs[1] = {h};
   size_t sizes[1] = {16};
-  const gpu::Error batch = gpu::MemcpyBatchAsync(dsts, srcs, sizes, 1, nullptr);
+  gpu::StreamHandle own = nullptr;
+  ASSERT_EQ(gpu::StreamCreate(&own), gpu::kSuccess);
+  const gpu::Error batch = gpu::MemcpyBatchAsync(dsts, srcs, sizes, 1, own);
   std::printf("runtime batch copy: %s; events timed %.1f us\n",
               batch == gpu::kSuccess ? "yes" : gpu::ErrorString(batch), *s * 1e6);
   static_cast<void>(gpu::GetLastError());
-  EXPECT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);  // the default stream's copy
+  EXPECT_EQ(gpu::StreamSynchronize(own), gpu::kSuccess);
+  EXPECT_EQ(gpu::StreamDestroy(own), gpu::kSuccess);
 }
 
 TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
