@@ -1,5 +1,6 @@
 #include "smla/client/step_ring.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -67,8 +68,8 @@ absl::StatusOr<uint64_t> StepRing::Submit(const v1::StepRequest& request) {
   }
   const size_t len = request.ByteSizeLong();
   if (len > slot_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("step ring: the request takes ", len,
-                                                   " bytes, a slot holds ", slot_bytes_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ring: the request takes ", len, " bytes, a slot holds ", slot_bytes_));
   }
   request.SerializeWithCachedSizesToArray(ring::SlotData(s));
   ring::Store(s->request_bytes, static_cast<uint32_t>(len), std::memory_order_relaxed);
@@ -88,7 +89,7 @@ absl::Status StepRing::Wait(uint64_t ticket, v1::StepResponse* response, absl::D
   ring::SlotHeader* s = ring::SlotAt(ring_, slot_bytes_, index);
   const ring::Header* h = ring::HeaderAt(ring_);
   const absl::Time start = absl::Now();
-  const absl::Time spin_until = start + kSpin, deadline = start + timeout;
+  const absl::Time spin_until = start + spin_, deadline = start + timeout;
   auto answered = [&] { return ring::Load(s->response_seq) == seq; };
   while (!answered()) {
     const absl::Time now = absl::Now();
@@ -97,9 +98,8 @@ absl::Status StepRing::Wait(uint64_t ticket, v1::StepResponse* response, absl::D
       return absl::UnavailableError("step ring: the server closed the ring (its stream ended)");
     }
     if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("step ring: no response to step ", ticket, " within ",
-                       absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("step ring: no response to step ", ticket,
+                                                      " within ", absl::FormatDuration(timeout)));
     }
     if (now < spin_until) {
       for (int i = 0; i < 16; ++i) ring::CpuRelax();
@@ -109,8 +109,10 @@ absl::Status StepRing::Wait(uint64_t ticket, v1::StepResponse* response, absl::D
     ring::Store(s->client_waiting, 1, std::memory_order_seq_cst);
     if (ring::Load(s->response_seq, std::memory_order_seq_cst) == seen && !answered() &&
         ring::Load(h->closed) == 0) {
+      // In slices: the server's close wakes without changing response_seq, so a wake that
+      // comes just before the sleep is noticed at the next slice.
       const int64_t left = absl::ToInt64Nanoseconds(deadline - absl::Now());
-      if (left > 0) ring::FutexWait(&s->response_seq, seen, left);
+      if (left > 0) ring::FutexWait(&s->response_seq, seen, std::min<int64_t>(left, 50'000'000));
     }
     ring::Store(s->client_waiting, 0, std::memory_order_relaxed);
   }

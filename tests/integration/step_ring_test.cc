@@ -2,6 +2,9 @@
 // call bit for bit; misuse (no --allow_shm, a foreign region, bad bounds or header, a second
 // ring, garbage in a slot) is refused with a clear error, changes nothing and never takes the
 // server down; the stream's end stops the ring; the metrics count ring steps exactly.
+#include "smla/client/step_ring.h"
+
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,13 +12,10 @@
 #include <map>
 #include <thread>
 
-#include <sys/stat.h>
-
 #include "absl/strings/str_cat.h"
 #include "harness.h"
 #include "prometheus_text.h"
 #include "smla/client/shm.h"
-#include "smla/client/step_ring.h"
 #include "smla/v1/step_ring.h"
 
 namespace smla::testing {
@@ -299,8 +299,7 @@ TEST_F(StepRingTest, StreamEndStopsTheRing) {
   for (bool cancel : {false, true}) {
     SCOPED_TRACE(cancel ? "cancelled" : "writes done");
     auto stream = Stream();
-    auto r =
-        client::StepRing::Attach(stream.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
+    auto r = client::StepRing::Attach(stream.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
     ASSERT_TRUE(r.ok()) << r.status();
     v1::StepResponse resp;
     ASSERT_TRUE((*r)->Call(req, &resp).ok());
@@ -331,8 +330,7 @@ TEST_F(StepRingTest, StreamEndStopsTheRing) {
 
 TEST_F(StepRingTest, MetricsCountRingStepsExactly) {
   ASSERT_NO_FATAL_FAILURE(Prefill({"s0", "s1"}));
-  auto scrape = [&](const std::map<std::string, std::string>& labels,
-                    const std::string& metric) {
+  auto scrape = [&](const std::map<std::string, std::string>& labels, const std::string& metric) {
     auto text = h_.server->ScrapeMetrics();
     EXPECT_TRUE(text.ok()) << text.status();
     auto e = ParsePrometheusText(*text);
@@ -343,8 +341,7 @@ TEST_F(StepRingTest, MetricsCountRingStepsExactly) {
     return scrape({{"method", "StepStream"}, {"code", "OK"}}, "smla_requests_total");
   };
   auto bad_calls = [&] {
-    return scrape({{"method", "StepStream"}, {"code", "INVALID_ARGUMENT"}},
-                  "smla_requests_total");
+    return scrape({{"method", "StepStream"}, {"code", "INVALID_ARGUMENT"}}, "smla_requests_total");
   };
   auto rows = [&] { return scrape({}, "smla_step_rows_total"); };
   const double ok0 = ok_calls(), bad0 = bad_calls(), rows0 = rows();

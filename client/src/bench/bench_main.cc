@@ -40,6 +40,9 @@ ABSL_FLAG(bool, prefill_shm, true,
           "Pre-fill through a shared-memory region when the server allows it, whatever "
           "--transport (the pre-fill is set-up, not measured)");
 ABSL_FLAG(std::string, mode, "stream", "stream (StepStream) or unary (Step)");
+ABSL_FLAG(int64_t, ring_spin_us, 30,
+          "--transport ring: microseconds a wait for a response spins before it sleeps on a "
+          "futex (longer trades a client core for the wake-up latency)");
 ABSL_FLAG(int32_t, connections, 1, "gRPC connections per server");
 ABSL_FLAG(std::string, concurrency, "1",
           "Workers (streams); a list (1,2,4,8) is a sweep that stops when rows/s stops "
@@ -182,6 +185,7 @@ int Run() {
       while (servers[s] != where) ++s;
       Connection* c = connections[s][per_server[s]++ % conns].get();
       auto w = std::make_unique<Worker>(i, spec, *model, c, transport, mode == "stream", &totals);
+      w->set_ring_spin(absl::Microseconds(absl::GetFlag(FLAGS_ring_spin_us)));
       if (absl::Status st = w->Setup(absl::GetFlag(FLAGS_prefill_chunk), absl::GetFlag(FLAGS_seed),
                                      absl::GetFlag(FLAGS_prefill_shm));
           !st.ok()) {

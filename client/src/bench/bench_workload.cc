@@ -169,11 +169,15 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
       for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
     }
     if (transport_ == Transport::kRing) {
-      // Slots hold the serialized requests (a few references per span): twice the largest.
+      // Slots hold the placed requests: a few region references plus each span's id,
+      // positions and roles (the requests are still inline here, so this is an upper bound).
       uint64_t largest = 0;
-      for (const auto& r : requests_) largest = std::max<uint64_t>(largest, r.ByteSizeLong());
-      ring_slot_bytes_ = static_cast<uint32_t>(
-          std::max<uint64_t>(4096, (2 * largest + 1024 + 63) / 64 * 64));
+      for (const auto& r : requests_) {
+        uint64_t b = 1024 + r.request_id().size();
+        for (const auto& sp : r.spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
+        largest = std::max(largest, b);
+      }
+      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, (largest + 63) / 64 * 64));
       ring_offset_ = (bytes + 63) / 64 * 64;
       bytes = ring_offset_ + client::StepRing::BytesFor(kRingSlots, ring_slot_bytes_);
     }
@@ -220,6 +224,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
                                       ring_slot_bytes_);
     if (!r.ok()) return r.status();
     ring_ = *std::move(r);
+    ring_->set_spin(ring_spin_);
   }
   return absl::OkStatus();
 }

@@ -89,6 +89,8 @@ class Worker {
   absl::Status Call(size_t layer_slot, v1::StepResponse* response);
   const std::vector<int>& Layers() const { return layers_; }
   const std::string& server() const { return conn_->server; }
+  // kRing: how long a wait for a response spins before it sleeps (StepRing::set_spin).
+  void set_ring_spin(absl::Duration spin) { ring_spin_ = spin; }
   // The worker's stream ended; it cannot send any more.
   bool broken() const { return broken_; }
 
@@ -112,6 +114,7 @@ class Worker {
   std::unique_ptr<client::StepRing> ring_;  // kRing: on stream_, in region_ at ring_offset_
   uint64_t ring_offset_ = 0;
   uint32_t ring_slot_bytes_ = 0;
+  absl::Duration ring_spin_ = client::StepRing::kSpin;
   uint64_t prefill_offset_ = 0;  // start of the prefill scratch area in region_
   bool broken_ = false;
 };

@@ -28,7 +28,9 @@
 //
 // Trust: the server treats every byte here as untrusted (lengths are bounded, sequence numbers
 // compared, a request is copied before parsing); a client that scribbles on its ring only gets
-// error responses or no responses.
+// error responses or no responses. As for any region, a client that shrinks the shared-memory
+// object under the server can still fault it (shm_region.h): rings are for frontends the
+// operator trusts not to do that, like the rest of --allow_shm.
 #pragma once
 
 #include <linux/futex.h>
@@ -57,7 +59,7 @@ struct Header {
   uint32_t slot_bytes;
   uint32_t reserved0[12];
   // Cache line 2.
-  uint32_t doorbell;         // client: +1 per request; the server's futex word
+  uint32_t doorbell;  // +1 per request (and by the server to wake its poller); its futex word
   uint32_t server_sleeping;  // server: 1 while it may be waiting on doorbell
   uint32_t closed;           // server: 1 once it no longer serves the ring
   uint32_t reserved1[13];
@@ -106,7 +108,8 @@ inline void CpuRelax() {
 // Sleeps while *word == expected, at most `timeout_ns` (shared futex: the word may be in a
 // mapping of another process). Returns on a wake, a changed word, the timeout or a signal.
 inline void FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
-  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000),
+              static_cast<long>(timeout_ns % 1000000000)};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 inline void FutexWakeAll(uint32_t* word) {

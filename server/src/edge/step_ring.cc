@@ -44,15 +44,15 @@ absl::StatusOr<std::unique_ptr<StepRing>> StepRing::Attach(
   }
   if (slot_bytes < ring::kMinSlotBytes || slot_bytes > ring::kMaxSlotBytes ||
       slot_bytes % ring::kAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring_attach.slot_bytes: ", slot_bytes, " is not a multiple of ", ring::kAlign, " in ",
-        ring::kMinSlotBytes, "..", ring::kMaxSlotBytes));
+    return absl::InvalidArgumentError(absl::StrCat("ring_attach.slot_bytes: ", slot_bytes,
+                                                   " is not a multiple of ", ring::kAlign, " in ",
+                                                   ring::kMinSlotBytes, "..", ring::kMaxSlotBytes));
   }
   const v1::RegionRef& ref = attach.ring();
   const uint64_t need = ring::RingBytes(slots, slot_bytes);
   if (ref.size() != need) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: size ", ref.size(), ", a ring of ",
-                                                   slots, " slots of ", slot_bytes,
+    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: size ", ref.size(),
+                                                   ", a ring of ", slots, " slots of ", slot_bytes,
                                                    " bytes takes ", need));
   }
   if (ref.offset() % ring::kAlign != 0) {
@@ -103,7 +103,7 @@ StepRing::StepRing(SmlaService* service, std::string tenant, absl::Time call_dea
 StepRing::~StepRing() {
   stop_.store(true);
   if (poller_.joinable()) {
-    ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+    RingDoorbell();
     poller_.join();
   }
 }
@@ -115,11 +115,18 @@ void StepRing::Stop() {
     stopping_ = true;
   }
   stop_.store(true);
-  ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+  RingDoorbell();
   poller_.join();
   std::unique_lock<std::mutex> lock(mu_);
   joined_ = true;
   MaybeIdle(std::move(lock));
+}
+
+void StepRing::RingDoorbell() {
+  // Changing the word first means a poller about to sleep on its old value does not.
+  uint32_t* bell = &ring::HeaderAt(ring_)->doorbell;
+  std::atomic_ref<uint32_t>(*bell).fetch_add(1, std::memory_order_seq_cst);
+  ring::FutexWakeAll(bell);
 }
 
 bool StepRing::Ready(uint64_t n) const {
@@ -205,9 +212,8 @@ void StepRing::Serve(uint64_t n) {
     Complete(index, st);
     return;
   }
-  service_->core()->Submit(std::move(step), [this, index](absl::StatusOr<StepResult> r) {
-    Complete(index, r);
-  });
+  service_->core()->Submit(std::move(step),
+                           [this, index](absl::StatusOr<StepResult> r) { Complete(index, r); });
 }
 
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
@@ -230,7 +236,7 @@ void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result
   Answer(index, w.seq, &resp);
   // The slot's work may be reused from here on.
   w.busy.store(false, std::memory_order_seq_cst);
-  if (poller_sleeping_.load()) ring::FutexWakeAll(&ring::HeaderAt(ring_)->doorbell);
+  if (poller_sleeping_.load()) RingDoorbell();
   std::unique_lock<std::mutex> lock(mu_);
   --outstanding_;
   MaybeIdle(std::move(lock));

@@ -44,12 +44,9 @@ class StepRing {
   // Checks `attach` for `tenant` (regions allowed, the tenant's region, bounds, alignment,
   // slot count and size, the header the client wrote) and starts polling. Steps act for
   // `tenant` with the stream's deadline and cancel flag.
-  static absl::StatusOr<std::unique_ptr<StepRing>> Attach(SmlaService* service,
-                                                          const std::string& tenant,
-                                                          absl::Time call_deadline,
-                                                          CancelFlag cancel,
-                                                          const v1::RingAttach& attach,
-                                                          std::function<void()> on_idle);
+  static absl::StatusOr<std::unique_ptr<StepRing>> Attach(
+      SmlaService* service, const std::string& tenant, absl::Time call_deadline, CancelFlag cancel,
+      const v1::RingAttach& attach, std::function<void()> on_idle);
   ~StepRing();
   StepRing(const StepRing&) = delete;
   StepRing& operator=(const StepRing&) = delete;
@@ -79,6 +76,8 @@ class StepRing {
            std::function<void()> on_idle);
   void Poll();
   bool Ready(uint64_t n) const;
+  // Wakes the poller from the server's side (stop, a slot freed).
+  void RingDoorbell();
   void Serve(uint64_t n);
   void Complete(uint32_t index, const absl::StatusOr<StepResult>& result);
   // Writes `resp` into slot `index`'s data and publishes it as the answer to `seq`.

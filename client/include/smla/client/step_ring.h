@@ -24,7 +24,8 @@ namespace smla::client {
 
 class StepRing {
  public:
-  // Spin this long for a response before sleeping on the slot's futex word.
+  // Waits spin this long for a response before sleeping on the slot's futex word, unless
+  // set_spin says otherwise (a caller with a core to spare trades it for the wake-up latency).
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
   // Bytes a ring of `slots` slots of `slot_bytes` takes in a region (64-byte aligned start).
@@ -61,6 +62,7 @@ class StepRing {
   uint32_t slot_bytes() const { return slot_bytes_; }
   // The number the next Submit gets.
   uint64_t next_ticket() const { return next_; }
+  void set_spin(absl::Duration spin) { spin_ = spin; }
 
  private:
   StepRing(uint8_t* ring, uint32_t slots, uint32_t slot_bytes)
@@ -69,6 +71,7 @@ class StepRing {
   const uint32_t slots_;
   const uint32_t slot_bytes_;
   uint64_t next_ = 1;
+  absl::Duration spin_ = kSpin;
 };
 
 }  // namespace smla::client
