@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -291,6 +292,77 @@ TEST_F(StepRingTest, MisuseIsRefusedAndChangesNothing) {
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_TRUE(*h_.client->Health());
+}
+
+TEST_F(StepRingTest, ScribblingClientCannotHurtTheServer) {
+  ASSERT_NO_FATAL_FAILURE(Prefill({"s"}));
+  const std::string good = Packed(h_.Make(kLayer, Spans({"s"}, 64))).SerializeAsString();
+  auto stream = Stream();
+  auto r = client::StepRing::Attach(stream.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  uint8_t* rb = (*r)->ring();
+  // Requests in order, while a second thread rewrites random slots' bytes and lengths under
+  // the server's reads (and, in a second phase, their sequence numbers too).
+  std::atomic<bool> stop{false}, scribble_seqs{false};
+  std::thread scribbler([&] {
+    std::mt19937 rng(5);
+    while (!stop.load()) {
+      const uint32_t i = rng() % kSlots;
+      ring::SlotHeader* s = ring::SlotAt(rb, kSlotBytes, i);
+      uint8_t* d = ring::SlotData(s);
+      for (int k = 0; k < 64; ++k) d[rng() % kSlotBytes] = static_cast<uint8_t>(rng());
+      ring::Store(s->request_bytes, rng() % (kSlotBytes + 512));
+      if (scribble_seqs.load() && rng() % 8 == 0) ring::Store(s->request_seq, rng() % 4096);
+      absl::SleepFor(absl::Microseconds(20));
+    }
+  });
+  uint64_t n = 1;
+  auto submit_for = [&](absl::Duration d, absl::Duration patience) {
+    for (const absl::Time until = absl::Now() + d; absl::Now() < until; ++n) {
+      // The slot's previous request is answered first, unless that takes longer than
+      // `patience`; the answers themselves are never read.
+      const ring::SlotHeader* slot = ring::SlotAt(rb, kSlotBytes, (n - 1) % kSlots);
+      const absl::Time give_up = absl::Now() + patience;
+      while (n > kSlots && ring::Load(slot->response_seq) != n - kSlots && absl::Now() < give_up) {
+        absl::SleepFor(absl::Microseconds(20));
+      }
+      RawSubmit(rb, n, n % 3 == 0 ? good : std::string(300, static_cast<char>(n)),
+                n % 3 == 0 ? static_cast<uint32_t>(good.size()) : 300);
+    }
+  };
+  submit_for(absl::Milliseconds(250), absl::Seconds(5));
+  // Every request got an answer (an error, or OK where the bytes survived; the scribbler may
+  // have garbled the answer's bytes since, so only its sequence number is checked).
+  const ring::SlotHeader* last = ring::SlotAt(rb, kSlotBytes, (n - 2) % kSlots);
+  for (const absl::Time until = absl::Now() + absl::Seconds(5);
+       ring::Load(last->response_seq) != static_cast<uint32_t>(n - 1) && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(ring::Load(last->response_seq), static_cast<uint32_t>(n - 1));
+  EXPECT_GT(n, 10u);
+  // Then sequence numbers are garbled too (requests get lost; the ring may stall) and the
+  // submitter laps the server.
+  scribble_seqs = true;
+  submit_for(absl::Milliseconds(150), absl::Milliseconds(2));
+  stop = true;
+  scribbler.join();
+  stream->Cancel();
+  stream->Finish().IgnoreError();
+  const absl::Time closed_by = absl::Now() + absl::Seconds(5);
+  while (ring::Load(ring::HeaderAt(rb)->closed) == 0 && absl::Now() < closed_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(ring::Load(ring::HeaderAt(rb)->closed), 1u);
+  // The server is healthy and a fresh ring serves a good step.
+  EXPECT_TRUE(*h_.client->Health());
+  auto stream2 = Stream();
+  auto r2 = client::StepRing::Attach(stream2.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  v1::StepResponse resp;
+  ASSERT_TRUE((*r2)->Call(Packed(h_.Make(kLayer, Spans({"s"}, 64))), &resp).ok());
+  EXPECT_EQ(resp.code(), 0) << resp.message();
+  stream2->WritesDone();
+  EXPECT_TRUE(stream2->Finish().ok());
 }
 
 TEST_F(StepRingTest, StreamEndStopsTheRing) {
