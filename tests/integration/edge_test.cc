@@ -182,6 +182,8 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   res.timings.batch_requests = 3;
   res.timings.batch_rows = 18;
   res.timings.batch = absl::Microseconds(401);
+  res.timings.prep = absl::Microseconds(23);
+  res.timings.attend = absl::Microseconds(56);
   v1::StepResponse pb;
   FillStepResponse(res, &pb);
   EXPECT_EQ(pb.out().dtype(), v1::DTYPE_E4M3);
@@ -193,6 +195,8 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   EXPECT_EQ(pb.timings().batch_requests(), 3);
   EXPECT_EQ(pb.timings().batch_rows(), 18);
   EXPECT_EQ(pb.timings().batch_us(), 401);
+  EXPECT_EQ(pb.timings().prep_us(), 23);
+  EXPECT_EQ(pb.timings().attend_us(), 56);
   EXPECT_EQ(pb.code(), 0);
 }
 

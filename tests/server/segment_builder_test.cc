@@ -37,7 +37,8 @@ Built PerId(const SegmentShape& shape, std::span<const SpanRef> spans) {
     const SpanInput& s = *ref.input;
     const PreparedStep& p = *ref.prepared;
     const size_t si = ref.index;
-    for (int32_t t = 0; t < s.num_rows; ++t) b.slots.push_back(p.MainSlot(si, s.first_position + t));
+    for (int32_t t = 0; t < s.num_rows; ++t)
+      b.slots.push_back(p.MainSlot(si, s.first_position + t));
     if (spec.has_compressed()) {
       const int64_t e0 = s.first_position / spec.ratio;
       const int64_t n = static_cast<int64_t>(s.compressed_rows.size() / shape.row_bytes);
@@ -160,7 +161,8 @@ class SegmentBuilderTest : public ::testing::Test {
         const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
         std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(0, visible - 1));
         for (int32_t k = 0; k < width; ++k) {
-          s.topk.push_back(visible == 0 || rng_() % 10 == 0 ? -1 : static_cast<int32_t>(pick(rng_)));
+          s.topk.push_back(visible == 0 || rng_() % 10 == 0 ? -1
+                                                            : static_cast<int32_t>(pick(rng_)));
         }
       }
     }
@@ -296,8 +298,8 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
     for (int k = 0; k < 15; ++k) {
       const auto a = std::chrono::steady_clock::now();
       fn();
-      t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a)
-                      .count());
+      t.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];

@@ -28,8 +28,7 @@ int64_t CompressedOf(const SpanInput& s, size_t row_bytes) {
 }
 
 // Slots of one span's main-cache positions [first, first + n), read page by page.
-void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_t n,
-               int32_t* out) {
+void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_t n, int32_t* out) {
   const int64_t end = first + n;
   for (int64_t pos = first; pos < end;) {
     const int64_t page = pos / rows_per_page;
@@ -44,7 +43,7 @@ void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_
 
 // Everything one span needs, computed once for all of its rows.
 struct SpanTables {
-  std::vector<int32_t> window;      // slots of positions window_first .. last row
+  std::vector<int32_t> window;  // slots of positions window_first .. last row
   int64_t window_first = 0;
   std::vector<int32_t> main_pages;  // chosen-position layers: the main table, contiguous
   std::vector<int32_t> dense;       // dense layers: slots of every entry the span's rows see
@@ -104,8 +103,8 @@ class Builder {
       Put(out_.main_indices, main_, tables_.window.data() + (from - tables_.window_first),
           pos + 1 - from);
     } else {
-      SMLA_CHECK(TranslateEntries(chosen, tables_.main_pages, shift, Reserve(out_.main_indices,
-                                                                               main_, chosen)),
+      SMLA_CHECK(TranslateEntries(chosen, tables_.main_pages, shift,
+                                  Reserve(out_.main_indices, main_, chosen)),
                  "chosen position outside the prepared page table");
     }
     out_.main_indptr[row_ + 1] = static_cast<int32_t>(main_);
@@ -147,8 +146,8 @@ namespace {
 
 // The portable loop. Entries are clamped into the table before the page is read, so a bad id
 // reads nothing outside it; the result reports it.
-bool TranslateScalar(const int32_t* in, int64_t n, const int32_t* table, int shift,
-                     int32_t limit, int32_t* out) {
+bool TranslateScalar(const int32_t* in, int64_t n, const int32_t* table, int shift, int32_t limit,
+                     int32_t* out) {
   const int32_t mask = (int32_t{1} << shift) - 1;
   int32_t bad = 0;
   for (int64_t k = 0; k < n; ++k) {
@@ -166,8 +165,8 @@ bool TranslateScalar(const int32_t* in, int64_t n, const int32_t* table, int shi
 // Eight entries at a time with a gather of their pages (compilers do not emit gathers for
 // this loop under their generic tuning).
 __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
-                                                    const int32_t* table, int shift, int32_t limit,
-                                                    int32_t* out) {
+                                                   const int32_t* table, int shift, int32_t limit,
+                                                   int32_t* out) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i last = _mm256_set1_epi32(limit - 1);
   const __m256i mask = _mm256_set1_epi32((int32_t{1} << shift) - 1);
@@ -179,7 +178,8 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
     bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(e, last));
     const __m256i safe = _mm256_min_epi32(_mm256_max_epi32(e, zero), last);
     const __m256i page = _mm256_i32gather_epi32(table, _mm256_srl_epi32(safe, count), 4);
-    const __m256i slot = _mm256_or_si256(_mm256_sll_epi32(page, count), _mm256_and_si256(safe, mask));
+    const __m256i slot =
+        _mm256_or_si256(_mm256_sll_epi32(page, count), _mm256_and_si256(safe, mask));
     // Negative entries become -1: all ones where e < 0.
     const __m256i result = _mm256_or_si256(slot, _mm256_cmpgt_epi32(zero, e));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), result);
@@ -191,8 +191,8 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
 
 }  // namespace
 
-bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages,
-                      int page_shift, int32_t* out) {
+bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
+                      int32_t* out) {
   const int64_t n = static_cast<int64_t>(ids.size());
   if (pages.empty()) {
     bool ok = true;
@@ -220,8 +220,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
     if (spec.has_compressed()) c.compressed += CompressedOf(s, shape.row_bytes);
     for (int32_t t = 0; t < s.num_rows; ++t) {
       const int64_t pos = s.first_position + t;
-      c.main_indices += spec.has_window() ? std::min<int64_t>(pos + 1, shape.window)
-                                          : s.topk_width;
+      c.main_indices += spec.has_window() ? std::min<int64_t>(pos + 1, shape.window) : s.topk_width;
       if (spec.kind == LayerKind::kSwaTopK) c.extra_indices += s.topk_width;
       if (spec.kind == LayerKind::kSwaDense) c.extra_indices += Visible(pos, spec.ratio);
     }

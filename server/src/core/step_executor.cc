@@ -272,9 +272,9 @@ struct StepExecutor::LaunchArgs {
 };
 
 struct StepExecutor::DeviceWork {
-  std::vector<kernels::CopyOp> to_device;   // sources page-locked (or any, on the CPU backend)
-  std::vector<kernels::CopyOp> to_host;     // destinations page-locked (likewise)
-  std::vector<kernels::CopyOp> to_pageable; // destinations in plain memory (result vectors)
+  std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
+  std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
+  std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
   kernels::WriteRowsParams write;
   kernels::AttendParams attend;
 };
@@ -342,9 +342,8 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const size_t kv_bytes = T * row_bytes;
   SMLA_RETURN_IF_ERROR(Ensure(q_, q_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(counts.slots()) * row_bytes));
-  const size_t out_row = format == OutputFormat::kBf16
-                             ? size_t{2} * heads * kernels::kValueWidth
-                             : size_t{1} * heads * kernels::kValueWidth;
+  const size_t out_row = format == OutputFormat::kBf16 ? size_t{2} * heads * kernels::kValueWidth
+                                                       : size_t{1} * heads * kernels::kValueWidth;
   const size_t scale_row = size_t{static_cast<size_t>(heads)} * kernels::kMxGroupsPerHead;
   const size_t lse_row = size_t{static_cast<size_t>(heads)} * sizeof(float);
   SMLA_RETURN_IF_ERROR(Ensure(out_, T * out_row));
@@ -498,8 +497,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     const OutputDestination& dst = r.destination;
     output(dst.out, res.out, out_.as<uint8_t>() + row0 * out_row, n * out_row);
     if (format == OutputFormat::kMxfp8) {
-      output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * scale_row,
-             n * scale_row);
+      output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * scale_row, n * scale_row);
     }
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * lse_row, n * lse_row);
     row0 += n;

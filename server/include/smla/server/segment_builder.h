@@ -37,10 +37,10 @@ struct SegmentShape {
 
 // Array lengths of a batch, known before anything is built.
 struct SegmentCounts {
-  int64_t rows = 0;             // T: query rows
-  int64_t compressed = 0;       // new compressed entries (after the T KV rows in `slots`)
-  int64_t main_indices = 0;     // nnz of the main segment
-  int64_t extra_indices = 0;    // nnz of the extra segment (0 without one)
+  int64_t rows = 0;           // T: query rows
+  int64_t compressed = 0;     // new compressed entries (after the T KV rows in `slots`)
+  int64_t main_indices = 0;   // nnz of the main segment
+  int64_t extra_indices = 0;  // nnz of the extra segment (0 without one)
   int64_t slots() const { return rows + compressed; }
 };
 
@@ -62,7 +62,7 @@ void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
 // out[k] = -1 for ids[k] < 0, else the slot of entry ids[k] in a table of pages of
 // 2^page_shift rows (entry e is row e % B of pages[e / B]). A branch-free loop that
 // vectorises; false (out then unspecified) when an id lies past the table.
-bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages,
-                      int page_shift, int32_t* out);
+bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
+                      int32_t* out);
 
 }  // namespace smla::server
