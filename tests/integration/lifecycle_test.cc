@@ -164,11 +164,13 @@ TEST(LifecycleTest, HealthReflectionAndMetrics) {
   EXPECT_EQ(m->types.at("smla_requests_total"), "counter");
   EXPECT_EQ(m->types.at("smla_step_queue_seconds"), "histogram");
   EXPECT_EQ(m->types.at("smla_step_kernel_seconds"), "histogram");
+  EXPECT_EQ(m->types.at("smla_step_prep_seconds"), "histogram");
   EXPECT_EQ(m->types.at("smla_step_batch_requests"), "histogram");
   EXPECT_EQ(m->types.at("smla_pool_pages_used"), "gauge");
   EXPECT_EQ(m->Sum("smla_requests_total", {{"method", "Step"}, {"code", "OK"}}), 1);
   EXPECT_EQ(m->Sum("smla_step_rows_total"), 20);
   EXPECT_EQ(m->Sum("smla_step_kernel_seconds_count"), 1);
+  EXPECT_EQ(m->Sum("smla_step_prep_seconds_count"), 1);
   EXPECT_EQ(m->Sum("smla_pool_pages_used", {{"model", "glm-5.3-flash"}}), 2);  // 20 rows / 16
   EXPECT_EQ(m->Sum("smla_pool_pages_total", {{"model", "glm-5.3-flash"}}),
             h.model_.pool().pages_total());

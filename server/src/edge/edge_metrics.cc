@@ -27,8 +27,14 @@ EdgeMetrics::EdgeMetrics(const ServiceCore* core) : core_(core) {
   queue_seconds_ = &registry_.GetHistogram(
       "smla_step_queue_seconds", "Time from admission to launch per step.", SecondsBuckets());
   kernel_seconds_ = &registry_.GetHistogram("smla_step_kernel_seconds",
-                                            "Backend time of the batch that carried each step.",
+                                            "Device time of the batch that carried each step: copies in, "
+                                            "row writes, attention, copies out.",
                                             SecondsBuckets());
+  prep_seconds_ = &registry_.GetHistogram(
+      "smla_step_prep_seconds",
+      "Host work of the launch of the batch that carried each step (slot lists, staging) that "
+      "the device did not overlap.",
+      SecondsBuckets());
   server_seconds_ = &registry_.GetHistogram("smla_step_server_seconds",
                                             "Time from parsed request to ready response per step.",
                                             SecondsBuckets());
@@ -85,6 +91,7 @@ void EdgeMetrics::ObserveStep(const StepResult& result, absl::Duration server_ti
   batch_rows_->Observe(result.timings.batch_rows);
   queue_seconds_->Observe(absl::ToDoubleSeconds(result.timings.queued));
   kernel_seconds_->Observe(absl::ToDoubleSeconds(result.timings.kernel));
+  prep_seconds_->Observe(absl::ToDoubleSeconds(result.timings.prep));
   server_seconds_->Observe(absl::ToDoubleSeconds(server_time));
 }
 

@@ -43,6 +43,7 @@ class EdgeMetrics {
   Histogram* batch_rows_;
   Histogram* queue_seconds_;
   Histogram* kernel_seconds_;
+  Histogram* prep_seconds_;
   Histogram* server_seconds_;
   // The counters of successful Step and StepStream calls, found on first use (the per-step
   // path then skips building label strings and the registry's lookups).
