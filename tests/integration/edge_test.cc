@@ -184,6 +184,8 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   res.timings.batch = absl::Microseconds(401);
   res.timings.prep = absl::Microseconds(23);
   res.timings.attend = absl::Microseconds(56);
+  res.timings.copy_in = absl::Microseconds(71);
+  res.timings.copy_out = absl::Microseconds(33);
   v1::StepResponse pb;
   FillStepResponse(res, &pb);
   EXPECT_EQ(pb.out().dtype(), v1::DTYPE_E4M3);
@@ -197,6 +199,8 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   EXPECT_EQ(pb.timings().batch_us(), 401);
   EXPECT_EQ(pb.timings().prep_us(), 23);
   EXPECT_EQ(pb.timings().attend_us(), 56);
+  EXPECT_EQ(pb.timings().copy_in_us(), 71);
+  EXPECT_EQ(pb.timings().copy_out_us(), 33);
   EXPECT_EQ(pb.code(), 0);
 }
 

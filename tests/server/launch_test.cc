@@ -12,6 +12,7 @@
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/service_core.h"
+#include "smla/server/step_executor.h"
 
 namespace smla::server {
 namespace {
@@ -163,6 +164,10 @@ TEST_F(LaunchTest, TimingsArePresentAndConsistent) {
   EXPECT_GT(t.prep, absl::ZeroDuration());
   // The batch holds page reservations, prep, device work and commits.
   EXPECT_LE(t.prep + t.kernel, t.batch);
+  // Copies in, row writes + attention, copies out: consecutive parts of the device time.
+  EXPECT_GT(t.copy_in, absl::ZeroDuration());
+  EXPECT_GT(t.copy_out, absl::ZeroDuration());
+  EXPECT_LE(t.copy_in + t.attend + t.copy_out, t.kernel);
 }
 
 TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
@@ -190,6 +195,75 @@ TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
   for (const kernels::CopyOp& c : direct_copies) EXPECT_TRUE(InRegion(c.src));
   ASSERT_EQ(staged_copies.size(), 3u);
   for (const kernels::CopyOp& c : staged_copies) EXPECT_FALSE(InRegion(c.src));
+}
+
+// The executor alone, so that its copy paths can be read: inputs and output destinations inside
+// a registered range are copied in place, the others are gathered (inputs) or go through plain
+// memory (outputs); the outputs are the same bit for bit.
+TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
+      kernels::CreateCpuBackend({.cpu_threads = 2});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  PinningBackend backend(*std::move(cpu));
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig("dsv4.1-flash:tp=4:page_rows=16:pool_pages=512");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(*config, backend, 8);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ModelRuntime model(*config, *std::move(store));
+  // Two helper threads: the segment build is split (the arrays must not change).
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+      StepExecutor::Create(backend, {&model}, 2);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  StepExecutor& ex = **executor;
+  for (const SpanData& s : prefill_) {
+    ASSERT_TRUE(model.store().CreateSequence(kTenant, s.sequence).ok());
+  }
+  const StepRequest pre = Request(prefill_, false);
+  ASSERT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&pre}})[0].ok());
+
+  const size_t inputs = region_.size();
+  int64_t rows = 0;
+  for (const SpanData& s : decode_) rows += s.rows;
+  const size_t out_bytes = static_cast<size_t>(rows) * 16 * kernels::kValueWidth;
+  const size_t scale_bytes = static_cast<size_t>(rows) * 16 * kernels::kMxGroupsPerHead;
+  const size_t lse_bytes = static_cast<size_t>(rows) * 16 * sizeof(float);
+  std::vector<uint8_t> outputs(out_bytes + scale_bytes + lse_bytes);
+  auto run = [&](bool registered) {
+    if (registered) {
+      ex.host_ranges().Add(region_.data(), region_.size());
+      ex.host_ranges().Add(outputs.data(), outputs.size());
+    }
+    StepRequest r = Request(decode_, true);
+    r.destination.out = {outputs.data(), out_bytes};
+    r.destination.mx_scales = {outputs.data() + out_bytes, scale_bytes};
+    r.destination.lse = {outputs.data() + out_bytes + scale_bytes, lse_bytes};
+    std::vector<absl::StatusOr<StepResult>> got =
+        ex.RunBatch({std::vector<const StepRequest*>{&r}});
+    EXPECT_TRUE(got[0].ok()) << got[0].status();
+    ex.host_ranges().Remove(region_.data());
+    ex.host_ranges().Remove(outputs.data());
+    // Run the same positions again next time.
+    std::vector<uint8_t> written = outputs;
+    for (const SpanData& s : decode_) {
+      EXPECT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
+    }
+    return written;
+  };
+  const std::vector<uint8_t> plain = run(false);
+  StepExecutor::CopyStats st = ex.last_copy_stats();
+  EXPECT_EQ(st.in_direct, 0);
+  EXPECT_EQ(st.in_gathered, static_cast<int64_t>(inputs));
+  EXPECT_EQ(st.out_direct, 0);
+  EXPECT_EQ(st.out_pageable, static_cast<int64_t>(outputs.size()));
+
+  const std::vector<uint8_t> in_place = run(true);
+  st = ex.last_copy_stats();
+  EXPECT_EQ(st.in_direct, static_cast<int64_t>(inputs));
+  EXPECT_EQ(st.in_gathered, 0);
+  EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
+  EXPECT_EQ(st.out_pageable, 0);
+  EXPECT_TRUE(plain == in_place);
 }
 
 }  // namespace

@@ -240,8 +240,9 @@ std::string TextSummary(const RunStats& r) {
                         r.parse_ms.p50, r.admit_ms.p50, r.batch_extra_ms.p50);
   absl::StrAppendFormat(&o,
                         "  batch p50 ms: launch host prep %.3f (p99 %.3f), kernel (device) %.3f, "
-                        "attend %.3f\n",
-                        r.prep_ms.p50, r.prep_ms.p99, r.kernel_ms.p50, r.attend_ms.p50);
+                        "attend %.3f, copy in %.3f, copy out %.3f\n",
+                        r.prep_ms.p50, r.prep_ms.p99, r.kernel_ms.p50, r.attend_ms.p50,
+                        r.copy_in_ms.p50, r.copy_out_ms.p50);
   absl::StrAppendFormat(&o, "  goodput: %.2f steps/s, %.0f rows/s%s\n", r.goodput_steps_per_s,
                         r.goodput_rows_per_s, r.slo_met ? "" : " (SLO broken)");
   if (!r.errors.empty()) {
@@ -288,6 +289,8 @@ std::string ToJson(const Report& rep) {
         ",\n     \"batch_extra_ms\": ", JsonPercentiles(r.batch_extra_ms),
         ",\n     \"prep_ms\": ", JsonPercentiles(r.prep_ms),
         ",\n     \"attend_ms\": ", JsonPercentiles(r.attend_ms),
+        ",\n     \"copy_in_ms\": ", JsonPercentiles(r.copy_in_ms),
+        ",\n     \"copy_out_ms\": ", JsonPercentiles(r.copy_out_ms),
         ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
         ", \"good_steps\": ", r.good_steps,
         ", \"goodput_steps_per_s\": ", Num(r.goodput_steps_per_s),

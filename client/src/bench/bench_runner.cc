@@ -22,7 +22,7 @@ struct CallSample {
   double e2e_ms, server_ms, queue_ms, kernel_ms;
   int batch_requests;
   double parse_ms, admit_ms, batch_ms;
-  double prep_ms, attend_ms;
+  double prep_ms, attend_ms, copy_in_ms, copy_out_ms;
 };
 
 struct StepSample {
@@ -111,10 +111,11 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
           break;
         }
         const auto& tm = resp.timings();
-        step.calls.push_back(CallSample{
-            Ms(now - call_start), tm.server_us() / 1e3, tm.queued_us() / 1e3, tm.kernel_us() / 1e3,
-            tm.batch_requests(), tm.parse_us() / 1e3, tm.admit_us() / 1e3, tm.batch_us() / 1e3,
-            tm.prep_us() / 1e3, tm.attend_us() / 1e3});
+        step.calls.push_back(
+            CallSample{Ms(now - call_start), tm.server_us() / 1e3, tm.queued_us() / 1e3,
+                       tm.kernel_us() / 1e3, tm.batch_requests(), tm.parse_us() / 1e3,
+                       tm.admit_us() / 1e3, tm.batch_us() / 1e3, tm.prep_us() / 1e3,
+                       tm.attend_us() / 1e3, tm.copy_in_us() / 1e3, tm.copy_out_us() / 1e3});
         step.rows += resp.out().shape_size() > 0 ? resp.out().shape(0) : 0;
         call_start = now;
       }
@@ -165,7 +166,7 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   r.seconds = std::max(r.seconds, 1e-9);
   r.errors = out.errors;
   std::vector<double> call_ms, step_ms, overhead, transport, service, queue, kernel,
-      e2e_minus_kernel, parse, admit, batch_extra, prep, attend;
+      e2e_minus_kernel, parse, admit, batch_extra, prep, attend, copy_in, copy_out;
   double batch_sum = 0;
   int64_t good_rows = 0;
   for (const StepSample& s : out.steps) {
@@ -191,6 +192,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
       batch_extra.push_back(std::max(0.0, c.batch_ms - c.kernel_ms));
       prep.push_back(c.prep_ms);
       attend.push_back(c.attend_ms);
+      copy_in.push_back(c.copy_in_ms);
+      copy_out.push_back(c.copy_out_ms);
       batch_sum += c.batch_requests;
     }
   }
@@ -213,6 +216,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   r.batch_extra_ms = Summarise(batch_extra);
   r.prep_ms = Summarise(prep);
   r.attend_ms = Summarise(attend);
+  r.copy_in_ms = Summarise(copy_in);
+  r.copy_out_ms = Summarise(copy_out);
   r.slo_met = options.slo_ms <= 0 || r.step_ms.p99 <= options.slo_ms;
   // Log-spaced bins (x1.25) from 10 µs, enough to cover the slowest call.
   if (!call_ms.empty()) {

@@ -60,6 +60,9 @@ struct RunStats {
   // (inside batch_extra, since kernel is device time only) and the attention kernel alone
   // (inside kernel).
   Percentiles prep_ms, attend_ms;
+  // Parts of kernel (device events): input copies, output copies (each with any wait for the
+  // host's enqueueing).
+  Percentiles copy_in_ms, copy_out_ms;
   double mean_batch_requests = 0;
   int64_t good_steps = 0;  // within the SLO
   double goodput_steps_per_s = 0, goodput_rows_per_s = 0;

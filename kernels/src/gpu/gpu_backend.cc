@@ -5,7 +5,9 @@
 // there directly), plans the launch (attend_launch.h) and enqueues the kernels.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -114,7 +116,8 @@ class GpuEvent : public Event {
 
 class GpuBackend : public Backend {
  public:
-  explicit GpuBackend(DeviceInfo info) : info_(std::move(info)) {}
+  GpuBackend(DeviceInfo info, bool batch_copies)
+      : info_(std::move(info)), batch_copies_(batch_copies) {}
 
   const DeviceInfo& device() const override { return info_; }
 
@@ -353,7 +356,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGpuBackend(const BackendOptions& 
   if (absl::Status st = gpu::PrepareAttendVariants(info.shared_memory_per_block); !st.ok()) {
     return st;
   }
-  return std::unique_ptr<Backend>(std::make_unique<GpuBackend>(std::move(info)));
+  // SMLA_GPU_COPY_BATCH=0 issues CopyBatch as one copy call each, to compare the two paths.
+  const char* batch = std::getenv("SMLA_GPU_COPY_BATCH");
+  const bool batch_copies = batch == nullptr || std::string_view(batch) != "0";
+  return std::unique_ptr<Backend>(std::make_unique<GpuBackend>(std::move(info), batch_copies));
 }
 
 }  // namespace smla::kernels

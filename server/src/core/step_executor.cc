@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
@@ -110,24 +111,25 @@ ModelRuntime::Rope ModelRuntime::rope() const {
 }
 
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
-                           Events events, std::vector<ModelRuntime*> models)
-    : backend_(backend), stream_(std::move(stream)), events_(std::move(events)) {
+                           Events events, std::vector<ModelRuntime*> models, int workers)
+    : backend_(backend), stream_(std::move(stream)), events_(std::move(events)), pool_(workers) {
   for (ModelRuntime* m : models) models_[m->config().profile] = m;
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
-    kernels::Backend& backend, std::vector<ModelRuntime*> models) {
+    kernels::Backend& backend, std::vector<ModelRuntime*> models, int workers) {
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend.CreateStream();
   if (!stream.ok()) return stream.status();
   Events events;
   for (std::unique_ptr<kernels::Event>* e :
-       {&events.start, &events.attend_begin, &events.attend_end, &events.end}) {
+       {&events.start, &events.copied_in, &events.attend_begin, &events.attend_end, &events.end}) {
     absl::StatusOr<std::unique_ptr<kernels::Event>> created = backend.CreateEvent();
     if (!created.ok()) return created.status();
     *e = *std::move(created);
   }
+  if (workers < 0) workers = TaskPool::WorkersFor(std::thread::hardware_concurrency());
   std::unique_ptr<StepExecutor> executor(
-      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models)));
+      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models), workers));
   // Learns whether the backend has page-locked memory (pinned()) before the first launch.
   absl::StatusOr<uint8_t*> arena = executor->HostArena(size_t{1} << 20);
   if (!arena.ok()) return arena.status();
@@ -298,9 +300,15 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   absl::StatusOr<double> attend_s =
       backend_.ElapsedSeconds(*events_.attend_begin, *events_.attend_end);
   if (!attend_s.ok()) return attend_s.status();
+  absl::StatusOr<double> copy_in_s = backend_.ElapsedSeconds(*events_.start, *events_.copied_in);
+  if (!copy_in_s.ok()) return copy_in_s.status();
+  absl::StatusOr<double> copy_out_s = backend_.ElapsedSeconds(*events_.attend_end, *events_.end);
+  if (!copy_out_s.ok()) return copy_out_s.status();
   StepTimings t;
   t.kernel = absl::Seconds(*kernel_s);
   t.attend = absl::Seconds(*attend_s);
+  t.copy_in = absl::Seconds(*copy_in_s);
+  t.copy_out = absl::Seconds(*copy_out_s);
   // Enqueueing is host work too, but only what the device did not overlap delays the batch
   // (on the CPU backend the device work runs inside the enqueueing calls).
   t.prep = (prepared_at - start) +
@@ -309,6 +317,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     results[i]->timings.kernel = t.kernel;
     results[i]->timings.attend = t.attend;
     results[i]->timings.prep = t.prep;
+    results[i]->timings.copy_in = t.copy_in;
+    results[i]->timings.copy_out = t.copy_out;
   }
   return absl::OkStatus();
 }
@@ -400,7 +410,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
   arrays.extra_indices = i32(o_extra, static_cast<size_t>(counts.extra_indices));
   arrays.positions = i32(o_positions, inverse_rope ? T : 0);
-  BuildSegments(shape, spans, arrays);
+  BuildSegments(shape, spans, arrays, &pool_);
   std::span<const float> sink_view;
   if (!sink.empty()) {
     std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));
@@ -412,10 +422,13 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
                                 rows_.as<uint8_t>() + kv_bytes};
   std::vector<kernels::CopyOp> copies[kKinds];
   size_t dev_off[kKinds] = {0, 0, 0}, stage_off[kKinds] = {0, 0, 0};
+  CopyStats stats;
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
     const void* from = src.data();
-    if (!direct(src)) {
+    const bool in_place = direct(src);
+    (in_place ? stats.in_direct : stats.in_gathered) += static_cast<int64_t>(src.size());
+    if (!in_place) {
       uint8_t* stage = arena + o_stage[k] + stage_off[k];
       std::memcpy(stage, src.data(), src.size());
       stage_off[k] += src.size();
@@ -484,6 +497,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     }
     SMLA_CHECK(dst.empty() || dst.size() == bytes, "output destination size");
     const bool locked = !pinned() || (!dst.empty() && host_ranges_.Contains(to, bytes));
+    (locked ? stats.out_direct : stats.out_pageable) += static_cast<int64_t>(bytes);
     (locked ? work.to_host : work.to_pageable).push_back(kernels::CopyOp{to, src, bytes});
   };
   for (size_t i : args.included) {
@@ -502,13 +516,34 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * lse_row, n * lse_row);
     row0 += n;
   }
+  NoteCopies(stats);
   return absl::OkStatus();
+}
+
+void StepExecutor::NoteCopies(const CopyStats& s) {
+  spdlog::debug(
+      "launch copies: inputs {} B in place, {} B gathered; outputs {} B to registered "
+      "memory, {} B to plain memory",
+      s.in_direct, s.in_gathered, s.out_direct, s.out_pageable);
+  // Where it matters (a page-locked backend), each time the paths change: gathered inputs cost
+  // host copies, outputs to plain memory slow device-to-host copies.
+  const int paths = (s.in_gathered > 0 ? 1 : 0) | (s.out_pageable > 0 ? 2 : 0);
+  if (pinned() && paths != logged_copy_paths_) {
+    logged_copy_paths_ = paths;
+    spdlog::info(
+        "launch copies now: inputs {} B in place, {} B gathered; outputs {} B to "
+        "registered memory, {} B to plain memory",
+        s.in_direct, s.in_gathered, s.out_direct, s.out_pageable);
+  }
+  absl::MutexLock lock(&stats_mu_);
+  last_copy_stats_ = s;
 }
 
 absl::Status StepExecutor::Enqueue(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
+  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.copied_in, stream));
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));

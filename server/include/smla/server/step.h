@@ -75,6 +75,10 @@ struct StepTimings {
   // beyond the device's time. prep + kernel is about the launch's wall time.
   absl::Duration prep;
   absl::Duration attend;  // the attention kernel(s) alone (device events; part of kernel)
+  // Parts of kernel: its start to the end of the input copies, and the end of attention to the
+  // end of the output copies (device events, with any wait for the host's enqueueing).
+  absl::Duration copy_in;
+  absl::Duration copy_out;
   absl::Duration batch;   // the executor's whole batch: page reservations, prep, kernel, commits
   absl::Time admitted;    // when the scheduler queued the step
   int32_t batch_requests = 0;
