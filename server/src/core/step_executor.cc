@@ -525,8 +525,8 @@ void StepExecutor::NoteCopies(const CopyStats& s) {
       "launch copies: inputs {} B in place, {} B gathered; outputs {} B to registered "
       "memory, {} B to plain memory",
       s.in_direct, s.in_gathered, s.out_direct, s.out_pageable);
-  // Where it matters (a page-locked backend), each time the paths change: gathered inputs cost
-  // host copies, outputs to plain memory slow device-to-host copies.
+  // Where it matters (a page-locked backend), on the first launch and each time the paths
+  // change: gathered inputs cost host copies, outputs to plain memory slow device-to-host copies.
   const int paths = (s.in_gathered > 0 ? 1 : 0) | (s.out_pageable > 0 ? 2 : 0);
   if (pinned() && paths != logged_copy_paths_) {
     logged_copy_paths_ = paths;

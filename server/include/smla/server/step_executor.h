@@ -152,7 +152,7 @@ class StepExecutor : public BatchRunner {
   TaskPool pool_;                     // splits the segment build of large batches
   mutable absl::Mutex stats_mu_;
   CopyStats last_copy_stats_ ABSL_GUARDED_BY(stats_mu_);
-  int logged_copy_paths_ = 0;  // the copy paths last logged (NoteCopies)
+  int logged_copy_paths_ = -1;  // the copy paths last logged (NoteCopies); -1: none yet
 };
 
 }  // namespace smla::server
