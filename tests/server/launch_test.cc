@@ -30,14 +30,29 @@ class PinningBackend : public testing::ControlledBackend {
   explicit PinningBackend(std::unique_ptr<kernels::Backend> inner)
       : ControlledBackend(std::move(inner)) {}
 
-  absl::StatusOr<kernels::Buffer> AllocateHost(size_t bytes) override { return Allocate(bytes); }
+  absl::StatusOr<kernels::Buffer> AllocateHost(size_t bytes) override {
+    absl::StatusOr<kernels::Buffer> b = Allocate(bytes);
+    if (b.ok()) {
+      absl::MutexLock lock(&mu_);
+      arena_ = {b->as<uint8_t>(), bytes};
+    }
+    return b;
+  }
   absl::Status CopyBatch(std::span<const kernels::CopyOp> copies, kernels::CopyDirection d,
                          kernels::Stream& s) override {
+    absl::Status st = kernels::Backend::CopyBatch(copies, d, s);
     if (d == kernels::CopyDirection::kToDevice) {
       absl::MutexLock lock(&mu_);
       to_device_.assign(copies.begin(), copies.end());
+      if (poison_) Poison(copies);
     }
-    return kernels::Backend::CopyBatch(copies, d, s);
+    return st;
+  }
+  // Once the input copies are enqueued, fills every byte of the page-locked arena that they do
+  // not read: a launch that built anything there before its input copies loses it.
+  void set_poison(bool on) {
+    absl::MutexLock lock(&mu_);
+    poison_ = on;
   }
   std::vector<kernels::CopyOp> last_to_device() {
     absl::MutexLock lock(&mu_);
@@ -45,8 +60,23 @@ class PinningBackend : public testing::ControlledBackend {
   }
 
  private:
+  void Poison(std::span<const kernels::CopyOp> copies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<bool> read(arena_.size(), false);
+    for (const kernels::CopyOp& c : copies) {
+      const auto* src = static_cast<const uint8_t*>(c.src);
+      if (src < arena_.data() || src >= arena_.data() + arena_.size()) continue;
+      const size_t at = static_cast<size_t>(src - arena_.data());
+      for (size_t i = 0; i < c.bytes; ++i) read[at + i] = true;
+    }
+    for (size_t i = 0; i < arena_.size(); ++i) {
+      if (!read[i]) arena_[i] = 0xee;
+    }
+  }
+
   absl::Mutex mu_;
   std::vector<kernels::CopyOp> to_device_ ABSL_GUARDED_BY(mu_);
+  std::span<uint8_t> arena_ ABSL_GUARDED_BY(mu_);
+  bool poison_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 struct Core {
@@ -264,6 +294,28 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
   EXPECT_EQ(st.out_pageable, 0);
   EXPECT_TRUE(plain == in_place);
+}
+
+// The input copies are enqueued before the slot lists and segments are built (so that the build
+// overlaps the device's copies): the arena's other bytes are poisoned at that moment and the
+// results are still those of a plain run, for gathered and for in-place inputs.
+TEST_F(LaunchTest, InputCopiesGoBeforeTheSegmentBuild) {
+  Core plain = Start(false);
+  const StepResult want = Run(*plain.core, true);
+  for (bool registered : {false, true}) {
+    SCOPED_TRACE(registered ? "in place" : "gathered");
+    Core c = Start(true);
+    c.backend->set_poison(true);
+    if (registered) {
+      ASSERT_TRUE(c.core->RegisterHostMemory(region_.data(), region_.size()).ok());
+    }
+    const StepResult got = Run(*c.core, true);
+    if (registered) c.core->UnregisterHostMemory(region_.data());
+    EXPECT_TRUE(got.out == want.out);
+    EXPECT_TRUE(got.mx_scales == want.mx_scales);
+    ASSERT_EQ(got.lse.size(), want.lse.size());
+    EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * 4));
+  }
 }
 
 }  // namespace

@@ -122,7 +122,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   if (!stream.ok()) return stream.status();
   Events events;
   for (std::unique_ptr<kernels::Event>* e :
-       {&events.start, &events.copied_in, &events.attend_begin, &events.attend_end, &events.end}) {
+       {&events.start, &events.copied_in, &events.built, &events.attend_begin, &events.attend_end,
+        &events.end}) {
     absl::StatusOr<std::unique_ptr<kernels::Event>> created = backend.CreateEvent();
     if (!created.ok()) return created.status();
     *e = *std::move(created);
@@ -274,6 +275,7 @@ struct StepExecutor::LaunchArgs {
 };
 
 struct StepExecutor::DeviceWork {
+  absl::Time inputs_at;                      // when the input copies were enqueued
   std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
@@ -290,7 +292,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   const absl::Time start = absl::Now();
   const LaunchArgs args{model, layer, rope, steps, included, prepared};
   DeviceWork work;
-  SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));
+  SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));  // enqueues the input copies
   const absl::Time prepared_at = absl::Now();
   SMLA_RETURN_IF_ERROR(Enqueue(work));
   const absl::Time enqueued_at = absl::Now();
@@ -304,15 +306,22 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   if (!copy_in_s.ok()) return copy_in_s.status();
   absl::StatusOr<double> copy_out_s = backend_.ElapsedSeconds(*events_.attend_end, *events_.end);
   if (!copy_out_s.ok()) return copy_out_s.status();
+  // From the end of the input copies to the host's enqueueing of the rest: the device waiting
+  // for the segment build the copies did not cover (the whole build on the CPU backend, whose
+  // copies run inside the enqueueing call). Host time, so it goes to prep, not kernel.
+  absl::StatusOr<double> wait_s = backend_.ElapsedSeconds(*events_.copied_in, *events_.built);
+  if (!wait_s.ok()) return wait_s.status();
+  const absl::Duration wait = absl::Seconds(*wait_s);
   StepTimings t;
-  t.kernel = absl::Seconds(*kernel_s);
+  t.kernel = absl::Seconds(*kernel_s) - wait;
   t.attend = absl::Seconds(*attend_s);
   t.copy_in = absl::Seconds(*copy_in_s);
   t.copy_out = absl::Seconds(*copy_out_s);
-  // Enqueueing is host work too, but only what the device did not overlap delays the batch
-  // (on the CPU backend the device work runs inside the enqueueing calls).
-  t.prep = (prepared_at - start) +
-           std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - t.kernel);
+  // Host work before the input copies, the device's wait for the build, and enqueueing the rest
+  // where it outlasted the device work after the copies (on the CPU backend the device work
+  // runs inside the enqueueing calls).
+  t.prep = (work.inputs_at - start) + wait +
+           std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - (t.kernel - t.copy_in));
   for (size_t i : included) {
     results[i]->timings.kernel = t.kernel;
     results[i]->timings.attend = t.attend;
@@ -410,12 +419,6 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
   arrays.extra_indices = i32(o_extra, static_cast<size_t>(counts.extra_indices));
   arrays.positions = i32(o_positions, inverse_rope ? T : 0);
-  BuildSegments(shape, spans, arrays, &pool_);
-  std::span<const float> sink_view;
-  if (!sink.empty()) {
-    std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));
-    sink_view = std::span<const float>(reinterpret_cast<const float*>(arena + o_sink), sink.size());
-  }
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
   uint8_t* const dev[kKinds] = {q_.as<uint8_t>(), rows_.as<uint8_t>(),
@@ -447,6 +450,17 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
                  dev_off[kCompressed] == static_cast<size_t>(counts.compressed) * row_bytes,
              "input sizes");
   for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
+  // The input copies do not need the segments: they start now, and the segments are built
+  // while the device copies (other bytes of the arena than the gathered inputs).
+  work.inputs_at = absl::Now();
+  SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
+
+  BuildSegments(shape, spans, arrays, &pool_);
+  std::span<const float> sink_view;
+  if (!sink.empty()) {
+    std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));
+    sink_view = std::span<const float>(reinterpret_cast<const float*>(arena + o_sink), sink.size());
+  }
 
   work.write.cache = model.store().cache();
   work.write.slots = arrays.slots;
@@ -539,11 +553,16 @@ void StepExecutor::NoteCopies(const CopyStats& s) {
   last_copy_stats_ = s;
 }
 
-absl::Status StepExecutor::Enqueue(const DeviceWork& w) {
+absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
-  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.copied_in, stream));
+  return backend_.RecordEvent(*events_.copied_in, stream);
+}
+
+absl::Status StepExecutor::Enqueue(const DeviceWork& w) {
+  kernels::Stream& stream = *stream_;
+  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));

@@ -68,11 +68,13 @@ struct StepRequest {
 struct StepTimings {
   absl::Duration queued;  // admission to launch
   // Device time of the batch's device work, input copies to output copies, from events on the
-  // backend's stream (wall time of the same work on the CPU backend). No host work.
+  // backend's stream (wall time of the same work on the CPU backend), less any time the device
+  // waited for the host's segment build after the input copies. No host work.
   absl::Duration kernel;
-  // Host work of the launch that its device work did not overlap: sizing buffers, gathering
-  // inputs, building slot lists and segments before the first device work, and enqueueing
-  // beyond the device's time. prep + kernel is about the launch's wall time.
+  // Host work of the launch that its device work did not overlap: sizing buffers and gathering
+  // inputs before the first device work, the part of the segment build that outlasted the
+  // input copies, and enqueueing beyond the device's time. prep + kernel is about the launch's
+  // wall time.
   absl::Duration prep;
   absl::Duration attend;  // the attention kernel(s) alone (device events; part of kernel)
   // Parts of kernel: its start to the end of the input copies, and the end of attention to the

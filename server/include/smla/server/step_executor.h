@@ -1,11 +1,11 @@
 // Runs batches of steps on the backend (the BatchRunner behind the scheduler): per step,
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
-// the launch: host work first (slot lists and segments built into page-locked memory, split
-// across a small TaskPool for large batches when it has workers; inputs outside registered
-// memory gathered there),
-// then the device work back to back between events (input copies | one WriteRows for every new
-// KV row and compressed entry | one Attend over all rows | the copies back), Synchronize, and
-// Commit. Outputs are sliced back to each step.
+// the launch: inputs outside registered memory gathered into page-locked memory and the input
+// copies enqueued; while the device copies, the slot lists and segments are built into the same
+// page-locked memory (split across a small TaskPool for large batches when it has workers);
+// then the rest of the device work back to back (one WriteRows for every new KV row and
+// compressed entry | one Attend over all rows | the copies back), with events between the parts;
+// Synchronize, and Commit. Outputs are sliced back to each step.
 // Inputs inside a registered host range (host_ranges(): a client's shared memory the backend
 // page-locked) are copied to the device directly, one copy per contiguous range.
 //
@@ -112,7 +112,7 @@ class StepExecutor : public BatchRunner {
 
  private:
   struct Events {
-    std::unique_ptr<kernels::Event> start, copied_in, attend_begin, attend_end, end;
+    std::unique_ptr<kernels::Event> start, copied_in, built, attend_begin, attend_end, end;
   };
   struct LaunchArgs;  // one launch's inputs (step_executor.cc)
   struct DeviceWork;  // what a launch enqueues (step_executor.cc)
@@ -130,12 +130,16 @@ class StepExecutor : public BatchRunner {
                       std::span<const StepRequest* const> steps, std::span<const size_t> included,
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
-  // The host part of a launch: buffers, segments, input gathering, result storage.
+  // The host part of a launch: buffers, input gathering, segments, result storage. Enqueues the
+  // input copies (EnqueueInputs) before it builds the segments, so that the two overlap.
   absl::Status PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
                              std::vector<absl::StatusOr<StepResult>>& results);
+  // The start event, the input copies and the event after them.
+  absl::Status EnqueueInputs(const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
-  // Enqueues the device work between the timing events.
+  // Enqueues the rest of the device work (row writes, attention, copies back) between the
+  // timing events.
   absl::Status Enqueue(const DeviceWork& work);
 
   kernels::Backend& backend_;
