@@ -58,10 +58,12 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// Runs smla-bench with `args`; returns its exit status and its stdout in `out`.
+// Runs smla-bench with `args`; returns its exit status and its stdout in `out`. The binary is
+// the build's, or $SMLA_BENCH_BINARY (a bundle carried to a GPU machine, like the server's).
 int RunBench(const std::vector<std::string>& args, std::string* out) {
   const std::string log = ::testing::TempDir() + "/bench_stdout.txt";
-  std::string cmd = SMLA_BENCH_BINARY;
+  const char* binary = std::getenv("SMLA_BENCH_BINARY");
+  std::string cmd = binary != nullptr ? binary : SMLA_BENCH_BINARY;
   for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
   absl::StrAppend(&cmd, " > '", log, "' 2>&1");
   const int rc = std::system(cmd.c_str());
