@@ -2,10 +2,11 @@
 # Issue 5, item 3: smla-server (CUDA backend) and smla-bench on one GPU machine for
 # dsv4.1-flash fp8_dsv4 TP4, decode C=1,16,32,64 at 128K, shared memory and inline bytes, one
 # and four streams. Writes docs/results/bench-h200-c<C>-<transport>.{json,html} (SMLA_OUT_DIR).
-# Knobs: CELLS (the C values, in order, default "1 16 32 64"), TRANSPORTS (default "shm inline";
-# shm is the packed shared-memory request, one region range per tensor kind for all spans;
-# shm_spans the earlier per-span form), DURATION_S (10), PREFILL_CHUNK (16384 rows per pre-fill
-# call), FOUR_STREAMS (cells also run with four streams, default "32-shm"; set it empty for none).
+# Knobs: CELLS (the C values, in order, default "1 16 32 64"); TRANSPORTS (default
+# "ring shm inline": shm is the packed shared-memory request, one region range per tensor kind
+# for all spans, on the gRPC stream; ring the same request through the step ring; shm_spans the
+# earlier per-span form); DURATION_S (10); PREFILL_CHUNK (16384 rows per pre-fill call);
+# FOUR_STREAMS (cells that also run with four streams, default "32-shm"; empty for none).
 # Usage: scripts/bench_h200.sh [BUILD_DIR] (default build-gpu, configured with
 # -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
 set -euo pipefail
@@ -39,7 +40,7 @@ done
 # 128K is the long part of the run.
 duration=${DURATION_S:-10}
 for c in ${CELLS:-1 16 32 64}; do
-  for t in ${TRANSPORTS:-shm inline}; do
+  for t in ${TRANSPORTS:-ring shm inline}; do
     levels=1
     [[ " ${FOUR_STREAMS-32-shm} " == *" $c-$t "* ]] && levels=1,4
     echo "$(date -u +%T) bench: C=$c $t, streams $levels"
