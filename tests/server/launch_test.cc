@@ -241,9 +241,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(*config, backend, 8);
   ASSERT_TRUE(store.ok()) << store.status();
   ModelRuntime model(*config, *std::move(store));
-  // Two helper threads: the segment build is split (the arrays must not change).
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      StepExecutor::Create(backend, {&model}, 2);
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(backend, {&model});
   ASSERT_TRUE(executor.ok()) << executor.status();
   StepExecutor& ex = **executor;
   for (const SpanData& s : prefill_) {

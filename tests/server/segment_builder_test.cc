@@ -1,17 +1,14 @@
 // The bulk segment builder (segment_builder.h) against the per-id path it replaced
 // (PreparedStep::MainSlot / CompressedSlot for every key of every row), on real prepared page
 // tables: windows near position 0 and windows that slid past dropped pages, -1 sentinels,
-// several spans and requests, compressed entries, dense and chosen-position layers; built on the
-// caller alone and split across a TaskPool. The TaskPool itself.
+// several spans and requests, compressed entries, dense and chosen-position layers.
 #include "smla/server/segment_builder.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -78,8 +75,7 @@ Built PerId(const SegmentShape& shape, std::span<const SpanRef> spans) {
   return b;
 }
 
-Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans, TaskPool* pool = nullptr,
-           int64_t min_ids_per_task = kMinIdsPerTask) {
+Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans) {
   const SegmentCounts c = CountSegments(shape, spans);
   Built b;
   b.slots.resize(c.slots());
@@ -89,7 +85,7 @@ Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans, TaskPool* 
   b.extra_idx.resize(c.extra_indices);
   b.positions.resize(c.rows);
   SegmentArrays a{b.slots, b.main_indptr, b.main_idx, b.extra_indptr, b.extra_idx, b.positions};
-  BuildSegments(shape, spans, a, pool, min_ids_per_task);
+  BuildSegments(shape, spans, a);
   return b;
 }
 
@@ -199,23 +195,18 @@ class SegmentBuilderTest : public ::testing::Test {
       }
     }
     const Built want = PerId(Shape(layer), refs);
-    // One task per span: every span's rows are built from offsets counted by the split.
-    for (TaskPool* pool : {static_cast<TaskPool*>(nullptr), &pool_}) {
-      SCOPED_TRACE(pool == nullptr ? "caller only" : "split across the pool");
-      const Built got = Bulk(Shape(layer), refs, pool, 1);
-      EXPECT_EQ(got.slots, want.slots);
-      EXPECT_EQ(got.main_indptr, want.main_indptr);
-      EXPECT_EQ(got.main_idx, want.main_idx);
-      EXPECT_EQ(got.extra_indptr, want.extra_indptr);
-      EXPECT_EQ(got.extra_idx, want.extra_idx);
-      EXPECT_EQ(got.positions, want.positions);
-    }
+    const Built got = Bulk(Shape(layer), refs);
+    EXPECT_EQ(got.slots, want.slots);
+    EXPECT_EQ(got.main_indptr, want.main_indptr);
+    EXPECT_EQ(got.main_idx, want.main_idx);
+    EXPECT_EQ(got.extra_indptr, want.extra_indptr);
+    EXPECT_EQ(got.extra_idx, want.extra_idx);
+    EXPECT_EQ(got.positions, want.positions);
     for (auto& p : prepared) store_->Abort(*p);
     store_->EndBatch();
   }
 
   std::mt19937 rng_{20261130};
-  TaskPool pool_{3};
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<KvStore> store_;
 };
@@ -341,15 +332,8 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
-  Built bulk, per_id, split;
+  Built bulk, per_id;
   const double bulk_us = median_us([&] { bulk = Bulk(Shape(layer), refs); });
-  TaskPool pool(TaskPool::WorkersFor(std::thread::hardware_concurrency()));
-  TaskPool three(3);
-  const double split_us = median_us([&] { split = Bulk(Shape(layer), refs, &pool); });
-  EXPECT_EQ(split.extra_idx, bulk.extra_idx);
-  EXPECT_EQ(split.main_idx, bulk.main_idx);
-  const double three_us = median_us([&] { split = Bulk(Shape(layer), refs, &three); });
-  EXPECT_EQ(split.extra_idx, bulk.extra_idx);
   const double per_id_us = median_us([&] { per_id = PerId(Shape(layer), refs); });
   EXPECT_EQ(bulk.extra_idx, per_id.extra_idx);
   std::vector<int32_t> scratch(bulk.extra_idx.size());
@@ -364,35 +348,10 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
   EXPECT_EQ(scratch, bulk.extra_idx);
   std::printf(
       "decode C=32 segments (%zu main + %zu extra ids): bulk %.1f us (top-k translation alone "
-      "%.1f us), per id %.1f us; split across %d workers + caller %.1f us, across 3 + caller "
-      "%.1f us (%u hardware threads)\n",
-      bulk.main_idx.size(), bulk.extra_idx.size(), bulk_us, translate_us, per_id_us, pool.workers(),
-      split_us, three_us, std::thread::hardware_concurrency());
+      "%.1f us), per id %.1f us\n",
+      bulk.main_idx.size(), bulk.extra_idx.size(), bulk_us, translate_us, per_id_us);
   for (auto& p : prepared) store_->Abort(*p);
   store_->EndBatch();
-}
-
-TEST(TaskPoolTest, RunsEveryTaskOnceRunAfterRun) {
-  for (int workers : {0, 1, 3}) {
-    SCOPED_TRACE(workers);
-    TaskPool pool(workers);
-    EXPECT_EQ(pool.workers(), workers);
-    for (int run = 0; run < 200; ++run) {
-      const int n = run % 9;
-      std::vector<std::atomic<int>> hits(n);
-      pool.Run(n, [&](int i) { hits[i].fetch_add(1); });
-      // Run returned: every task has finished, none runs late.
-      for (int i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "run " << run << " task " << i;
-    }
-  }
-}
-
-TEST(TaskPoolTest, WorkersForTheMachine) {
-  EXPECT_EQ(TaskPool::WorkersFor(2), 0);
-  EXPECT_EQ(TaskPool::WorkersFor(7), 0);
-  EXPECT_EQ(TaskPool::WorkersFor(8), 2);
-  EXPECT_EQ(TaskPool::WorkersFor(16), 3);
-  EXPECT_EQ(TaskPool::WorkersFor(128), 3);
 }
 
 TEST(TranslateEntriesTest, SentinelsAndTheTableEnd) {

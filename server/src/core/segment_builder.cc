@@ -52,8 +52,7 @@ struct SpanTables {
 // Builds the rows of a run of spans, starting at the given offsets of the arrays.
 class Builder {
  public:
-  Builder(const SegmentShape& shape, const SegmentArrays& out, const SegmentCounts& at)
-      : shape_(shape), out_(out), row_(at.rows), main_(at.main_indices), extra_(at.extra_indices) {}
+  Builder(const SegmentShape& shape, const SegmentArrays& out) : shape_(shape), out_(out) {}
 
   void Span(const SpanRef& ref) {
     const SpanInput& s = *ref.input;
@@ -63,7 +62,7 @@ class Builder {
     for (int32_t t = 0; t < s.num_rows; ++t) Row(s, pages, B, t);
   }
 
-  // Checks that the rows built end where the next run of spans (or the arrays) begins.
+  // Checks that the rows built fill the arrays exactly (CountSegments counted them).
   void Finish(const SegmentCounts& end) {
     SMLA_CHECK(row_ == end.rows, "rows built");
     SMLA_CHECK(main_ == end.main_indices, "main indices built");
@@ -232,7 +231,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
 }
 
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentArrays& out, TaskPool* pool, int64_t min_ids_per_task) {
+                   const SegmentArrays& out) {
   // Slots: every span's KV rows in batch order, then every span's compressed entries.
   int64_t at = 0;
   std::vector<int32_t> tmp;
@@ -265,40 +264,9 @@ void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
   const int64_t rows = static_cast<int64_t>(out.main_indptr.size()) - 1;
   const SegmentCounts all{rows, 0, static_cast<int64_t>(out.main_indices.size()),
                           static_cast<int64_t>(out.extra_indices.size())};
-  const int64_t ids = all.main_indices + all.extra_indices;
-  const int64_t most = pool == nullptr ? 1 : int64_t{pool->workers()} + 1;
-  const int64_t tasks = std::min<int64_t>(
-      {most, static_cast<int64_t>(spans.size()), ids / std::max<int64_t>(min_ids_per_task, 1)});
-  if (tasks <= 1) {
-    Builder b(shape, out, SegmentCounts{});
-    for (const SpanRef& ref : spans) b.Span(ref);
-    b.Finish(all);
-    return;
-  }
-  // Runs of whole spans of about equal ids, each built from its own offsets (the counts of the
-  // spans before it), so that the tasks write disjoint parts of the arrays.
-  std::vector<size_t> first(1, 0);
-  std::vector<SegmentCounts> from(1);
-  SegmentCounts sum;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const SegmentCounts c = CountSegments(shape, spans.subspan(i, 1));
-    sum.rows += c.rows;
-    sum.main_indices += c.main_indices;
-    sum.extra_indices += c.extra_indices;
-    const int64_t target = ids * static_cast<int64_t>(first.size()) / tasks;
-    if (i + 1 < spans.size() && static_cast<int64_t>(first.size()) < tasks &&
-        sum.main_indices + sum.extra_indices >= target) {
-      first.push_back(i + 1);
-      from.push_back(sum);
-    }
-  }
-  first.push_back(spans.size());
-  from.push_back(all);
-  pool->Run(static_cast<int>(first.size()) - 1, [&](int k) {
-    Builder b(shape, out, from[k]);
-    for (size_t i = first[k]; i < first[k + 1]; ++i) b.Span(spans[i]);
-    b.Finish(from[k + 1]);
-  });
+  Builder b(shape, out);
+  for (const SpanRef& ref : spans) b.Span(ref);
+  b.Finish(all);
 }
 
 }  // namespace smla::server

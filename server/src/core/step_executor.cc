@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
@@ -111,13 +110,13 @@ ModelRuntime::Rope ModelRuntime::rope() const {
 }
 
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
-                           Events events, std::vector<ModelRuntime*> models, int workers)
-    : backend_(backend), stream_(std::move(stream)), events_(std::move(events)), pool_(workers) {
+                           Events events, std::vector<ModelRuntime*> models)
+    : backend_(backend), stream_(std::move(stream)), events_(std::move(events)) {
   for (ModelRuntime* m : models) models_[m->config().profile] = m;
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
-    kernels::Backend& backend, std::vector<ModelRuntime*> models, int workers) {
+    kernels::Backend& backend, std::vector<ModelRuntime*> models) {
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend.CreateStream();
   if (!stream.ok()) return stream.status();
   Events events;
@@ -128,9 +127,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     if (!created.ok()) return created.status();
     *e = *std::move(created);
   }
-  if (workers < 0) workers = TaskPool::WorkersFor(std::thread::hardware_concurrency());
   std::unique_ptr<StepExecutor> executor(
-      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models), workers));
+      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models)));
   // Learns whether the backend has page-locked memory (pinned()) before the first launch.
   absl::StatusOr<uint8_t*> arena = executor->HostArena(size_t{1} << 20);
   if (!arena.ok()) return arena.status();
@@ -455,7 +453,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   work.inputs_at = absl::Now();
   SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
 
-  BuildSegments(shape, spans, arrays, &pool_);
+  BuildSegments(shape, spans, arrays);
   std::span<const float> sink_view;
   if (!sink.empty()) {
     std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));

@@ -19,7 +19,6 @@
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
-#include "smla/server/task_pool.h"
 
 namespace smla::server {
 
@@ -57,13 +56,8 @@ struct SegmentArrays {
 
 SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> spans);
 
-// With a pool, the rows are built in up to workers + 1 runs of whole spans at once, each of at
-// least `min_ids_per_task` segment ids (fewer runs when there are fewer ids); the arrays are
-// the same either way.
-inline constexpr int64_t kMinIdsPerTask = 16384;
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentArrays& out, TaskPool* pool = nullptr,
-                   int64_t min_ids_per_task = kMinIdsPerTask);
+                   const SegmentArrays& out);
 
 // out[k] = -1 for ids[k] < 0, else the slot of entry ids[k] in a table of pages of
 // 2^page_shift rows (entry e is row e % B of pages[e / B]). A branch-free loop that

@@ -2,7 +2,7 @@
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
 // the launch: inputs outside registered memory gathered into page-locked memory and the input
 // copies enqueued; while the device copies, the slot lists and segments are built into the same
-// page-locked memory (split across a small TaskPool for large batches when it has workers);
+// page-locked memory;
 // then the rest of the device work back to back (one WriteRows for every new KV row and
 // compressed entry | one Attend over all rows | the copies back), with events between the parts;
 // Synchronize, and Commit. Outputs are sliced back to each step.
@@ -33,7 +33,6 @@
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/scheduler.h"
-#include "smla/server/task_pool.h"
 
 namespace smla::server {
 
@@ -74,13 +73,8 @@ class ModelRuntime {
 class StepExecutor : public BatchRunner {
  public:
   // `models` outlive the executor; the executor owns its stream and staging buffers.
-  // `workers` threads help build a batch's segments (TaskPool; -1: TaskPool::WorkersFor this
-  // machine). None by default: on the H200 host the split saved ~11 us of an 85 us build in
-  // isolation and nothing measurable per call, where waking sleeping workers costs about what
-  // the split saves.
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(kernels::Backend& backend,
-                                                              std::vector<ModelRuntime*> models,
-                                                              int workers = 0);
+                                                              std::vector<ModelRuntime*> models);
 
   // One empty-row Attend per model, so that the first real step pays no start-up cost.
   absl::Status WarmUp();
@@ -118,7 +112,7 @@ class StepExecutor : public BatchRunner {
   struct DeviceWork;  // what a launch enqueues (step_executor.cc)
 
   StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream, Events events,
-               std::vector<ModelRuntime*> models, int workers);
+               std::vector<ModelRuntime*> models);
   absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
   // Host bytes for a launch's arrays and gathered inputs: page-locked where the backend has
   // such memory (pinned() says which), else plain memory; 64-byte aligned.
@@ -153,7 +147,6 @@ class StepExecutor : public BatchRunner {
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
   bool host_pinned_ok_ = true;        // false once the backend said it has none
-  TaskPool pool_;                     // splits the segment build of large batches
   mutable absl::Mutex stats_mu_;
   CopyStats last_copy_stats_ ABSL_GUARDED_BY(stats_mu_);
   int logged_copy_paths_ = -1;  // the copy paths last logged (NoteCopies); -1: none yet
