@@ -275,8 +275,12 @@ TEST_F(SegmentBuilderTest, DenseCompressedLayer) {
   Grow("a", layer, 1000);
   const SpanOwned d = MakeSpan(layer, "a", 1000, 6, 0);
   const SpanOwned r = MakeSpan(layer, "a", 950, 140, 0);  // crosses entry boundaries
+  // Before the first entry the dense table is empty (a null array under the sanitizers).
+  ASSERT_TRUE(store_->CreateSequence("t", "fresh").ok());
+  const SpanOwned f = MakeSpan(layer, "fresh", 0, 6, 0);
   Compare(layer, {{&d}});
   Compare(layer, {{&r}});
+  Compare(layer, {{&f}, {&d}});
 }
 
 TEST_F(SegmentBuilderTest, ChosenPositions) {

@@ -124,6 +124,7 @@ class Builder {
 
   static void Put(std::span<int32_t> dst, int64_t& at, const int32_t* src, int64_t n) {
     SMLA_CHECK(at + n <= static_cast<int64_t>(dst.size()), "segment larger than counted");
+    if (n == 0) return;  // src may be null then (an empty table), which memcpy does not allow
     std::memcpy(dst.data() + at, src, static_cast<size_t>(n) * sizeof(int32_t));
     at += n;
   }

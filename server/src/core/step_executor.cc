@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
@@ -295,26 +296,29 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(Enqueue(work));
   const absl::Time enqueued_at = absl::Now();
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
-  absl::StatusOr<double> kernel_s = backend_.ElapsedSeconds(*events_.start, *events_.end);
-  if (!kernel_s.ok()) return kernel_s.status();
-  absl::StatusOr<double> attend_s =
-      backend_.ElapsedSeconds(*events_.attend_begin, *events_.attend_end);
-  if (!attend_s.ok()) return attend_s.status();
-  absl::StatusOr<double> copy_in_s = backend_.ElapsedSeconds(*events_.start, *events_.copied_in);
-  if (!copy_in_s.ok()) return copy_in_s.status();
-  absl::StatusOr<double> copy_out_s = backend_.ElapsedSeconds(*events_.attend_end, *events_.end);
-  if (!copy_out_s.ok()) return copy_out_s.status();
-  // From the end of the input copies to the host's enqueueing of the rest: the device waiting
-  // for the segment build the copies did not cover (the whole build on the CPU backend, whose
-  // copies run inside the enqueueing call). Host time, so it goes to prep, not kernel.
-  absl::StatusOr<double> wait_s = backend_.ElapsedSeconds(*events_.copied_in, *events_.built);
-  if (!wait_s.ok()) return wait_s.status();
-  const absl::Duration wait = absl::Seconds(*wait_s);
+  // The device's intervals between the launch's events. `wait` runs from the end of the input
+  // copies to the host's enqueueing of the rest: the device waiting for the segment build the
+  // copies did not cover (the whole build on the CPU backend, whose copies run inside the
+  // enqueueing call). Host time, so it goes to prep, not kernel.
+  enum { kTotal, kAttend, kCopyIn, kCopyOut, kWait, kIntervals };
+  const std::pair<const kernels::Event*, const kernels::Event*> between[kIntervals] = {
+      {events_.start.get(), events_.end.get()},
+      {events_.attend_begin.get(), events_.attend_end.get()},
+      {events_.start.get(), events_.copied_in.get()},
+      {events_.attend_end.get(), events_.end.get()},
+      {events_.copied_in.get(), events_.built.get()}};
+  absl::Duration interval[kIntervals];
+  for (int i = 0; i < kIntervals; ++i) {
+    absl::StatusOr<double> s = backend_.ElapsedSeconds(*between[i].first, *between[i].second);
+    if (!s.ok()) return s.status();
+    interval[i] = absl::Seconds(*s);
+  }
+  const absl::Duration wait = interval[kWait];
   StepTimings t;
-  t.kernel = absl::Seconds(*kernel_s) - wait;
-  t.attend = absl::Seconds(*attend_s);
-  t.copy_in = absl::Seconds(*copy_in_s);
-  t.copy_out = absl::Seconds(*copy_out_s);
+  t.kernel = interval[kTotal] - wait;
+  t.attend = interval[kAttend];
+  t.copy_in = interval[kCopyIn];
+  t.copy_out = interval[kCopyOut];
   // Host work before the input copies, the device's wait for the build, and enqueueing the rest
   // where it outlasted the device work after the copies (on the CPU backend the device work
   // runs inside the enqueueing calls).
