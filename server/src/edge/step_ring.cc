@@ -13,13 +13,6 @@ namespace smla::server::edge {
 namespace ring = v1::ring;
 namespace {
 
-google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
-  google::protobuf::ArenaOptions o;
-  o.initial_block = block;
-  o.initial_block_size = size;
-  return o;
-}
-
 // A sleep on the doorbell is bounded so a client that sets request_seq without ringing is
 // still served, slowly, and a lost wake cannot stall the ring for long.
 constexpr int64_t kSleepNs = 100'000'000;

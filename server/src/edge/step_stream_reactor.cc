@@ -5,17 +5,6 @@
 #include "smla_service.h"
 
 namespace smla::server::edge {
-namespace {
-
-google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
-  google::protobuf::ArenaOptions o;
-  o.initial_block = block;
-  o.initial_block_size = size;
-  return o;
-}
-
-}  // namespace
-
 StepStreamReactor::Entry::Entry()
     : arena(FirstBlock(first_block, sizeof first_block)),
       request(google::protobuf::Arena::CreateMessage<v1::StepRequest>(&arena)),
@@ -95,8 +84,8 @@ void StepStreamReactor::OnReadDone(bool ok) {
     AttachRing(entry);
   } else if (entry != nullptr) {
     StepRequest step;
-    absl::Status st =
-        service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step, &entry->storage);
+    absl::Status st = service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step,
+                                        &entry->storage);
     entry->request_id = step.request_id;
     entry->parsed = absl::Now();
     if (!st.ok()) {
@@ -129,6 +118,10 @@ void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>&
   const grpc::Status g = service_->Finished("StepStream", entry->request_id, result.status());
   resp.set_code(static_cast<int32_t>(g.error_code()));
   resp.set_message(g.error_message());
+  Answered(entry);
+}
+
+void StepStreamReactor::Answered(Entry* entry) {
   Actions a;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -174,14 +167,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
   const grpc::Status g = service_->Finished("RingAttach", pb.request_id(), st);
   resp.set_code(static_cast<int32_t>(g.error_code()));
   resp.set_message(g.error_message());
-  Actions a;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    entry->done = true;
-    --outstanding_;
-    a = NextActions();
-  }
-  Run(a);
+  Answered(entry);
 }
 
 void StepStreamReactor::OnWriteDone(bool ok) {

@@ -64,6 +64,8 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void Complete(Entry* entry, const absl::StatusOr<StepResult>& result);
   // Answers a ring_attach request (the ring starts when it is accepted).
   void AttachRing(Entry* entry);
+  // Marks the entry answered and starts what that allows (writes in request order, the finish).
+  void Answered(Entry* entry);
   // Picks the next read, write or finish; needs mu_.
   Actions NextActions();
   void Run(const Actions& a);
@@ -76,7 +78,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
   std::unique_ptr<Entry> reading_;               // its request is the pending read's target
   std::vector<int32_t> spare_topk_;  // a written entry's packed top-k buffer, for the next read
-  int outstanding_ = 0;                          // core callbacks not yet run
+  int outstanding_ = 0;              // core callbacks not yet run
   bool read_pending_ = false;
   bool reads_done_ = false;
   bool writing_ = false;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "google/protobuf/arena.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
@@ -34,6 +35,15 @@ WireModel MakeWireModel(int32_t heads, const ModelProfile& profile);
 // in a client's region where the client could change them after validation) and the region
 // mappings the request's views point into; must live as long as the StepRequest.
 class ShmMapping;
+
+// Options that start an arena in `block`: a stream entry or ring slot keeps its first block
+// inside itself, so reading a packed request, or an inline one of a few spans, allocates nothing.
+inline google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
+  google::protobuf::ArenaOptions o;
+  o.initial_block = block;
+  o.initial_block_size = size;
+  return o;
+}
 
 struct ParseStorage {
   std::vector<std::unique_ptr<int32_t[]>> int32_copies;
