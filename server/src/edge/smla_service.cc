@@ -135,8 +135,9 @@ absl::StatusOr<std::string> SmlaService::TenantOf(const grpc::CallbackServerCont
   return options_.auth->TenantOf(ctx);
 }
 
-absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepRequest& pb, absl::Time call_deadline,
-                                  CancelFlag cancel, StepRequest* out, ParseStorage* storage) {
+absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepRequest& pb,
+                                  absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
+                                  ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
   const RegionContext regions{regions_.get(), tenant};
@@ -157,6 +158,24 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
   }
   out->cancelled = std::move(cancel);
   return absl::OkStatus();
+}
+
+void SmlaService::AnswerStreamStep(const std::string& request_id, absl::Time start,
+                                   absl::Time parsed, const absl::StatusOr<StepResult>& result,
+                                   const v1::StepRequest* request, v1::StepResponse* response) {
+  response->set_request_id(request_id);
+  if (result.ok()) {
+    const absl::Duration server_time = absl::Now() - start;
+    FillStepResponse(*result, response, request);
+    v1::StepTimings* tm = response->mutable_timings();
+    tm->set_server_us(absl::ToInt64Microseconds(server_time));
+    tm->set_parse_us(absl::ToInt64Microseconds(parsed - start));
+    tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - parsed));
+    metrics_->ObserveStep(*result, server_time);
+  }
+  const grpc::Status g = Finished("StepStream", request_id, result.status());
+  response->set_code(static_cast<int32_t>(g.error_code()));
+  response->set_message(g.error_message());
 }
 
 grpc::Status SmlaService::Finished(std::string_view method, const std::string& request_id,
@@ -226,8 +245,8 @@ grpc::ServerUnaryReactor* SmlaService::GetSequence(grpc::CallbackServerContext* 
                                                    v1::GetSequenceResponse* response) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "GetSequence", tenant.status());
-  auto len = core_->SequenceLength(*tenant, request->model(), request->sequence_id(),
-                                   request->layer());
+  auto len =
+      core_->SequenceLength(*tenant, request->model(), request->sequence_id(), request->layer());
   if (len.ok()) response->set_length(*len);
   return Reply(ctx, "GetSequence", len.status());
 }

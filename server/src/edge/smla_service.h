@@ -81,8 +81,9 @@ class SmlaService final : public v1::Smla::CallbackService {
   TenantStreams& streams() { return streams_; }
 
   // Parses `pb` into `out` with tenant, request id, deadline and cancel flag filled in.
-  absl::Status Prepare(const std::string& tenant, const v1::StepRequest& pb, absl::Time call_deadline, CancelFlag cancel,
-                       StepRequest* out, ParseStorage* storage);
+  absl::Status Prepare(const std::string& tenant, const v1::StepRequest& pb,
+                       absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
+                       ParseStorage* storage);
 
   ServiceCore* core() const { return core_; }
   EdgeMetrics* metrics() const { return metrics_; }
@@ -91,6 +92,12 @@ class SmlaService final : public v1::Smla::CallbackService {
   // Logs and counts a finished call, and turns its status into a gRPC one.
   grpc::Status Finished(std::string_view method, const std::string& request_id,
                         const absl::Status& status);
+  // Fills the response of one StepStream step (the stream's or its ring's): on success the
+  // outputs, the timings (server time from `start`, parse to `parsed`, admit to the core's
+  // admission) and the step metrics; in every case the call's count, code and message.
+  void AnswerStreamStep(const std::string& request_id, absl::Time start, absl::Time parsed,
+                        const absl::StatusOr<StepResult>& result, const v1::StepRequest* request,
+                        v1::StepResponse* response);
 
  private:
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, std::string_view method,

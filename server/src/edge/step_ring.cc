@@ -211,22 +211,9 @@ void StepRing::Serve(uint64_t n) {
 
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
   Work& w = *work_[index];
-  v1::StepResponse& resp = *w.response;
-  resp.set_request_id(w.request_id);
-  if (result.ok()) {
-    const absl::Duration server_time = absl::Now() - w.start;
-    FillStepResponse(*result, &resp, w.request);
-    v1::StepTimings* tm = resp.mutable_timings();
-    tm->set_server_us(absl::ToInt64Microseconds(server_time));
-    tm->set_parse_us(absl::ToInt64Microseconds(w.parsed - w.start));
-    tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - w.parsed));
-    service_->metrics()->ObserveStep(*result, server_time);
-  }
   // Counted as the stream's steps: the ring is the stream's transport.
-  const grpc::Status g = service_->Finished("StepStream", w.request_id, result.status());
-  resp.set_code(static_cast<int32_t>(g.error_code()));
-  resp.set_message(g.error_message());
-  Answer(index, w.seq, &resp);
+  service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, w.request, w.response);
+  Answer(index, w.seq, w.response);
   // The slot's work may be reused from here on.
   w.busy.store(false, std::memory_order_seq_cst);
   if (poller_sleeping_.load()) RingDoorbell();

@@ -104,20 +104,8 @@ void StepStreamReactor::OnReadDone(bool ok) {
 }
 
 void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
-  v1::StepResponse& resp = *entry->response;
-  resp.set_request_id(entry->request_id);
-  if (result.ok()) {
-    const absl::Duration server_time = absl::Now() - entry->start;
-    FillStepResponse(*result, &resp, entry->request);
-    v1::StepTimings* tm = resp.mutable_timings();
-    tm->set_server_us(absl::ToInt64Microseconds(server_time));
-    tm->set_parse_us(absl::ToInt64Microseconds(entry->parsed - entry->start));
-    tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - entry->parsed));
-    service_->metrics()->ObserveStep(*result, server_time);
-  }
-  const grpc::Status g = service_->Finished("StepStream", entry->request_id, result.status());
-  resp.set_code(static_cast<int32_t>(g.error_code()));
-  resp.set_message(g.error_message());
+  service_->AnswerStreamStep(entry->request_id, entry->start, entry->parsed, result, entry->request,
+                             entry->response);
   Answered(entry);
 }
 
