@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "smla/kernels/epilogue.h"
 
@@ -258,9 +259,14 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   return l;
 }
 
-void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* host) {
+namespace {
+
+// The call's small host arrays (CSR, positions, sink) with their workspace offsets; empty ones
+// are skipped.
+void ForEachHostArray(const AttendParams& params, const AttendLaunch& l,
+                      absl::FunctionRef<void(int64_t off, const void* src, size_t bytes)> fn) {
   auto put = [&](int64_t off, const void* src, size_t bytes) {
-    if (bytes > 0) std::memcpy(host + off, src, bytes);
+    if (bytes > 0) fn(off, src, bytes);
   };
   put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
   put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
@@ -274,21 +280,19 @@ void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* hos
   if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
 }
 
+}  // namespace
+
+void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* host) {
+  ForEachHostArray(params, l, [host](int64_t off, const void* src, size_t bytes) {
+    std::memcpy(host + off, src, bytes);
+  });
+}
+
 void AttendUploads(const AttendParams& params, const AttendLaunch& l, uint8_t* ws,
                    std::vector<CopyOp>& copies) {
-  auto put = [&](int64_t off, const void* src, size_t bytes) {
-    if (bytes > 0) copies.push_back(CopyOp{ws + off, src, bytes});
-  };
-  put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
-  put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
-  if (params.has_extra) {
-    put(l.off_indptr[1], params.extra.indptr.data(), params.extra.indptr.size_bytes());
-    put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
-  }
-  if (l.off_positions >= 0) {
-    put(l.off_positions, params.epilogue.positions.data(), params.epilogue.positions.size_bytes());
-  }
-  if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
+  ForEachHostArray(params, l, [ws, &copies](int64_t off, const void* src, size_t bytes) {
+    copies.push_back(CopyOp{ws + off, src, bytes});
+  });
 }
 
 void BindAttend(AttendLaunch& l, uint8_t* ws) {
