@@ -1,7 +1,14 @@
 #include "smla/server/kv_store.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "smla/kernels/cpu_backend.h"
@@ -10,6 +17,16 @@ namespace smla::server {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Tables compared entry by entry (LayerPages has no operator==).
+void ExpectSame(const LayerPages& got, const LayerPages& want, const std::string& what) {
+  EXPECT_EQ(got.length, want.length) << what;
+  EXPECT_EQ(got.main_first_page, want.main_first_page) << what;
+  EXPECT_EQ(std::vector<int32_t>(got.main.begin(), got.main.end()),
+            std::vector<int32_t>(want.main.begin(), want.main.end()))
+      << what;
+  EXPECT_EQ(got.compressed, want.compressed) << what;
+}
 
 class KvStoreTest : public ::testing::Test {
  protected:
@@ -222,6 +239,311 @@ TEST_F(KvStoreTest, SequenceLimitAndUnknownLayer) {
   EXPECT_EQ(store->CreateSequence("t", "b").code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(store->CreateSequence("t", "").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Length("t", "a", 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Prepare edits the live tables; Abort must put them back exactly, and while the step is pending
+// Length() and Pages() show the committed state, pages() the state after the step.
+TEST_F(KvStoreTest, AbortRestoresTablesExactly) {
+  const std::string dsv4 = "dsv4.1-flash:tp=8:page_rows=16:pool_pages=256";
+  const std::string glm = "glm-5.3-flash:tp=8:page_rows=16:pool_pages=256";
+  struct Case {
+    const char* what;
+    std::string spec;
+    int32_t layer;
+    std::vector<SpanWrite> spans;
+    int64_t added;     // new pages
+    int64_t released;  // pages the step moves out of the tables
+  };
+  // From length 300 on both sequences. dsv4.1-flash layer 0: window only; layer 20: window +
+  // 1/1 compressed. W = 128, B = 16, rollback 16 unless set.
+  const std::vector<Case> cases = {
+      // 300 -> 306: from page 18 (positions 288..303) into page 19 of each table.
+      {"append", dsv4, 20, {{"a", 300, 6}}, 2, 0},
+      // Restart at 286 (14 back) with one row: page 18 of main and of compressed go.
+      {"rollback", dsv4, 20, {{"a", 286, 1}}, 0, 2},
+      // Restart at 240: pages 16..18 of main and of compressed go, so their order matters.
+      {"rollback of pages", dsv4 + ":swa_rollback=64", 20, {{"a", 240, 1}}, 0, 6},
+      // A full cache restarting far back: pages 13..18 go.
+      {"full cache rollback", glm, 0, {{"b", 200, 3}}, 0, 6},
+      // A window-only layer, crossing two page boundaries (300 -> 340: pages 19..21).
+      {"window crossing pages", dsv4, 0, {{"b", 300, 40}}, 3, 0},
+      // Both at once in one request, on different sequences.
+      {"append and rollback", dsv4, 20, {{"a", 300, 40}, {"b", 285, 2}}, 6, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto store = Make(c.spec);
+    const bool window = store->profile().layers[c.layer].has_window();
+    const bool compressed = store->profile().layers[c.layer].has_compressed();
+    for (const char* id : {"a", "b"}) {
+      ASSERT_TRUE(store->CreateSequence("t", id).ok());
+      for (int64_t at = 0; at < 300; at += 50) {
+        ASSERT_TRUE(Step(*store, "t", c.layer, id, at, 50).ok());
+      }
+    }
+    std::vector<LayerPages> before;
+    for (const SpanWrite& w : c.spans) before.push_back(*store->Pages("t", w.sequence_id, c.layer));
+    const int64_t used = store->pages_used();
+    EXPECT_EQ(store->tenant_pages("t"), used);
+    for (const bool commit : {false, true}) {
+      SCOPED_TRACE(commit ? "commit" : "abort");
+      store->BeginBatch();
+      absl::StatusOr<std::unique_ptr<PreparedStep>> p = store->Prepare("t", c.layer, c.spans);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ((*p)->new_pages(), c.added);
+      EXPECT_EQ(store->pages_used(), used + c.added);
+      std::vector<LayerPages> next;
+      for (size_t i = 0; i < c.spans.size(); ++i) {
+        const SpanWrite& w = c.spans[i];
+        const int64_t end = w.first_position + w.num_rows;
+        next.push_back((*p)->pages(i));
+        EXPECT_EQ(next[i].length, end);
+        EXPECT_EQ(next[i].main_first_page, before[i].main_first_page);
+        EXPECT_EQ(next[i].main_first_page + static_cast<int64_t>(next[i].main.size()),
+                  (end - 1) / 16 + 1);
+        if (compressed) {
+          EXPECT_EQ(static_cast<int64_t>(next[i].compressed.size()), (end + 15) / 16);
+        }
+        EXPECT_EQ((*p)->MainSlot(i, end - 1), int64_t{next[i].main.back()} * 16 + (end - 1) % 16);
+        // The committed state is what other callers see until Commit.
+        EXPECT_EQ(*store->Length("t", w.sequence_id, c.layer), before[i].length);
+        ExpectSame(*store->Pages("t", w.sequence_id, c.layer), before[i], "Pages() while prepared");
+      }
+      if (!commit) {
+        store->Abort(**p);
+        store->EndBatch();
+        for (size_t i = 0; i < c.spans.size(); ++i) {
+          ExpectSame(*store->Pages("t", c.spans[i].sequence_id, c.layer), before[i], "after Abort");
+        }
+        EXPECT_EQ(store->pages_used(), used);
+        EXPECT_EQ(store->tenant_pages("t"), used);
+        continue;
+      }
+      store->Commit(**p);
+      store->EndBatch();
+      // The step's tables, less the window pages that slid out.
+      int64_t slid_total = 0;
+      for (size_t i = 0; i < c.spans.size(); ++i) {
+        const LayerPages got = *store->Pages("t", c.spans[i].sequence_id, c.layer);
+        const int64_t keep_from =
+            std::max<int64_t>(0, next[i].length - store->config().swa_rollback - 127);
+        const int64_t slid =
+            window ? std::max<int64_t>(0, keep_from / 16 - next[i].main_first_page) : 0;
+        slid_total += slid;
+        next[i].main.erase(next[i].main.begin(), next[i].main.begin() + slid);
+        next[i].main_first_page += slid;
+        ExpectSame(got, next[i], "after Commit");
+        EXPECT_EQ(*store->Length("t", c.spans[i].sequence_id, c.layer), next[i].length);
+      }
+      EXPECT_EQ(store->pages_used(), used + c.added - c.released - slid_total);
+      EXPECT_EQ(store->tenant_pages("t"), store->pages_used());
+    }
+  }
+}
+
+// Random steps, rollbacks, refusals, aborts and truncations against a direct model of the
+// tables (copy the table, change the copy, keep it at Commit), checking every table after every
+// batch and the committed view while steps are pending.
+TEST_F(KvStoreTest, MatchesAModelOfTheTables) {
+  for (const std::string spec : {"dsv4.1-flash:tp=8:page_rows=8:pool_pages=4096",
+                                 "glm-5.3-flash:tp=8:page_rows=8:pool_pages=4096"}) {
+    SCOPED_TRACE(spec);
+    auto store = Make(spec, 8);
+    const ModelProfile& profile = store->profile();
+    const int32_t B = store->config().page_rows;
+    const int64_t W = profile.swa_window;
+    const int64_t rollback = store->config().swa_rollback;
+    std::vector<int32_t> layers;
+    for (int32_t l : {0, 2, 20}) {
+      if (l < profile.num_layers()) layers.push_back(l);
+    }
+    const std::vector<std::string> ids = {"a", "b", "c", "d", "e"};
+    // model[id][layer]
+    std::map<std::string, std::map<int32_t, LayerPages>> model;
+    for (const std::string& id : ids) {
+      ASSERT_TRUE(store->CreateSequence("t", id).ok());
+      for (int32_t l = 0; l < profile.num_layers(); ++l) model[id][l] = LayerPages();
+    }
+    auto check_all = [&](const std::string& when) {
+      std::set<int32_t> held;
+      int64_t total = 0;
+      for (const std::string& id : ids) {
+        for (int32_t l : layers) {
+          const LayerPages& m = model[id][l];
+          ExpectSame(*store->Pages("t", id, l), m, absl::StrCat(when, " ", id, "/", l));
+          EXPECT_EQ(*store->Length("t", id, l), m.length);
+          held.insert(m.main.begin(), m.main.end());
+          held.insert(m.compressed.begin(), m.compressed.end());
+          total += static_cast<int64_t>(m.main.size() + m.compressed.size());
+        }
+      }
+      EXPECT_EQ(static_cast<int64_t>(held.size()), total) << when << ": a page in two places";
+      return total;
+    };
+    std::mt19937 rng(20261130);
+    auto uniform = [&](int64_t lo, int64_t hi) {
+      return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+    };
+    int commits = 0, aborts = 0, refusals = 0, rollbacks = 0;
+    for (int batch = 0; batch < 400; ++batch) {
+      const std::string when = absl::StrCat("batch ", batch);
+      const int32_t layer = layers[uniform(0, layers.size() - 1)];
+      const LayerSpec& ls = profile.layers[layer];
+      // Requests of 1..2 spans over distinct sequences.
+      std::vector<std::string> order = ids;
+      std::shuffle(order.begin(), order.end(), rng);
+      const size_t used_seqs = uniform(1, ids.size());
+      std::vector<std::vector<SpanWrite>> requests;
+      for (size_t k = 0; k < used_seqs;) {
+        const size_t n = std::min<size_t>(uniform(1, 2), used_seqs - k);
+        std::vector<SpanWrite> r;
+        for (size_t j = 0; j < n; ++j, ++k) {
+          const LayerPages& m = model[order[k]][layer];
+          int64_t first = m.length;
+          const int64_t kind = uniform(0, 9);
+          if (kind < 3) {
+            first = std::max<int64_t>(0, m.length - uniform(1, rollback + 3));
+          } else if (kind == 3) {
+            first = m.length + uniform(1, 3);  // a gap: refused
+          } else if (kind == 4 && !ls.has_window()) {
+            first = uniform(0, m.length);  // full caches restart anywhere
+          }
+          r.push_back(SpanWrite{order[k], first, static_cast<int32_t>(uniform(1, 40))});
+        }
+        requests.push_back(std::move(r));
+      }
+      std::vector<std::unique_ptr<PreparedStep>> prepared;
+      std::vector<size_t> prepared_of;
+      store->BeginBatch();
+      for (size_t r = 0; r < requests.size(); ++r) {
+        bool valid = true;
+        for (const SpanWrite& w : requests[r]) {
+          const LayerPages& m = model[std::string(w.sequence_id)][layer];
+          valid = valid && w.first_position <= m.length;
+          if (ls.has_window()) {
+            valid =
+                valid && std::max<int64_t>(0, w.first_position - (W - 1)) >= m.main_first_page * B;
+          }
+        }
+        const int64_t used = store->pages_used();
+        absl::StatusOr<std::unique_ptr<PreparedStep>> p = store->Prepare("t", layer, requests[r]);
+        ASSERT_EQ(p.ok(), valid) << when << ": " << p.status();
+        if (!p.ok()) {
+          EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+          EXPECT_EQ(store->pages_used(), used);
+          ++refusals;
+          continue;
+        }
+        // The prepared tables are the model's table after the step, new pages at the ends.
+        for (size_t i = 0; i < requests[r].size(); ++i) {
+          const SpanWrite& w = requests[r][i];
+          const LayerPages& m = model[std::string(w.sequence_id)][layer];
+          const LayerPages& next = (*p)->pages(i);
+          const int64_t end = w.first_position + w.num_rows;
+          if (end < m.length) ++rollbacks;
+          const int64_t main_pages = (end - 1) / B + 1 - m.main_first_page;
+          EXPECT_EQ(next.length, end);
+          EXPECT_EQ(next.main_first_page, m.main_first_page);
+          ASSERT_EQ(static_cast<int64_t>(next.main.size()), main_pages) << when;
+          const size_t main_kept = std::min(next.main.size(), m.main.size());
+          EXPECT_TRUE(std::equal(m.main.begin(), m.main.begin() + main_kept, next.main.begin()))
+              << when;
+          const int64_t comp_pages = ls.has_compressed() ? (end / ls.ratio + B - 1) / B : 0;
+          ASSERT_EQ(static_cast<int64_t>(next.compressed.size()), comp_pages) << when;
+          const size_t comp_kept = std::min(next.compressed.size(), m.compressed.size());
+          EXPECT_TRUE(std::equal(m.compressed.begin(), m.compressed.begin() + comp_kept,
+                                 next.compressed.begin()))
+              << when;
+        }
+        prepared.push_back(*std::move(p));
+        prepared_of.push_back(r);
+      }
+      check_all(when + " (prepared)");
+      for (size_t k = 0; k < prepared.size(); ++k) {
+        if (uniform(0, 3) == 0) {
+          store->Abort(*prepared[k]);
+          ++aborts;
+          continue;
+        }
+        const std::vector<SpanWrite>& req = requests[prepared_of[k]];
+        std::vector<LayerPages> next;
+        for (size_t i = 0; i < req.size(); ++i) next.push_back(prepared[k]->pages(i));
+        store->Commit(*prepared[k]);
+        ++commits;
+        for (size_t i = 0; i < req.size(); ++i) {
+          LayerPages& m = model[std::string(req[i].sequence_id)][layer];
+          m = next[i];
+          if (ls.has_window()) {
+            const int64_t first_page = std::max<int64_t>(0, m.length - rollback - (W - 1)) / B;
+            while (m.main_first_page < first_page && !m.main.empty()) {
+              m.main.pop_front();
+              ++m.main_first_page;
+            }
+          }
+        }
+      }
+      store->EndBatch();
+      const int64_t total = check_all(when);
+      EXPECT_EQ(store->pages_used(), total) << when;
+      EXPECT_EQ(store->tenant_pages("t"), total) << when;
+      // Now and then a sequence that grew long starts over.
+      for (const std::string& id : ids) {
+        if (model[id][layer].length > 500 && uniform(0, 1) == 0) {
+          ASSERT_TRUE(store->Truncate("t", id, 0).ok());
+          for (auto& [l, m] : model[id]) m = LayerPages();
+        }
+      }
+      if (HasFailure()) break;
+    }
+    EXPECT_GT(commits, 100);
+    EXPECT_GT(aborts, 30);
+    EXPECT_GT(refusals, 10);
+    EXPECT_GT(rollbacks, 30);
+  }
+}
+
+// Prints (never asserts on) the store's share of a decode batch: 32 sequences at 128K context
+// on dsv4.1-flash layer 20 (window + 1/1 compressed cache: 2,048 compressed pages each), one
+// 6-row span per request, Prepare then Commit (or Abort) of every request.
+TEST_F(KvStoreTest, PrepareCommitTimeOfTheDecodeCell) {
+  auto store = Make("dsv4.1-flash:tp=4:page_rows=64:pool_pages=70000", 32);
+  const int32_t layer = 20;
+  const int64_t context = 128 * 1024;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 32; ++i) {
+    ids.push_back(absl::StrCat("s", i));
+    ASSERT_TRUE(store->CreateSequence("t", ids.back()).ok());
+    for (int64_t at = 0; at < context; at += 16384) {
+      ASSERT_TRUE(Step(*store, "t", layer, ids.back(), at, 16384).ok());
+    }
+  }
+  int64_t length = context;
+  std::vector<std::unique_ptr<PreparedStep>> prepared(ids.size());
+  auto batch_us = [&](bool commit) {
+    std::vector<double> t;
+    for (int k = 0; k < 41; ++k) {
+      const auto a = std::chrono::steady_clock::now();
+      store->BeginBatch();
+      for (size_t i = 0; i < ids.size(); ++i) {
+        SpanWrite w{ids[i], length, 6};
+        absl::StatusOr<std::unique_ptr<PreparedStep>> p = store->Prepare("t", layer, {&w, 1});
+        if (!p.ok()) std::abort();
+        prepared[i] = *std::move(p);
+      }
+      for (auto& p : prepared) commit ? store->Commit(*p) : store->Abort(*p);
+      store->EndBatch();
+      t.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+      if (commit) length += 6;
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double abort_us = batch_us(false);
+  const double commit_us = batch_us(true);
+  EXPECT_EQ(*store->Length("t", ids[0], layer), length);
+  std::printf("decode C=32 at 128K, layer %d: Prepare+Commit %.1f us, Prepare+Abort %.1f us\n",
+              layer, commit_us, abort_us);
 }
 
 }  // namespace

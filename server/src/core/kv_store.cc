@@ -13,7 +13,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 int64_t PreparedStep::MainSlot(size_t span, int64_t position) const {
-  const LayerPages& p = spans_[span].next;
+  const LayerPages& p = *spans_[span].table;
   const int64_t logical = position / rows_per_page_ - p.main_first_page;
   SMLA_CHECK(position >= 0 && logical >= 0 && logical < static_cast<int64_t>(p.main.size()),
              "main position outside the prepared page table");
@@ -21,7 +21,7 @@ int64_t PreparedStep::MainSlot(size_t span, int64_t position) const {
 }
 
 int64_t PreparedStep::CompressedSlot(size_t span, int64_t entry) const {
-  const LayerPages& p = spans_[span].next;
+  const LayerPages& p = *spans_[span].table;
   const int64_t logical = entry / rows_per_page_;
   SMLA_CHECK(entry >= 0 && logical < static_cast<int64_t>(p.compressed.size()),
              "compressed entry outside the prepared page table");
@@ -130,7 +130,7 @@ absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view i
   ++usage.sequences;
   auto seq = std::make_unique<Sequence>();
   seq->layers.resize(profile_->num_layers());
-  seq->busy.assign(profile_->num_layers(), false);
+  seq->pending.assign(profile_->num_layers(), nullptr);
   seq->last_used = absl::Now();
   sequences_.emplace(Key(std::string(tenant), std::string(id)), std::move(seq));
   return absl::OkStatus();
@@ -237,9 +237,17 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
 
 absl::StatusOr<int64_t> KvStore::Length(std::string_view tenant, std::string_view id,
                                         int32_t layer) const {
-  absl::StatusOr<LayerPages> pages = Pages(tenant, id, layer);
-  if (!pages.ok()) return pages.status();
-  return pages->length;
+  if (layer < 0 || layer >= profile_->num_layers()) {
+    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
+                                   profile_->num_layers(), " layers)"));
+  }
+  absl::MutexLock lock(&mu_);
+  const Sequence* seq = Find(tenant, id);
+  if (seq == nullptr) {
+    return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+  }
+  const PreparedStep::Span* pending = seq->pending[layer];
+  return pending != nullptr ? pending->old_length : seq->layers[layer].length;
 }
 
 absl::StatusOr<LayerPages> KvStore::Pages(std::string_view tenant, std::string_view id,
@@ -253,7 +261,9 @@ absl::StatusOr<LayerPages> KvStore::Pages(std::string_view tenant, std::string_v
   if (seq == nullptr) {
     return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   }
-  return seq->layers[layer];
+  LayerPages pages = seq->layers[layer];
+  if (seq->pending[layer] != nullptr) Undo(*seq->pending[layer], pages);
+  return pages;
 }
 
 void KvStore::BeginBatch() {
@@ -264,6 +274,7 @@ void KvStore::BeginBatch() {
 
 void KvStore::EndBatch() {
   absl::MutexLock lock(&mu_);
+  SMLA_CHECK(steps_pending_ == 0, "batch ended with a prepared step neither committed nor aborted");
   batch_active_ = false;
 }
 
@@ -304,7 +315,7 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
       return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '", s.sequence_id,
                                      "' of model ", config_.profile, " not found"));
     }
-    SMLA_CHECK(!seq->busy[layer], "two steps of one (sequence, layer) in one batch");
+    SMLA_CHECK(seq->pending[layer] == nullptr, "two steps of one (sequence, layer) in one batch");
     const LayerPages& cur = seq->layers[layer];
     if (s.first_position > cur.length) {
       return absl::InvalidArgumentError(Cat("spans[", i, "].first_position ", s.first_position,
@@ -349,27 +360,34 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
              "allocator refused pages it reported free");
   step->tenant_ = std::string(tenant);
   Charge(tenant, pages_needed);
-  // Pass 2: build each span's tables as they will be after the step.
+  // Pass 2: apply the step to the live tables, recording how to undo it. No error from here on.
+  ++steps_pending_;
   size_t next_page = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     const SpanWrite& s = spans[i];
     PreparedStep::Span& out = step->spans_[i];
     Sequence* seq = static_cast<Sequence*>(out.sequence);
-    seq->busy[layer] = true;
-    out.next = seq->layers[layer];
-    LayerPages& p = out.next;
+    // Also catches one sequence named by two spans, which pass 1 counted against the same table.
+    SMLA_CHECK(seq->pending[layer] == nullptr, "two steps of one (sequence, layer) in one batch");
+    seq->pending[layer] = &out;
+    LayerPages& p = seq->layers[layer];
+    out.table = &p;
+    out.old_length = p.length;
     const int64_t end = s.first_position + s.num_rows;
     p.length = end;
     for (int64_t k = 0; k < main_add[i]; ++k) p.main.push_back(step->new_pages_[next_page++]);
+    out.main_added = static_cast<int32_t>(main_add[i]);
     const int64_t keep_main = (end - 1) / B + 1 - p.main_first_page;
     while (static_cast<int64_t>(p.main.size()) > keep_main) {
       out.release.push_back(p.main.back());
       p.main.pop_back();
     }
+    out.main_released = static_cast<int32_t>(out.release.size());
     if (spec.has_compressed()) {
       for (int64_t k = 0; k < comp_add[i]; ++k) {
         p.compressed.push_back(step->new_pages_[next_page++]);
       }
+      out.compressed_added = static_cast<int32_t>(comp_add[i]);
       const int64_t keep = CeilDiv(end / spec.ratio, B);
       while (static_cast<int64_t>(p.compressed.size()) > keep) {
         out.release.push_back(p.compressed.back());
@@ -380,16 +398,31 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
   return step;
 }
 
+void KvStore::Undo(const PreparedStep::Span& step, LayerPages& pages) {
+  // Reverse order of Prepare: put the released pages back, then drop the appended ones (a table
+  // never has both, see PreparedStep::Span).
+  const auto main_released = step.release.begin() + step.main_released;
+  for (auto it = step.release.rbegin(); it.base() != main_released; ++it) {
+    pages.compressed.push_back(*it);
+  }
+  pages.compressed.resize(pages.compressed.size() - step.compressed_added);
+  for (auto it = std::make_reverse_iterator(main_released); it != step.release.rend(); ++it) {
+    pages.main.push_back(*it);
+  }
+  pages.main.resize(pages.main.size() - step.main_added);
+  pages.length = step.old_length;
+}
+
 void KvStore::Commit(PreparedStep& step) {
   absl::MutexLock lock(&mu_);
   SMLA_CHECK(!step.done_, "prepared step finished twice");
   step.done_ = true;
+  --steps_pending_;
   const bool window = profile_->layers[step.layer_].has_window();
   for (PreparedStep::Span& s : step.spans_) {
     Sequence* seq = static_cast<Sequence*>(s.sequence);
-    if (window) TrimWindow(s.next, s.release);
-    seq->layers[step.layer_] = std::move(s.next);
-    seq->busy[step.layer_] = false;
+    if (window) TrimWindow(*s.table, s.release);
+    seq->pending[step.layer_] = nullptr;
     allocator_.Free(s.release);
     Charge(step.tenant_, -static_cast<int64_t>(s.release.size()));
   }
@@ -399,8 +432,10 @@ void KvStore::Abort(PreparedStep& step) {
   absl::MutexLock lock(&mu_);
   SMLA_CHECK(!step.done_, "prepared step finished twice");
   step.done_ = true;
+  --steps_pending_;
   for (PreparedStep::Span& s : step.spans_) {
-    static_cast<Sequence*>(s.sequence)->busy[step.layer_] = false;
+    Undo(s, *s.table);
+    static_cast<Sequence*>(s.sequence)->pending[step.layer_] = nullptr;
   }
   allocator_.Free(step.new_pages_);
   Charge(step.tenant_, -static_cast<int64_t>(step.new_pages_.size()));

@@ -14,9 +14,18 @@
 //
 // Steps are two-phase so that a failed step changes nothing: Prepare validates positions and
 // reserves every page a request needs (all or nothing), the caller writes and attends using the
-// prepared slot tables, then Commit (or Abort) updates the tables. Prepare/Commit/Abort happen
-// between BeginBatch and EndBatch; Truncate and Release wait until no batch is in flight, so the
-// pages a running batch reads are never handed to anyone else.
+// prepared slot tables, then Commit finishes the step or Abort undoes it. Prepare/Commit/Abort
+// happen between BeginBatch and EndBatch; Truncate and Release wait until no batch is in flight,
+// so the pages a running batch reads are never handed to anyone else.
+//
+// Prepare edits the live tables in place (no table is copied: at 128K context a compressed table
+// is thousands of entries, and every request of every batch is prepared): it appends the new
+// pages, or moves the pages past the step's end (a rollback) into the step, sets the table's
+// length to the step's end and records what Abort needs to put everything back exactly. This is
+// safe because the (sequence, layer) is marked busy until Commit/Abort (one step of it per batch)
+// and nothing else edits tables while a batch is in flight. Length() and Pages() report the
+// committed state throughout: for a busy (sequence, layer) they undo the pending step on the
+// saved record rather than read the live table.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +67,9 @@ struct LayerPages {
 
 class KvStore;
 
-// One request's spans on one layer, validated and with its pages reserved. Slot lookups read
-// the tables as they will be after the step; the store is not touched until Commit.
+// One request's spans on one layer, validated and with its pages reserved, its changes already
+// applied to the live tables (see above). Slot lookups read the tables as they are after the
+// step. Commit or Abort it before EndBatch and before destroying it.
 class PreparedStep {
  public:
   size_t num_spans() const { return spans_.size(); }
@@ -68,17 +78,26 @@ class PreparedStep {
   // Slot of compressed entry e of span i.
   int64_t CompressedSlot(size_t span, int64_t entry) const;
   int32_t new_pages() const { return static_cast<int32_t>(new_pages_.size()); }
-  // Span i's page tables as they will be after the step, for building many slots at once
-  // (segment_builder.h); MainSlot/CompressedSlot read the same tables one id at a time.
-  const LayerPages& pages(size_t span) const { return spans_[span].next; }
+  // Span i's page tables (the live ones) as they are after the step, length included, for
+  // building many slots at once (segment_builder.h); MainSlot/CompressedSlot read the same
+  // tables one id at a time.
+  const LayerPages& pages(size_t span) const { return *spans_[span].table; }
   int32_t rows_per_page() const { return rows_per_page_; }
 
  private:
   friend class KvStore;
+  // What the step did to one live table, enough to undo it exactly. Per table a step either
+  // appends pages or releases trailing ones, never both.
   struct Span {
-    void* sequence = nullptr;  // KvStore::Sequence*, stable while the batch runs
-    LayerPages next;
-    std::vector<int32_t> release;  // pages the step no longer needs (freed at Commit)
+    void* sequence = nullptr;     // KvStore::Sequence*, stable while the batch runs
+    LayerPages* table = nullptr;  // the sequence's live table of the layer
+    int64_t old_length = 0;       // committed length before the step
+    int32_t main_added = 0;       // pages appended to table->main (from new_pages_)
+    int32_t compressed_added = 0;
+    int32_t main_released = 0;  // release[0, main_released): popped off main's back, last first
+    // Pages the step no longer needs, freed at Commit: main pages, then compressed pages, each
+    // in the order popped off the back; Commit adds the window pages that slid out.
+    std::vector<int32_t> release;
   };
   int32_t layer_ = 0;
   int32_t rows_per_page_ = 1;
@@ -125,8 +144,9 @@ class KvStore {
   // Drops positions >= length on every layer. All or nothing: FAILED_PRECONDITION when a
   // window layer no longer holds the W - 1 positions before `length` (0 is always allowed).
   absl::Status Truncate(std::string_view tenant, std::string_view id, int64_t length);
+  // Committed length of one layer (a step prepared but not yet committed is not counted).
   absl::StatusOr<int64_t> Length(std::string_view tenant, std::string_view id, int32_t layer) const;
-  // A copy of one layer's page tables (for tests and diagnostics).
+  // A copy of one layer's committed page tables (for tests and diagnostics).
   absl::StatusOr<LayerPages> Pages(std::string_view tenant, std::string_view id,
                                    int32_t layer) const;
 
@@ -146,7 +166,9 @@ class KvStore {
  private:
   struct Sequence {
     std::vector<LayerPages> layers;
-    std::vector<bool> busy;  // layer prepared in the running batch
+    // Per layer, the running batch's step of it (its undo record), or null: non-null marks the
+    // (sequence, layer) busy.
+    std::vector<const PreparedStep::Span*> pending;
     mutable absl::Time last_used;
   };
   struct TenantUsage {
@@ -162,6 +184,8 @@ class KvStore {
   void FreeLayer(std::string_view tenant, LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Charge(std::string_view tenant, int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const;
+  // Puts a table that `step` was applied to back as it was before Prepare.
+  static void Undo(const PreparedStep::Span& step, LayerPages& pages);
 
   const ModelConfig config_;
   const ModelProfile* profile_;
@@ -173,6 +197,7 @@ class KvStore {
   PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Key, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
   bool batch_active_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t steps_pending_ ABSL_GUARDED_BY(mu_) = 0;  // prepared, not yet committed or aborted
   int32_t tenant_max_sequences_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tenant_max_pages_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
