@@ -157,12 +157,11 @@ TEST_F(PackedWireTest, PackedParsesToTheSameSpansAsInline) {
       EXPECT_TRUE(same(g.compressed_rows, w.compressed_rows)) << "span " << i;
       EXPECT_TRUE(same(g.topk, w.topk)) << "span " << i;
       EXPECT_EQ(g.topk_width, w.topk_width);
-      // Read in place from the region, except the ids: a client could change them after
-      // validation, so they are the server's own copy.
+      // Read in place from the region, ids too (the launch reads each id once and checks it).
       EXPECT_TRUE(InRegion(g.kv_rows) && InRegion(g.q));
       if (!g.topk.empty()) {
-        EXPECT_FALSE(InRegion({reinterpret_cast<const uint8_t*>(g.topk.data()),
-                               g.topk.size_bytes()}));
+        EXPECT_TRUE(InRegion({reinterpret_cast<const uint8_t*>(g.topk.data()),
+                              g.topk.size_bytes()}));
       }
     }
     if (layer == kTopkLayer) {
@@ -297,7 +296,9 @@ TEST_F(PackedWireTest, PlacePadsNarrowerTopkRowsWithNone) {
   EXPECT_EQ(partial.SerializeAsString(), before);
 }
 
-TEST_F(PackedWireTest, ValidationSeesEveryIdOfThePackedRange) {
+// Chosen ids are used where they lie in the region (no copy): the launch's slot build reads each
+// once and checks it (segment_builder.h), and its message names the entry.
+TEST_F(PackedWireTest, IdsAreReadInPlaceAndTheLaunchNamesABadOne) {
   const v1::StepRequest r = Packed(Inline(kTopkLayer));
   absl::StatusOr<ModelConfig> config =
       ParseModelConfig("dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=4MiB");
@@ -306,24 +307,27 @@ TEST_F(PackedWireTest, ValidationSeesEveryIdOfThePackedRange) {
   StepContext ctx{&*config, profile_, &limits, true, 0};
   ASSERT_TRUE(Parse(r).ok());
   ASSERT_TRUE(ValidateStep(out_, ctx).ok()) << ValidateStep(out_, ctx);
-  // Span b (first position 11) row 2 sits at position 13: 7 entries of the 1/2 cache visible.
   int32_t* ids = reinterpret_cast<int32_t*>(data_ + r.packed().topk().offset());
+  ASSERT_EQ(out_.spans.size(), 3u);
+  for (const SpanInput& s : out_.spans) {
+    EXPECT_TRUE(InRegion({reinterpret_cast<const uint8_t*>(s.topk.data()), s.topk.size_bytes()}));
+  }
+  const LayerSpec& spec = profile_->layers[kTopkLayer];
+  // Span b (first position 11) row 2 sits at position 13: 7 entries of the 1/2 cache visible.
   int32_t& id = ids[(6 + 2) * 40 + 3];
   const int32_t saved = id;
   id = 7;
-  ASSERT_TRUE(Parse(r).ok());
-  id = saved;  // the parsed copy keeps the bad id: changing the region after parsing is moot
-  const absl::Status st = ValidateStep(out_, ctx);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.message()),
+  EXPECT_THAT(std::string(ExplainChosenEntries(out_.spans[1], 1, spec).message()),
               HasSubstr("spans[1].topk[2][3]: entry 7 not visible at position 13 (sequence "
                         "has 7 visible entries)"));
-  const int32_t first = ids[0];
-  ids[0] = -2;
-  ASSERT_TRUE(Parse(r).ok());
-  ids[0] = first;
-  EXPECT_THAT(std::string(ValidateStep(out_, ctx).message()),
-              HasSubstr("spans[0].topk[0][0]: entry -2 is invalid (-1 means none)"));
+  id = -2;
+  EXPECT_THAT(std::string(ExplainChosenEntries(out_.spans[1], 1, spec).message()),
+              HasSubstr("spans[1].topk[2][3]: entry -2 is invalid (-1 means none)"));
+  id = saved;
+  // Asked about a span whose ids are fine again (rewritten since the build refused it).
+  const absl::Status changed = ExplainChosenEntries(out_.spans[1], 1, spec);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(changed.message()), HasSubstr("the entries have changed since"));
 }
 
 // Parse + validation time of a C=32 decode step (6 rows each, top-512 of the 1/1 cache at

@@ -22,6 +22,7 @@ namespace {
 struct Built {
   std::vector<int64_t> slots;
   std::vector<int32_t> main_indptr, main_idx, extra_indptr, extra_idx, positions;
+  std::vector<size_t> rejected;  // spans the bulk build refused (BuildSegments)
 };
 
 // The per-id construction, one MainSlot / CompressedSlot call per key (slots: KV rows of every
@@ -85,7 +86,7 @@ Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans) {
   b.extra_idx.resize(c.extra_indices);
   b.positions.resize(c.rows);
   SegmentArrays a{b.slots, b.main_indptr, b.main_idx, b.extra_indptr, b.extra_idx, b.positions};
-  BuildSegments(shape, spans, a);
+  b.rejected = BuildSegments(shape, spans, a);
   return b;
 }
 
@@ -202,8 +203,31 @@ class SegmentBuilderTest : public ::testing::Test {
     EXPECT_EQ(got.extra_indptr, want.extra_indptr);
     EXPECT_EQ(got.extra_idx, want.extra_idx);
     EXPECT_EQ(got.positions, want.positions);
+    EXPECT_TRUE(got.rejected.empty());
     for (auto& p : prepared) store_->Abort(*p);
     store_->EndBatch();
+  }
+
+  // Builds one batch of single-span requests; returns the spans the build refused.
+  std::vector<size_t> Rejected(int32_t layer, const std::vector<const SpanOwned*>& spans) {
+    std::vector<SpanInput> inputs;
+    for (const SpanOwned* s : spans) inputs.push_back(s->View());
+    std::vector<std::unique_ptr<PreparedStep>> prepared;
+    std::vector<SpanRef> refs;
+    store_->BeginBatch();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      SpanWrite w{spans[i]->sequence, spans[i]->first, spans[i]->rows};
+      absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, {&w, 1});
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) break;
+      prepared.push_back(*std::move(p));
+      refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0});
+    }
+    std::vector<size_t> rejected;
+    if (refs.size() == spans.size()) rejected = Bulk(Shape(layer), refs).rejected;
+    for (auto& p : prepared) store_->Abort(*p);
+    store_->EndBatch();
+    return rejected;
   }
 
   std::mt19937 rng_{20261130};
@@ -256,6 +280,36 @@ TEST_F(SegmentBuilderTest, AbortTruncateAndReusedPages) {
   Compare(layer, {{&r2}, {&a}});
 }
 
+// The build is where chosen entries are checked: an entry past what its row may see (though
+// inside the prepared table), or a negative other than -1, refuses its span and only it.
+TEST_F(SegmentBuilderTest, RefusesSpansWithEntriesTheirRowsMayNotSee) {
+  Open("dsv4.1-flash:tp=8:page_rows=8:pool_pages=2048");
+  for (int32_t layer : {2, 20}) {  // top-k of 1/2, top-k of 1/1
+    SCOPED_TRACE(layer);
+    const int32_t ratio = store_->profile().layers[layer].ratio;
+    Grow("a", layer, 300);
+    Grow("b", layer, 200);
+    Grow("c", layer, 100);
+    const SpanOwned a = MakeSpan(layer, "a", 300, 6, 512);
+    const SpanOwned c = MakeSpan(layer, "c", 100, 6, 512);
+    // b rolls back 10 positions: its table still holds entries its rows may not see.
+    SpanOwned b = MakeSpan(layer, "b", 190, 6, 64);
+    EXPECT_TRUE(Rejected(layer, {&a, &b, &c}).empty());
+    const int32_t visible_row2 = static_cast<int32_t>((190 + 2 + 1) / ratio);
+    for (const int32_t bad : {visible_row2, -2, INT32_MIN, 199 / ratio}) {
+      SCOPED_TRACE(bad);
+      SpanOwned b_bad = b;
+      b_bad.topk[2 * 64 + 9] = bad;
+      EXPECT_EQ(Rejected(layer, {&a, &b_bad, &c}), (std::vector<size_t>{1}));
+    }
+    SpanOwned c_bad = c;
+    c_bad.topk.back() = 1 << 20;
+    SpanOwned a_bad = a;
+    a_bad.topk[0] = -5;
+    EXPECT_EQ(Rejected(layer, {&a_bad, &b, &c_bad}), (std::vector<size_t>{0, 2}));
+  }
+}
+
 TEST_F(SegmentBuilderTest, PrefillSpanCrossingPages) {
   Open("dsv4.1-flash:tp=4:page_rows=16:pool_pages=1024");
   for (int32_t layer : {1, 3, 39}) {
@@ -290,6 +344,11 @@ TEST_F(SegmentBuilderTest, ChosenPositions) {
   const SpanOwned r = MakeSpan(0, "g", 300, 3, 17);
   Compare(0, {{&d}});
   Compare(0, {{&r}});
+  Grow("h", 0, 400);
+  SpanOwned h_bad = MakeSpan(0, "h", 300, 3, 17);
+  EXPECT_TRUE(Rejected(0, {&d, &h_bad}).empty());
+  h_bad.topk[17 + 4] = 302;  // row 1 sits at position 301
+  EXPECT_EQ(Rejected(0, {&d, &h_bad}), (std::vector<size_t>{1}));
 }
 
 // The decode C=32 cell of the H200 benchmark (32 requests x 6 rows at 128K, layer 20): how long
@@ -345,7 +404,8 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
     int32_t* out = scratch.data();
     for (const SpanRef& r : refs) {
       const LayerPages& pages = r.prepared->pages(r.index);
-      ASSERT_TRUE(TranslateEntries(r.input->topk, pages.compressed, 6, out));
+      ASSERT_TRUE(TranslateEntries(r.input->topk, pages.compressed, 6,
+                                   static_cast<int64_t>(pages.compressed.size()) << 6, out));
       out += r.input->topk.size();
     }
   });
@@ -362,15 +422,41 @@ TEST(TranslateEntriesTest, SentinelsAndTheTableEnd) {
   const std::vector<int32_t> pages = {7, 2, 9};  // 4 rows per page: entries 0..11
   const std::vector<int32_t> ids = {0, 3, 4, -1, 11, 5, -1, 8};
   std::vector<int32_t> out(ids.size());
-  ASSERT_TRUE(TranslateEntries(ids, pages, 2, out.data()));
+  ASSERT_TRUE(TranslateEntries(ids, pages, 2, 12, out.data()));
   EXPECT_EQ(out, (std::vector<int32_t>{28, 31, 8, -1, 39, 9, -1, 36}));
   const std::vector<int32_t> past = {1, 12};
-  EXPECT_FALSE(TranslateEntries(past, pages, 2, out.data()));
+  EXPECT_FALSE(TranslateEntries(past, pages, 2, 12, out.data()));
   // No pages yet: only sentinels are valid.
   const std::vector<int32_t> none = {-1, -1};
-  EXPECT_TRUE(TranslateEntries(none, {}, 2, out.data()));
+  EXPECT_TRUE(TranslateEntries(none, {}, 2, 0, out.data()));
   EXPECT_EQ(out[0], -1);
-  EXPECT_FALSE(TranslateEntries(past, {}, 2, out.data()));
+  EXPECT_FALSE(TranslateEntries(past, {}, 2, 0, out.data()));
+}
+
+// The row's own limit decides, not the table's end, and only -1 is a sentinel; long runs take
+// the vector loop and its scalar tail both.
+TEST(TranslateEntriesTest, VisibleLimitAndInvalidNegatives) {
+  std::vector<int32_t> pages(64);
+  for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(100 + p);
+  for (const size_t n : {size_t{5}, size_t{8}, size_t{37}, size_t{512}}) {
+    std::vector<int32_t> ids(n);
+    for (size_t k = 0; k < n; ++k) ids[k] = static_cast<int32_t>((k * 7) % 90);
+    std::vector<int32_t> out(n);
+    ASSERT_TRUE(TranslateEntries(ids, pages, 2, 90, out.data())) << n;
+    EXPECT_EQ(out[1], (100 + 7 / 4) * 4 + 7 % 4);
+    for (const size_t at : {size_t{0}, n / 2, n - 1}) {
+      std::vector<int32_t> bad = ids;
+      bad[at] = 90;  // inside the table (256 entries), past what the row may see
+      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
+      bad[at] = -2;
+      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
+      bad[at] = INT32_MIN;
+      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
+      bad[at] = -1;
+      EXPECT_TRUE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
+      EXPECT_EQ(out[at], -1);
+    }
+  }
 }
 
 TEST(HostRangesTest, ContainsOnlyWholeRangesInsideOneRegistration) {

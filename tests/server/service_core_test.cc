@@ -418,6 +418,62 @@ TEST_F(CoreTest, InvalidStepsChangeNothing) {
   StepAndCheck(*core, model, kLayer, {&ok});
 }
 
+// The launch checks the inputs' contents while the device copies them: in a batch, a step with
+// a chosen entry its row may not see, or a non-finite KV row, fails alone and changes nothing,
+// and the other steps get their reference answers.
+TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
+  const std::string model = "dsv4.1-flash";
+  ControlledBackend* gate = nullptr;
+  auto core = Start({"dsv4.1-flash:tp=8:page_rows=16:pool_pages=256"}, Limits{}, &gate);
+  ASSERT_NE(core, nullptr);
+  constexpr int32_t kLayer = 2;  // top-k over a 1/2 cache
+  constexpr int kSeqs = 4;
+  for (int i = 0; i < kSeqs; ++i) {
+    const std::string id = "s" + std::to_string(i);
+    ASSERT_TRUE(core->CreateSequence(kTenant, model, id).ok());
+    SpanData prefill = Span(model, kLayer, id, 0, 140);
+    StepAndCheck(*core, model, kLayer, {&prefill});
+  }
+  std::vector<SpanData> decode;
+  for (int i = 0; i < kSeqs; ++i) decode.push_back(Span(model, kLayer, "s" + std::to_string(i), 140, 6));
+  SpanData bad_id = decode[1];
+  bad_id.topk[3 * 24 + 17] = 73;  // row 3 sits at position 143: 72 entries visible
+  SpanData bad_row = decode[2];
+  bad_row.kv[2 * 512 + 9] = 0x7fc0;  // a NaN
+
+  gate->Close();  // the first step holds the backend so that the others batch behind it
+  std::vector<std::promise<absl::StatusOr<StepResult>>> promises(kSeqs);
+  const SpanData* sent[kSeqs] = {&decode[0], &bad_id, &bad_row, &decode[3]};
+  auto submit = [&](int i) {
+    core->Submit(Request(model, kLayer, {sent[i]}), [&promises, i](absl::StatusOr<StepResult> r) {
+      promises[i].set_value(std::move(r));
+    });
+  };
+  submit(0);
+  gate->WaitAttends(1 + kSeqs + 1);  // warm-up, prefills, this one
+  for (int i = 1; i < kSeqs; ++i) submit(i);
+  gate->Open();
+  std::vector<absl::StatusOr<StepResult>> got;
+  for (auto& p : promises) got.push_back(p.get_future().get());
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got[1].status().message()),
+              HasSubstr("spans[0].topk[3][17]: entry 73 not visible at position 143 (sequence "
+                        "has 72 visible entries)"));
+  EXPECT_EQ(got[2].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got[2].status().message()),
+              HasSubstr("spans[0].kv_rows[2][9]: nan (KV rows must be finite)"));
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "s1", kLayer), 140);
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "s2", kLayer), 140);
+  for (int i : {0, 3}) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    Mirror(model, kLayer, {&decode[i]});
+    ExpectSame(*got[i], Expected(model, kLayer, {&decode[i]}, {}), "step " + std::to_string(i));
+    EXPECT_EQ(*core->SequenceLength(kTenant, model, decode[i].sequence, kLayer), 146);
+  }
+  // The failed sequences go on from where they were.
+  for (int i : {1, 2}) StepAndCheck(*core, model, kLayer, {&decode[i]});
+}
+
 TEST_F(CoreTest, PoolFilledExactlyThenOnePageMore) {
   const std::string model = "glm-5.3-flash";
   auto core = Start({"glm-5.3-flash:tp=8:page_rows=16:pool_pages=4"});  // 64 positions

@@ -54,13 +54,17 @@ class Builder {
  public:
   Builder(const SegmentShape& shape, const SegmentArrays& out) : shape_(shape), out_(out) {}
 
-  void Span(const SpanRef& ref) {
+  void Span(const SpanRef& ref, size_t index) {
     const SpanInput& s = *ref.input;
     const LayerPages& pages = ref.prepared->pages(ref.index);
     const int32_t B = ref.prepared->rows_per_page();
     Tables(s, pages, B);
+    span_bad_ = false;
     for (int32_t t = 0; t < s.num_rows; ++t) Row(s, pages, B, t);
+    if (span_bad_) rejected_.push_back(index);
   }
+
+  std::vector<size_t> TakeRejected() { return std::move(rejected_); }
 
   // Checks that the rows built fill the arrays exactly (CountSegments counted them).
   void Finish(const SegmentCounts& end) {
@@ -105,21 +109,26 @@ class Builder {
       Put(out_.main_indices, main_, tables_.window.data() + (from - tables_.window_first),
           pos + 1 - from);
     } else {
-      SMLA_CHECK(TranslateEntries(chosen, tables_.main_pages, shift,
-                                  Reserve(out_.main_indices, main_, chosen)),
-                 "chosen position outside the prepared page table");
+      Chosen(chosen, tables_.main_pages, shift, pos + 1, Reserve(out_.main_indices, main_, chosen));
     }
     out_.main_indptr[row_ + 1] = static_cast<int32_t>(main_);
     if (spec.kind == LayerKind::kSwaTopK) {
-      SMLA_CHECK(TranslateEntries(chosen, pages.compressed, shift,
-                                  Reserve(out_.extra_indices, extra_, chosen)),
-                 "compressed entry outside the prepared page table");
+      Chosen(chosen, pages.compressed, shift, Visible(pos, spec.ratio),
+             Reserve(out_.extra_indices, extra_, chosen));
     } else if (spec.kind == LayerKind::kSwaDense) {
       Put(out_.extra_indices, extra_, tables_.dense.data(), Visible(pos, spec.ratio));
     }
     if (!out_.extra_indptr.empty()) out_.extra_indptr[row_ + 1] = static_cast<int32_t>(extra_);
     if (!out_.positions.empty()) out_.positions[row_] = static_cast<int32_t>(pos);
     ++row_;
+  }
+
+  // Translates one row's chosen entries; an entry the row may not see marks the span.
+  void Chosen(std::span<const int32_t> chosen, std::span<const int32_t> table, int shift,
+              int64_t visible, int32_t* out) {
+    SMLA_CHECK(visible <= (static_cast<int64_t>(table.size()) << shift),
+               "visible entries outside the prepared page table");
+    if (!TranslateEntries(chosen, table, shift, visible, out)) span_bad_ = true;
   }
 
   static void Put(std::span<int32_t> dst, int64_t& at, const int32_t* src, int64_t n) {
@@ -141,23 +150,26 @@ class Builder {
   const SegmentArrays& out_;
   SpanTables tables_;
   int64_t row_ = 0, main_ = 0, extra_ = 0;
+  bool span_bad_ = false;
+  std::vector<size_t> rejected_;
 };
 
 }  // namespace
 
 namespace {
 
-// The portable loop. Entries are clamped into the table before the page is read, so a bad id
-// reads nothing outside it; the result reports it.
+// The portable loop. Each id is loaded once (a client may be rewriting its region) and clamped
+// into the table before the page is read, so a bad id reads nothing outside it; the result
+// reports it.
 bool TranslateScalar(const int32_t* in, int64_t n, const int32_t* table, int shift, int32_t limit,
                      int32_t* out) {
   const int32_t mask = (int32_t{1} << shift) - 1;
   int32_t bad = 0;
   for (int64_t k = 0; k < n; ++k) {
-    const int32_t e = in[k];
-    bad |= e >= limit ? 1 : 0;
-    const int32_t safe = std::min(std::max(e, 0), limit - 1);
-    const int32_t slot = (table[safe >> shift] << shift) | (safe & mask);
+    const int32_t e = __atomic_load_n(in + k, __ATOMIC_RELAXED);
+    bad |= (e >= limit || e < -1) ? 1 : 0;
+    const int32_t safe = std::min(std::max(e, 0), std::max(limit - 1, 0));
+    const int32_t slot = limit > 0 ? (table[safe >> shift] << shift) | (safe & mask) : -1;
     out[k] = e < 0 ? -1 : slot;
   }
   return bad == 0;
@@ -171,6 +183,7 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
                                                    const int32_t* table, int shift, int32_t limit,
                                                    int32_t* out) {
   const __m256i zero = _mm256_setzero_si256();
+  const __m256i minus_one = _mm256_set1_epi32(-1);
   const __m256i last = _mm256_set1_epi32(limit - 1);
   const __m256i mask = _mm256_set1_epi32((int32_t{1} << shift) - 1);
   const __m128i count = _mm_cvtsi32_si128(shift);
@@ -178,7 +191,8 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + k));
-    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(e, last));
+    bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi32(e, last),
+                                                _mm256_cmpgt_epi32(minus_one, e)));
     const __m256i safe = _mm256_min_epi32(_mm256_max_epi32(e, zero), last);
     const __m256i page = _mm256_i32gather_epi32(table, _mm256_srl_epi32(safe, count), 4);
     const __m256i slot =
@@ -195,21 +209,13 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
 }  // namespace
 
 bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
-                      int32_t* out) {
+                      int64_t visible, int32_t* out) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (pages.empty()) {
-    bool ok = true;
-    for (int64_t k = 0; k < n; ++k) {
-      ok = ok && ids[k] < 0;
-      out[k] = -1;
-    }
-    return ok;
-  }
-  const int32_t limit = static_cast<int32_t>(
-      std::min<int64_t>(static_cast<int64_t>(pages.size()) << page_shift, INT32_MAX));
+  const int32_t limit = static_cast<int32_t>(std::min<int64_t>(
+      {visible, static_cast<int64_t>(pages.size()) << page_shift, INT32_MAX}));
 #if defined(SMLA_TRANSLATE_AVX2)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return TranslateAvx2(ids.data(), n, pages.data(), page_shift, limit, out);
+  if (avx2 && limit > 0) return TranslateAvx2(ids.data(), n, pages.data(), page_shift, limit, out);
 #endif
   return TranslateScalar(ids.data(), n, pages.data(), page_shift, limit, out);
 }
@@ -231,8 +237,8 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
   return c;
 }
 
-void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentArrays& out) {
+std::vector<size_t> BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
+                                  const SegmentArrays& out) {
   // Slots: every span's KV rows in batch order, then every span's compressed entries.
   int64_t at = 0;
   std::vector<int32_t> tmp;
@@ -266,8 +272,9 @@ void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
   const SegmentCounts all{rows, 0, static_cast<int64_t>(out.main_indices.size()),
                           static_cast<int64_t>(out.extra_indices.size())};
   Builder b(shape, out);
-  for (const SpanRef& ref : spans) b.Span(ref);
+  for (size_t i = 0; i < spans.size(); ++i) b.Span(spans[i], i);
   b.Finish(all);
+  return b.TakeRejected();
 }
 
 }  // namespace smla::server

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
 #include "smla/server/segment_builder.h"
@@ -245,8 +246,10 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
     // next batch reuses.
     if (!status.ok()) static_cast<void>(backend_.Synchronize(*stream_));
     for (size_t i : included) {
-      if (status.ok()) {
+      if (status.ok() && results[i].ok()) {
         store.Commit(*prepared[i]);
+      } else if (status.ok()) {
+        store.Abort(*prepared[i]);  // its inputs failed the launch's checks: it changed nothing
       } else {
         store.Abort(*prepared[i]);
         results[i] = absl::InternalError(Cat("backend failure: ", status.message()));
@@ -263,6 +266,18 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   store.EndBatch();
   return results;
 }
+
+namespace {
+
+// Answers step i with `why` and lists it in `rejected`, once (its first error is kept).
+void Reject(size_t i, absl::Status why, std::vector<absl::StatusOr<StepResult>>& results,
+            std::vector<size_t>& rejected) {
+  if (absl::c_linear_search(rejected, i)) return;
+  results[i] = std::move(why);
+  rejected.push_back(i);
+}
+
+}  // namespace
 
 struct StepExecutor::LaunchArgs {
   ModelRuntime& model;
@@ -289,9 +304,21 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
                                   std::span<const std::unique_ptr<PreparedStep>> prepared,
                                   std::vector<absl::StatusOr<StepResult>>& results) {
   const absl::Time start = absl::Now();
-  const LaunchArgs args{model, layer, rope, steps, included, prepared};
+  std::vector<size_t> kept(included.begin(), included.end());
   DeviceWork work;
-  SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));  // enqueues the input copies
+  for (;;) {
+    const LaunchArgs args{model, layer, rope, steps, kept, prepared};
+    work = DeviceWork();
+    std::vector<size_t> rejected;
+    // Enqueues the input copies, then checks the inputs' contents while they run.
+    SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results, rejected));
+    if (rejected.empty()) break;
+    // Steps whose inputs failed are left out and the launch is prepared again for the rest; the
+    // copies already enqueued read the arena that the next attempt rewrites.
+    SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
+    std::erase_if(kept, [&](size_t i) { return absl::c_linear_search(rejected, i); });
+    if (kept.empty()) return absl::OkStatus();
+  }
   const absl::Time prepared_at = absl::Now();
   SMLA_RETURN_IF_ERROR(Enqueue(work));
   const absl::Time enqueued_at = absl::Now();
@@ -324,7 +351,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   // runs inside the enqueueing calls).
   t.prep = (work.inputs_at - start) + wait +
            std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - (t.kernel - t.copy_in));
-  for (size_t i : included) {
+  for (size_t i : kept) {
     results[i]->timings.kernel = t.kernel;
     results[i]->timings.attend = t.attend;
     results[i]->timings.prep = t.prep;
@@ -335,7 +362,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
 }
 
 absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
-                                         std::vector<absl::StatusOr<StepResult>>& results) {
+                                         std::vector<absl::StatusOr<StepResult>>& results,
+                                         std::vector<size_t>& rejected) {
   ModelRuntime& model = args.model;
   const ModelProfile& profile = model.profile();
   const LayerSpec& spec = profile.layers[args.layer];
@@ -346,12 +374,14 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const bool inverse_rope = head.inverse_rope;
 
   std::vector<SpanRef> spans;
+  std::vector<size_t> span_step;  // the step (index into args.steps) of each span
   bool want_lse = false;
   for (size_t i : args.included) {
     const StepRequest& r = *args.steps[i];
     want_lse = want_lse || r.want_lse;
     for (size_t si = 0; si < r.spans.size(); ++si) {
       spans.push_back(SpanRef{&r.spans[si], args.prepared[i].get(), si});
+      span_step.push_back(i);
     }
   }
   const SegmentShape shape{spec, profile.swa_window, row_bytes};
@@ -457,7 +487,19 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   work.inputs_at = absl::Now();
   SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
 
-  BuildSegments(shape, spans, arrays);
+  // The inputs' contents are checked here, while the device copies them: a step with a chosen
+  // entry its row may not see, or a non-finite KV row, is answered with the error and left out.
+  const std::vector<size_t> bad_chosen = BuildSegments(shape, spans, arrays);
+  for (size_t k : bad_chosen) {
+    const SpanRef& ref = spans[k];
+    Reject(span_step[k], ExplainChosenEntries(*ref.input, ref.index, spec), results, rejected);
+  }
+  for (size_t k = 0; k < spans.size(); ++k) {
+    absl::Status finite = CheckRowsFinite(*spans[k].input, spans[k].index,
+                                          kernels::QkWidth(profile.geometry));
+    if (!finite.ok()) Reject(span_step[k], std::move(finite), results, rejected);
+  }
+  if (!rejected.empty()) return absl::OkStatus();
   std::span<const float> sink_view;
   if (!sink.empty()) {
     std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));

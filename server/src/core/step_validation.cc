@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -33,18 +32,6 @@ SMLA_VECTOR_CLONES bool AnyNonFinite(const uint8_t* bytes, int64_t n) {
     any |= static_cast<uint16_t>((bits & 0x7f80u) + 0x80u);
   }
   return (any & 0x8000u) != 0;
-}
-
-// Whether some entry of `row` lies outside [-1, last] (last = visible - 1, at most int32's
-// largest): for e in [-1, last] both e + 1 and last - e are non-negative, so a sign bit in
-// their OR flags the row. Branch-free, so it vectorises.
-SMLA_VECTOR_CLONES bool AnyOutside(const int32_t* row, int32_t n, uint32_t last) {
-  uint32_t signs = 0;
-  for (int32_t k = 0; k < n; ++k) {
-    const uint32_t e = static_cast<uint32_t>(row[k]);
-    signs |= (e + 1u) | (last - e);
-  }
-  return (signs & 0x80000000u) != 0;
 }
 
 // First non-finite bf16 value of a [rows, width] tensor, as (row, column), or false.
@@ -198,16 +185,6 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
           Cat(field, ".compressed_rows: layer ", r.layer, " (", LayerKindName(spec.kind),
               ") has no compressed cache, got ", s.compressed_rows.size(), " bytes"));
     }
-    int64_t bad_row = 0, bad_col = 0;
-    float bad = 0;
-    if (FindNonFinite(s.kv_rows, qk, bad_row, bad_col, bad)) {
-      return absl::InvalidArgumentError(Cat(field, ".kv_rows[", bad_row, "][", bad_col,
-                                            "]: ", FloatText(bad), " (KV rows must be finite)"));
-    }
-    if (FindNonFinite(s.compressed_rows, qk, bad_row, bad_col, bad)) {
-      return absl::InvalidArgumentError(Cat(field, ".compressed_rows[", bad_row, "][", bad_col,
-                                            "]: ", FloatText(bad), " (KV rows must be finite)"));
-    }
     if (spec.client_chooses()) {
       if (s.topk_width < 1 || s.topk_width > spec.topk) {
         return absl::InvalidArgumentError(Cat(field, ".topk_width: ", s.topk_width, " outside [1, ",
@@ -218,29 +195,6 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
         return absl::InvalidArgumentError(Cat(field, ".topk: ", s.num_rows, " rows x ",
                                               s.topk_width, " entries expected, got ",
                                               s.topk.size(), " entries"));
-      }
-      for (int32_t t = 0; t < s.num_rows; ++t) {
-        const int64_t p = s.first_position + t;
-        // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
-        const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
-        // The fast pass flags the row; the exact loop below decides and names the entry.
-        const int32_t* row = s.topk.data() + int64_t{t} * s.topk_width;
-        const uint32_t last = static_cast<uint32_t>(
-            std::min<int64_t>(visible, std::numeric_limits<int32_t>::max()) - 1);
-        if (!AnyOutside(row, s.topk_width, last)) continue;
-        for (int32_t k = 0; k < s.topk_width; ++k) {
-          const int32_t e = row[k];
-          if (e == -1) continue;
-          if (e < -1) {
-            return absl::InvalidArgumentError(
-                Cat(field, ".topk[", t, "][", k, "]: entry ", e, " is invalid (-1 means none)"));
-          }
-          if (e >= visible) {
-            return absl::InvalidArgumentError(Cat(field, ".topk[", t, "][", k, "]: entry ", e,
-                                                  " not visible at position ", p, " (sequence has ",
-                                                  visible, " visible entries)"));
-          }
-        }
       }
     } else if (!s.topk.empty() || s.topk_width != 0) {
       return absl::InvalidArgumentError(Cat(
@@ -255,6 +209,47 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckRowsFinite(const SpanInput& s, size_t index, int qk_width) {
+  int64_t bad_row = 0, bad_col = 0;
+  float bad = 0;
+  if (FindNonFinite(s.kv_rows, qk_width, bad_row, bad_col, bad)) {
+    return absl::InvalidArgumentError(Cat("spans[", index, "].kv_rows[", bad_row, "][", bad_col,
+                                          "]: ", FloatText(bad), " (KV rows must be finite)"));
+  }
+  if (FindNonFinite(s.compressed_rows, qk_width, bad_row, bad_col, bad)) {
+    return absl::InvalidArgumentError(Cat("spans[", index, "].compressed_rows[", bad_row, "][",
+                                          bad_col, "]: ", FloatText(bad),
+                                          " (KV rows must be finite)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExplainChosenEntries(const SpanInput& s, size_t index, const LayerSpec& spec) {
+  const std::string field = Cat("spans[", index, "]");
+  for (int32_t t = 0; t < s.num_rows; ++t) {
+    const int64_t p = s.first_position + t;
+    // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
+    const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
+    for (int32_t k = 0; k < s.topk_width; ++k) {
+      const int32_t e = __atomic_load_n(s.topk.data() + int64_t{t} * s.topk_width + k,
+                                        __ATOMIC_RELAXED);
+      if (e < -1) {
+        return absl::InvalidArgumentError(
+            Cat(field, ".topk[", t, "][", k, "]: entry ", e, " is invalid (-1 means none)"));
+      }
+      if (e >= visible) {
+        return absl::InvalidArgumentError(Cat(field, ".topk[", t, "][", k, "]: entry ", e,
+                                              " not visible at position ", p, " (sequence has ",
+                                              visible, " visible entries)"));
+      }
+    }
+  }
+  return absl::InvalidArgumentError(
+      Cat(field, ".topk: an entry was outside what its row may see when the step was launched, "
+                 "and the entries have changed since (keep a step's inputs in place until its "
+                 "response)"));
 }
 
 }  // namespace smla::server

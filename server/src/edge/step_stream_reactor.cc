@@ -31,7 +31,6 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
   if (!broken_ && !reads_done_ && !read_pending_ &&
       static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight) {
     reading_ = std::make_unique<Entry>();
-    reading_->storage.packed_topk = std::move(spare_topk_);
     read_pending_ = true;
     a.read = reading_->request;
   }
@@ -163,7 +162,6 @@ void StepStreamReactor::OnWriteDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
-    spare_topk_ = std::move(inflight_.front()->storage.packed_topk);
     inflight_.pop_front();
     if (!ok) broken_ = true;
     a = NextActions();

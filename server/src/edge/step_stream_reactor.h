@@ -77,7 +77,6 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   std::mutex mu_;
   std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
   std::unique_ptr<Entry> reading_;               // its request is the pending read's target
-  std::vector<int32_t> spare_topk_;  // a written entry's packed top-k buffer, for the next read
   int outstanding_ = 0;              // core callbacks not yet run
   bool read_pending_ = false;
   bool reads_done_ = false;

@@ -118,12 +118,12 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size());
 }
 
-// `always_copy`: copy even aligned data (ids in a client's region could change after they were
-// validated).
-std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage,
-                                 bool always_copy) {
+// Ids are used where they lie when aligned, in a client's region too: the slot build reads each
+// id once and checks it there (segment_builder.h), so a client rewriting its region can only
+// fail its own step.
+std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage) {
   const size_t n = bytes.size() / 4;
-  if (!always_copy && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
     return {reinterpret_cast<const int32_t*>(bytes.data()), n};
   }
   // Not value-initialised: every element is copied over.
@@ -188,11 +188,8 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
     auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
                         storage);
     if (!t.ok()) return t.status();
-    // Always a copy: the client could change the ids in its region after validation.
-    std::vector<int32_t>& copy = storage->packed_topk;
-    copy.resize(t->size() / 4);
-    if (!copy.empty()) std::memcpy(copy.data(), t->data(), t->size());
-    topk = copy;
+    // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
+    topk = AsInt32(*t, storage);
   }
   int64_t row = 0, entry = 0;
   for (SpanInput& s : out->spans) {
@@ -371,7 +368,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
     if (s.has_topk()) {
       auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage);
       if (!t.ok()) return t.status();
-      span.topk = AsInt32(*t, storage, s.topk().data_case() == v1::Tensor::kRegion);
+      span.topk = AsInt32(*t, storage);
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));
     }
     out->spans.push_back(std::move(span));

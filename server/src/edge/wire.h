@@ -46,10 +46,7 @@ inline google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
 }
 
 struct ParseStorage {
-  std::vector<std::unique_ptr<int32_t[]>> int32_copies;
-  // A packed request's top-k ids. A caller parsing many requests may hand the buffer of a
-  // finished one to the next (StepStream does), so the copy lands in memory already touched.
-  std::vector<int32_t> packed_topk;
+  std::vector<std::unique_ptr<int32_t[]>> int32_copies;  // unaligned inline ids
   // The regions this request named, each looked up once (name, mapping); holding the mapping
   // keeps the request's views valid.
   std::vector<std::pair<std::string, std::shared_ptr<ShmMapping>>> looked_up;

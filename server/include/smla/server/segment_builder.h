@@ -8,13 +8,16 @@
 // - extra segment: chosen compressed entries translated through the compressed page table
 //   (-1 stays a sentinel), or every visible entry on dense layers;
 // - positions: each row's position (for inverse RoPE).
-// Entries must have passed admission (ValidateStep): ids in [-1, visible - 1]. A translation
-// that would read past a page table is an invariant failure, not a status.
+// The build is where chosen entries are checked: each id is read once (it may lie in a client's
+// shared memory, which the client could rewrite at any time) and must lie in [-1, visible - 1]
+// for its row. A span with any other id is reported back, and its slots are left unusable.
+// A page table that does not cover the entries a row may see is an invariant failure.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
@@ -56,13 +59,15 @@ struct SegmentArrays {
 
 SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> spans);
 
-void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentArrays& out);
+// Returns the spans (indices into `spans`) with a chosen entry their row may not see, in order.
+std::vector<size_t> BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
+                                  const SegmentArrays& out);
 
-// out[k] = -1 for ids[k] < 0, else the slot of entry ids[k] in a table of pages of
-// 2^page_shift rows (entry e is row e % B of pages[e / B]). A branch-free loop that
-// vectorises; false (out then unspecified) when an id lies past the table.
+// out[k] = -1 for ids[k] == -1, else the slot of entry ids[k] in a table of pages of
+// 2^page_shift rows (entry e is row e % B of pages[e / B]). Reads each id once, vectorised;
+// false (out then holds -1 or slots inside the table) when an id lies outside
+// [-1, min(visible, table entries) - 1].
 bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
-                      int32_t* out);
+                      int64_t visible, int32_t* out);
 
 }  // namespace smla::server

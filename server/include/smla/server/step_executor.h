@@ -2,7 +2,9 @@
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
 // the launch: inputs outside registered memory gathered into page-locked memory and the input
 // copies enqueued; while the device copies, the slot lists and segments are built into the same
-// page-locked memory;
+// page-locked memory, and the inputs' contents are checked (chosen entries as they are
+// translated, KV rows finite): a step that fails is answered with its error, aborted (it changes
+// nothing) and the launch prepared again without it;
 // then the rest of the device work back to back (one WriteRows for every new KV row and
 // compressed entry | one Attend over all rows | the copies back), with events between the parts;
 // Synchronize, and Commit. Outputs are sliced back to each step.
@@ -125,9 +127,13 @@ class StepExecutor : public BatchRunner {
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
   // The host part of a launch: buffers, input gathering, segments, result storage. Enqueues the
-  // input copies (EnqueueInputs) before it builds the segments, so that the two overlap.
+  // input copies (EnqueueInputs) before it builds the segments and checks the inputs' contents,
+  // so that those overlap the copies. Steps whose contents fail get their error in `results`
+  // and are listed in `rejected`; the launch is then not ready (the caller prepares it again
+  // without them).
   absl::Status PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
-                             std::vector<absl::StatusOr<StepResult>>& results);
+                             std::vector<absl::StatusOr<StepResult>>& results,
+                             std::vector<size_t>& rejected);
   // The start event, the input copies and the event after them.
   absl::Status EnqueueInputs(const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
