@@ -34,6 +34,10 @@ ABSL_FLAG(std::vector<std::string>, model, {},
           "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=2GiB");
 ABSL_FLAG(std::string, config, "", "Configuration file (text format of smla.v1.ServerConfig)");
 ABSL_FLAG(int64_t, batch_wait_us, -1, "Wait this long for more work before a launch");
+ABSL_FLAG(int64_t, scheduler_spin_us, -1,
+          "After a launch, the scheduler's thread spins this long for the next step before "
+          "parking (a step arriving meanwhile needs no thread wake-up; the spin burns a core, "
+          "an idle server parks); 0 parks at once; default 200");
 ABSL_FLAG(int32_t, max_rows_per_step, 0, "Rows in one call");
 ABSL_FLAG(int32_t, max_spans_per_step, 0, "Spans in one call");
 ABSL_FLAG(int32_t, max_batch_rows, 0, "Rows in one launch");
@@ -150,6 +154,9 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
   Limits& l = config.limits;
   if (absl::GetFlag(FLAGS_batch_wait_us) >= 0) {
     l.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  }
+  if (absl::GetFlag(FLAGS_scheduler_spin_us) >= 0) {
+    l.scheduler_spin = absl::Microseconds(absl::GetFlag(FLAGS_scheduler_spin_us));
   }
   if (absl::GetFlag(FLAGS_max_rows_per_step) > 0)
     l.max_rows_per_step = absl::GetFlag(FLAGS_max_rows_per_step);

@@ -2,7 +2,10 @@
 
 #include <future>
 #include <map>
+#include <memory>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -282,6 +285,94 @@ TEST(SchedulerTest, BatchWaitGathersStepsArrivingSoonAfter) {
   ASSERT_TRUE(a.future.get().ok());
   ASSERT_TRUE(b.future.get().ok());
   EXPECT_THAT(runner.batches(), ElementsAre(ElementsAre("a", "b")));
+}
+
+// The executor spins for Limits::scheduler_spin after each batch before parking: with no spin,
+// the default, and one far longer than the test (the executor is always spinning when a step
+// arrives, and Drain and destruction must end the spin), steps batch, complete and drain alike.
+class SchedulerSpinTest : public ::testing::TestWithParam<absl::Duration> {};
+
+TEST_P(SchedulerSpinTest, StepsBatchCompleteAndDrain) {
+  FakeRunner runner;
+  Limits limits;
+  limits.scheduler_spin = GetParam();
+  Scheduler s(limits, runner);
+  Outcome a, b, c;
+  ASSERT_TRUE(Submit(s, Req("a", "s1", 2), a).ok());
+  runner.WaitEntered(1);
+  ASSERT_TRUE(Submit(s, Req("b", "s2", 3), b).ok());
+  ASSERT_TRUE(Submit(s, Req("c", "s3", 4), c).ok());
+  runner.Open();
+  for (Outcome* o : {&a, &b, &c}) ASSERT_TRUE(o->future.get().ok());
+  EXPECT_THAT(runner.batches(), ElementsAre(ElementsAre("a"), ElementsAre("b", "c")));
+  // A closed loop: each step submitted right after the previous one's answer.
+  constexpr int kLoop = 50;
+  for (int i = 0; i < kLoop; ++i) {
+    Outcome o;
+    ASSERT_TRUE(Submit(s, Req(absl::StrCat("l", i), "s1"), o).ok());
+    ASSERT_TRUE(o.future.get().ok());
+  }
+  // Steps queued together while the executor spins still batch.
+  Outcome d, e;
+  {
+    std::vector<std::thread> submitters;
+    submitters.emplace_back([&] { ASSERT_TRUE(Submit(s, Req("d", "s4"), d).ok()); });
+    submitters.emplace_back([&] { ASSERT_TRUE(Submit(s, Req("e", "s5"), e).ok()); });
+    for (std::thread& t : submitters) t.join();
+  }
+  ASSERT_TRUE(d.future.get().ok());
+  ASSERT_TRUE(e.future.get().ok());
+  EXPECT_EQ(s.Stats().batched_requests, 3 + kLoop + 2);
+  EXPECT_EQ(s.Stats().queue_depth, 0);
+  // Drain right after work (the executor spinning) returns and refuses new steps; destruction
+  // follows while it may still spin.
+  s.Drain();
+  Outcome late;
+  EXPECT_EQ(Submit(s, Req("z", "s6"), late).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_P(SchedulerSpinTest, DrainWaitsForWorkQueuedWhileSpinning) {
+  FakeRunner runner;
+  Limits limits;
+  limits.scheduler_spin = GetParam();
+  auto s = std::make_unique<Scheduler>(limits, runner);
+  runner.Open();
+  Outcome a, b;
+  ASSERT_TRUE(Submit(*s, Req("a", "s0"), a).ok());
+  ASSERT_TRUE(a.future.get().ok());
+  ASSERT_TRUE(Submit(*s, Req("b", "s1"), b).ok());
+  s.reset();  // drains: b has completed by the time the destructor returns
+  EXPECT_EQ(b.future.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_TRUE(b.future.get().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Spin, SchedulerSpinTest,
+                         ::testing::Values(absl::ZeroDuration(), Limits{}.scheduler_spin,
+                                           absl::Hours(1)),
+                         [](const ::testing::TestParamInfo<absl::Duration>& info) {
+                           return info.index == 0   ? std::string("None")
+                                  : info.index == 1 ? std::string("Default")
+                                                    : std::string("OneHour");
+                         });
+
+// Once the spin after a batch has run out, the executor parks; a step arriving later wakes it.
+TEST(SchedulerTest, StepAfterTheSpinRanOutWakesTheParkedExecutor) {
+  FakeRunner runner;
+  runner.Open();
+  Limits limits;
+  limits.scheduler_spin = absl::Microseconds(100);
+  Scheduler s(limits, runner);
+  for (int i = 0; i < 3; ++i) {
+    Outcome o;
+    ASSERT_TRUE(Submit(s, Req(absl::StrCat("p", i), "s0"), o).ok());
+    ASSERT_TRUE(o.future.get().ok());
+    absl::SleepFor(absl::Milliseconds(20));  // well past the spin: the executor has parked
+  }
+  EXPECT_EQ(s.Stats().batches, 3);
+}
+
+TEST(SchedulerTest, LimitsSpinByDefault) {
+  EXPECT_EQ(Limits{}.scheduler_spin, absl::Microseconds(200));
 }
 
 }  // namespace

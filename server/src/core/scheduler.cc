@@ -13,6 +13,14 @@ bool IsCancelled(const StepRequest& r) {
   return r.cancelled != nullptr && r.cancelled->load(std::memory_order_relaxed);
 }
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const Limits& limits, BatchRunner& runner) : limits_(limits), runner_(runner) {
@@ -24,6 +32,7 @@ Scheduler::~Scheduler() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    stop_hint_.store(true, std::memory_order_release);
   }
   thread_.join();
 }
@@ -59,6 +68,7 @@ absl::Status Scheduler::Submit(StepRequest&& request, StepCallback&& done, int64
   q.steps.push_back(std::move(item));
   q.rows += rows;
   ++queued_;
+  queued_hint_.store(queued_, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -110,6 +120,7 @@ void Scheduler::SweepLocked(
     }
     steps.resize(kept);
   }
+  queued_hint_.store(queued_, std::memory_order_release);
 }
 
 Scheduler::Queue* Scheduler::OldestLocked() {
@@ -153,7 +164,23 @@ std::vector<std::unique_ptr<Scheduler::Queued>> Scheduler::TakeBatchLocked(Queue
   steps.erase(steps.begin(), steps.begin() + n);
   queue.rows -= rows;
   queued_ -= static_cast<int64_t>(n);
+  queued_hint_.store(queued_, std::memory_order_release);
   return batch;
+}
+
+void Scheduler::SpinForWork() const {
+  if (limits_.scheduler_spin <= absl::ZeroDuration()) return;
+  const absl::Time until = absl::Now() + limits_.scheduler_spin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (queued_hint_.load(std::memory_order_acquire) > 0 ||
+          stop_hint_.load(std::memory_order_acquire)) {
+        return;
+      }
+      CpuRelax();
+    }
+    if (absl::Now() >= until) return;
+  }
 }
 
 void Scheduler::Loop() {
@@ -218,8 +245,14 @@ void Scheduler::Loop() {
         batch[i]->done(std::move(result));
       }
     }
-    absl::MutexLock lock(&mu_);
-    running_batch_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      running_batch_ = false;
+    }
+    // Every pass past the Await ran a batch or dropped steps: right after work, wait for the
+    // next step spinning rather than parked (a closed-loop client sends it right after its
+    // answer), so it needs no thread wake-up. The Await above stays the fallback.
+    SpinForWork();
   }
 }
 

@@ -37,6 +37,10 @@ struct Limits {
   int32_t max_queued_requests = 1024;     // per (model, layer) queue
   int64_t max_queued_rows = 65536;        // per (model, layer) queue
   absl::Duration batch_wait = absl::ZeroDuration();  // optional wait for more work
+  // After a batch, the scheduler's thread spins this long for the next step before parking
+  // (the next step then needs no thread wake-up); it burns a core meanwhile, and an idle
+  // scheduler parks. Zero parks at once.
+  absl::Duration scheduler_spin = absl::Microseconds(200);
   int32_t max_sequences = 4096;           // per served model
   int64_t max_context = 262144 + 16384;
   // Per-tenant quotas (0 = no quota beyond the server's own limits); exceeding one is
