@@ -439,6 +439,65 @@ TEST_F(StepRingTest, MetricsCountRingStepsExactly) {
   EXPECT_EQ(scrape({{"method", "RingAttach"}, {"code", "OK"}}, "smla_requests_total") - attach0, 1);
 }
 
+// The poller spins while its steps are in service and shortly after: once every step (served,
+// pipelined, or refused) is answered it still goes to sleep on the doorbell, and the next
+// request wakes it.
+TEST_F(StepRingTest, PollerSleepsOnceItsStepsAreAnsweredAndWakesForTheNext) {
+  const std::vector<std::string> seqs = {"s0", "s1", "s2"};
+  ASSERT_NO_FATAL_FAILURE(Prefill(seqs));
+  auto stream = Stream();
+  auto r = client::StepRing::Attach(stream.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  client::StepRing& ring = **r;
+  const ring::Header* header = ring::HeaderAt(ring.ring());
+  auto sleeps = [&] {
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (ring::Load(header->server_sleeping) == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return ring::Load(header->server_sleeping) == 1;
+  };
+  const v1::StepRequest one = Packed(h_.Make(kLayer, Spans({"s0"}, 64)));
+  v1::StepResponse resp;
+  for (int i = 0; i < 3; ++i) {  // a closed loop
+    ASSERT_TRUE(ring.Call(one, &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  EXPECT_TRUE(sleeps()) << "the poller kept spinning after its steps were answered";
+  // Several in flight at once (the first wakes the sleeping poller), one sequence each with its
+  // own output range.
+  std::vector<uint64_t> tickets;
+  uint64_t at = 0;
+  for (const std::string& id : seqs) {
+    v1::StepRequest q = h_.Make(kLayer, Spans({id}, id == "s0" ? 70 : 64));
+    auto end = region_->Place(&q, at, Layout::kPacked);
+    ASSERT_TRUE(end.ok()) << end.status();
+    at = *end;
+    auto t = ring.Submit(q);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tickets.push_back(*t);
+  }
+  for (uint64_t t : tickets) {
+    ASSERT_TRUE(ring.Wait(t, &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  EXPECT_TRUE(sleeps());
+  ASSERT_TRUE(ring.Call(Packed(h_.Make(kLayer, Spans({"s0"}, 76))), &resp).ok());
+  ASSERT_EQ(resp.code(), 0) << resp.message();
+  EXPECT_TRUE(sleeps());
+  // A refused request (answered at once, never submitted) counts out as well. (RawSubmit
+  // bypasses the client's tickets: the client ring is not used after it.)
+  const uint64_t n = ring.next_ticket();
+  RawSubmit(ring.ring(), n, std::string(64, '\xff'), 64);
+  ASSERT_TRUE(RawWait(ring.ring(), n, &resp));
+  EXPECT_NE(resp.code(), 0);
+  EXPECT_TRUE(sleeps());
+  EXPECT_EQ(h_.Length("s0", kLayer), 82);
+  EXPECT_EQ(h_.Length("s2", kLayer), 70);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST(StepRingServerTest, ShutdownWithAnAttachedRingIsClean) {
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Start({kDsv41, "--allow_shm", "--shutdown_grace_s=1"}, "dsv4.1-flash"));
@@ -451,6 +510,38 @@ TEST(StepRingServerTest, ShutdownWithAnAttachedRingIsClean) {
   // The open stream is cancelled after the grace; its ring stops and the server exits 0.
   EXPECT_EQ(h.server->Terminate(), 0);
   EXPECT_EQ(ring::Load(ring::HeaderAt((*r)->ring())->closed), 1u);
+}
+
+// --scheduler_spin_us: with the scheduler parking at once (0) or spinning long after each batch,
+// ring steps (in a closed loop and refused ones) are answered and applied alike.
+TEST(StepRingServerTest, SchedulerSpinFlagServesRingStepsEitherWay) {
+  for (const char* spin : {"0", "50000"}) {
+    SCOPED_TRACE(absl::StrCat("--scheduler_spin_us=", spin));
+    Harness h;
+    ASSERT_NO_FATAL_FAILURE(h.Start(
+        {kDsv41, "--allow_shm", absl::StrCat("--scheduler_spin_us=", spin)}, "dsv4.1-flash"));
+    ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
+    ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
+    h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
+    auto region =
+        client::ShmRegion::Create(h.client.get(), Unique(absl::StrCat("spin", spin)), kRegionBytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    auto stream = h.client->OpenStream();
+    ASSERT_TRUE(stream.ok());
+    auto r =
+        client::StepRing::Attach(stream->get(), region->get(), kRingOffset, kSlots, kSlotBytes);
+    ASSERT_TRUE(r.ok()) << r.status();
+    v1::StepResponse resp;
+    for (int i = 0; i < 4; ++i) {
+      v1::StepRequest q = h.Make(kLayer, Spans({"s"}, 64 + 6 * i));
+      ASSERT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
+      ASSERT_TRUE((*r)->Call(q, &resp).ok());
+      ASSERT_EQ(resp.code(), 0) << resp.message();
+    }
+    EXPECT_EQ(h.Length("s", kLayer), 64 + 4 * 6);
+    (*stream)->WritesDone();
+    EXPECT_TRUE((*stream)->Finish().ok());
+  }
 }
 
 TEST(StepRingServerTest, WithoutAllowShmAttachIsRefused) {

@@ -137,10 +137,26 @@ void StepRing::Poll() {
       Serve(n++);
       continue;
     }
-    const absl::Time spin_until = absl::Now() + kSpin;
-    bool ready = false;
-    while (!(ready = Ready(n)) && !stop_.load(std::memory_order_relaxed) &&
-           absl::Now() < spin_until) {
+    // Spin while steps this ring served are in service (the client sends its next request
+    // right after reading a response) and for kSpin after the last of them completed.
+    absl::Time spin_until = absl::Now() + kSpin;
+    bool ready = false, in_service = false;
+    while (!(ready = Ready(n)) && !stop_.load(std::memory_order_relaxed)) {
+      if (outstanding_.load(std::memory_order_acquire) > 0) {
+        in_service = true;
+        // Between checks let any other runnable thread on this core go first (a no-op on an
+        // idle core): the spin should not slow the work it waits for.
+        for (int i = 0; i < 16; ++i) ring::CpuRelax();
+        std::this_thread::yield();
+        continue;
+      }
+      const absl::Time now = absl::Now();
+      if (in_service) {
+        in_service = false;
+        spin_until = now + kSpin;  // the last step in service has just completed
+      } else if (now >= spin_until) {
+        break;
+      }
       for (int i = 0; i < 16; ++i) ring::CpuRelax();
     }
     if (ready) continue;

@@ -1,8 +1,16 @@
 // The server side of a step ring (smla/v1/step_ring.h): a StepStream's request ring in one of
 // its tenant's registered regions. A poller thread per ring waits for the next request (a
-// short spin, then a futex sleep), copies it out of the region, parses and submits it exactly
-// as the stream does (SmlaService::Prepare, ServiceCore::Submit, so ring steps batch with
-// every other step), and the completion writes the response into the request's slot.
+// spin, then a futex sleep), copies it out of the region, parses and submits it exactly as the
+// stream does (SmlaService::Prepare, ServiceCore::Submit, so ring steps batch with every other
+// step), and the completion writes the response into the request's slot.
+//
+// Spinning: the poller spins while any step it served is still in service (between Serve and
+// Complete) and for kSpin after the last of them completed (or after the last request it
+// picked up, when nothing is in service); only then does it sleep on the doorbell. A client in
+// a closed loop sends its next request right after reading the previous response, so the
+// poller is still spinning and the call pays no futex wake. The cost is deliberate: a ring
+// whose steps are in flight keeps one core busy (the spin yields the core to other runnable
+// threads between checks, so it does not starve them); an idle ring sleeps and uses no CPU.
 //
 // Ownership and lifetime: the stream reactor owns the ring. Stop() ends polling (it joins the
 // poller); steps already submitted still complete and answer in the ring; once the last has,
@@ -38,7 +46,9 @@ class SmlaService;
 
 class StepRing {
  public:
-  // Spin this long for the next request before sleeping on the doorbell.
+  // Spin this long for the next request, after the last request picked up or the last step
+  // in service completed (it spins throughout while steps are in service), before sleeping on
+  // the doorbell.
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
   // Checks `attach` for `tenant` (regions allowed, the tenant's region, bounds, alignment,
@@ -99,7 +109,9 @@ class StepRing {
   std::atomic<bool> poller_sleeping_{false};
   std::thread poller_;
   std::mutex mu_;
-  int outstanding_ = 0;  // submitted steps not yet answered; guarded by mu_
+  // Served steps not yet answered (Serve to Complete). Changed only under mu_ (MaybeIdle reads
+  // it there); the poller reads it without the lock to decide whether to keep spinning.
+  std::atomic<int> outstanding_{0};
   bool stopping_ = false;
   bool joined_ = false;
   bool idle_ = false;
