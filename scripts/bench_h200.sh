@@ -6,7 +6,10 @@
 # "ring shm inline": shm is the packed shared-memory request, one region range per tensor kind
 # for all spans, on the gRPC stream; ring the same request through the step ring; shm_spans the
 # earlier per-span form); DURATION_S (10); PREFILL_CHUNK (16384 rows per pre-fill call);
-# FOUR_STREAMS (cells that also run with four streams, default "32-shm"; empty for none).
+# FOUR_STREAMS (cells that also run with four streams, default "32-shm"; empty for none);
+# RING_SPIN_US (2000: how long a ring client's wait for its response spins before it sleeps on
+# the futex; a frontend engine waits for its attention output on the critical path and would
+# spin, so the bench does too instead of smla-bench's default of 30).
 # Usage: scripts/bench_h200.sh [BUILD_DIR] (default build-gpu, configured with
 # -DSMLA_GPU_BACKEND=cuda; the script builds smla-server and smla-bench there).
 set -euo pipefail
@@ -43,12 +46,14 @@ for c in ${CELLS:-1 16 32 64}; do
   for t in ${TRANSPORTS:-ring shm inline}; do
     levels=1
     [[ " ${FOUR_STREAMS-32-shm} " == *" $c-$t "* ]] && levels=1,4
+    ring_args=()
+    [ "$t" = ring ] && ring_args=(--ring_spin_us "${RING_SPIN_US:-2000}")
     echo "$(date -u +%T) bench: C=$c $t, streams $levels"
     "$bench_bin" --server 127.0.0.1:$port \
       --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
       --output mxfp8 --inverse_rope --transport "$t" --mode stream \
       --concurrency "$levels" --sweep_min_gain -1 --warmup_s 2 --duration_s "$duration" \
-      --prefill_chunk "${PREFILL_CHUNK:-16384}" \
+      --prefill_chunk "${PREFILL_CHUNK:-16384}" ${ring_args[@]+"${ring_args[@]}"} \
       --json "$out/bench-h200-c$c-$t.json" --html "$out/bench-h200-c$c-$t.html"
   done
 done
