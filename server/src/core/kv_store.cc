@@ -235,34 +235,36 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
   return status;
 }
 
-absl::StatusOr<int64_t> KvStore::Length(std::string_view tenant, std::string_view id,
-                                        int32_t layer) const {
+absl::StatusOr<const KvStore::Sequence*> KvStore::FindForRead(std::string_view tenant,
+                                                               std::string_view id,
+                                                               int32_t layer) const {
   if (layer < 0 || layer >= profile_->num_layers()) {
     return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
                                    profile_->num_layers(), " layers)"));
   }
-  absl::MutexLock lock(&mu_);
   const Sequence* seq = Find(tenant, id);
   if (seq == nullptr) {
     return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
   }
-  const PreparedStep::Span* pending = seq->pending[layer];
-  return pending != nullptr ? pending->old_length : seq->layers[layer].length;
+  return seq;
+}
+
+absl::StatusOr<int64_t> KvStore::Length(std::string_view tenant, std::string_view id,
+                                        int32_t layer) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<const Sequence*> seq = FindForRead(tenant, id, layer);
+  if (!seq.ok()) return seq.status();
+  const PreparedStep::Span* pending = (*seq)->pending[layer];
+  return pending != nullptr ? pending->old_length : (*seq)->layers[layer].length;
 }
 
 absl::StatusOr<LayerPages> KvStore::Pages(std::string_view tenant, std::string_view id,
                                           int32_t layer) const {
-  if (layer < 0 || layer >= profile_->num_layers()) {
-    return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
-                                   profile_->num_layers(), " layers)"));
-  }
   absl::MutexLock lock(&mu_);
-  const Sequence* seq = Find(tenant, id);
-  if (seq == nullptr) {
-    return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
-  }
-  LayerPages pages = seq->layers[layer];
-  if (seq->pending[layer] != nullptr) Undo(*seq->pending[layer], pages);
+  absl::StatusOr<const Sequence*> seq = FindForRead(tenant, id, layer);
+  if (!seq.ok()) return seq.status();
+  LayerPages pages = (*seq)->layers[layer];
+  if ((*seq)->pending[layer] != nullptr) Undo(*(*seq)->pending[layer], pages);
   return pages;
 }
 

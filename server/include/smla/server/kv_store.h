@@ -181,6 +181,9 @@ class KvStore {
 
   Sequence* Find(std::string_view tenant, std::string_view id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The sequence whose layer Length/Pages read: NOT_FOUND naming the layer or the sequence.
+  absl::StatusOr<const Sequence*> FindForRead(std::string_view tenant, std::string_view id,
+                                              int32_t layer) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FreeLayer(std::string_view tenant, LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Charge(std::string_view tenant, int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const;
