@@ -4,8 +4,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "harness.h"
 
 #ifndef SMLA_TOOL_BINARY
@@ -34,7 +37,8 @@ TEST(ConfigTest, TextFormatFileConfiguresModelsAndLimits) {
     f << R"(
       models { profile: "glm-5.3-flash" tp: 4 page_rows: 32 pool_pages: 40 }
       models { spec: "dsv4.1-flash:tp=8:page_rows=16:pool=16MiB" }
-      limits { max_rows_per_step: 1000 batch_wait_us: 1500 stream_max_inflight: 4 }
+      limits { max_rows_per_step: 1000 batch_wait_us: 1500 stream_max_inflight: 4
+               scheduler_spin_us: 0 }
     )";
   }
   Harness h;
@@ -50,6 +54,8 @@ TEST(ConfigTest, TextFormatFileConfiguresModelsAndLimits) {
   EXPECT_EQ(info->models(1).heads_per_rank(), 8);
   EXPECT_EQ(info->limits().max_rows_per_step(), 1000);
   EXPECT_EQ(info->limits().batch_wait_us(), 1500);
+  // An explicit 0 in the file is applied (park at once), not taken for "keep the default".
+  EXPECT_EQ(info->limits().scheduler_spin_us(), 0);
   EXPECT_EQ(info->limits().stream_max_inflight(), 4);
   // The message limit covers the largest legal step of the largest profile.
   EXPECT_GE(info->limits().max_message_bytes(), int64_t{1000} * 16 * 512 * 2);
@@ -59,6 +65,37 @@ TEST(ConfigTest, TextFormatFileConfiguresModelsAndLimits) {
   auto r = h.client->Step(h.Make(0, {{"s", 0, 1001, 0}}));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("spans[0].num_rows"));
+}
+
+// scheduler_spin_us: unset keeps the default (200), a file value applies, and the flag overrides
+// the file (as for batch_wait_us).
+TEST(ConfigTest, SchedulerSpinFromFileAndFlag) {
+  const std::string path = ::testing::TempDir() + "/smla_config_spin_test.txtpb";
+  {
+    std::ofstream f(path);
+    f << "limits { batch_wait_us: 700 scheduler_spin_us: 350 }\n";
+  }
+  const std::string unset_path = ::testing::TempDir() + "/smla_config_spin_unset_test.txtpb";
+  {
+    std::ofstream f(unset_path);
+    f << "limits { batch_wait_us: 700 }\n";
+  }
+  struct Case {
+    std::vector<std::string> args;
+    int64_t want_spin;
+  };
+  for (const Case& c : {Case{{kDsv41, "--config=" + unset_path}, 200},
+                        Case{{kDsv41, "--config=" + path}, 350},
+                        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=0"}, 0},
+                        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=90"}, 90}}) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    auto server = ServerProcess::Start(c.args);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto info = (*server)->Connect()->Info();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->limits().scheduler_spin_us(), c.want_spin);
+    EXPECT_EQ(info->limits().batch_wait_us(), 700);
+  }
 }
 
 TEST(ConfigTest, RepeatedModelFlagsServeEveryModel) {

@@ -103,6 +103,11 @@ absl::Status ApplyConfig(const v1::ServerConfig& file, ServerConfig* config,
   if (l.max_queued_requests() > 0) out.max_queued_requests = l.max_queued_requests();
   if (l.max_queued_rows() > 0) out.max_queued_rows = l.max_queued_rows();
   if (l.batch_wait_us() > 0) out.batch_wait = absl::Microseconds(l.batch_wait_us());
+  // Explicit presence: 0 is a legal value (park at once), so only an unset field (or a negative
+  // value) keeps the default.
+  if (l.has_scheduler_spin_us() && l.scheduler_spin_us() >= 0) {
+    out.scheduler_spin = absl::Microseconds(l.scheduler_spin_us());
+  }
   if (l.max_sequences() > 0) out.max_sequences = l.max_sequences();
   if (l.max_context() > 0) out.max_context = l.max_context();
   if (l.stream_max_inflight() > 0) *stream_max_inflight = l.stream_max_inflight();

@@ -350,6 +350,7 @@ void FillServerInfo(const ServiceCore& core, const EdgeOptions& options, v1::Ser
   lim->set_max_queued_requests(l.max_queued_requests);
   lim->set_max_queued_rows(l.max_queued_rows);
   lim->set_batch_wait_us(absl::ToInt64Microseconds(l.batch_wait));
+  lim->set_scheduler_spin_us(absl::ToInt64Microseconds(l.scheduler_spin));
   lim->set_max_sequences(l.max_sequences);
   lim->set_max_context(l.max_context);
   lim->set_stream_max_inflight(options.stream_max_inflight);
