@@ -544,6 +544,51 @@ TEST(StepRingServerTest, SchedulerSpinFlagServesRingStepsEitherWay) {
   }
 }
 
+// A step in service longer than StepRing::kBusySpin is waited for asleep: the poller sleeps
+// before the answer comes, and the completion wakes it for the next request.
+TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(
+      h.Start({kDsv41, "--allow_shm", "--inject_attend_delay_ms=400"}, "dsv4.1-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
+  h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
+  auto region = client::ShmRegion::Create(h.client.get(), Unique("long-step"), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto stream = h.client->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  auto r = client::StepRing::Attach(stream->get(), region->get(), kRingOffset, kSlots, kSlotBytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  client::StepRing& ring = **r;
+  const ring::Header* header = ring::HeaderAt(ring.ring());
+  v1::StepResponse resp;
+  for (int i = 0; i < 2; ++i) {
+    v1::StepRequest q = h.Make(kLayer, Spans({"s"}, 64 + 6 * i));
+    ASSERT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
+    auto ticket = ring.Submit(q);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    const ring::SlotHeader* slot = ring::SlotAt(ring.ring(), kSlotBytes,
+                                                static_cast<uint32_t>((*ticket - 1) % kSlots));
+    // The step is held 400 ms in the backend: the poller must be asleep well before it ends.
+    const uint32_t seq = static_cast<uint32_t>(*ticket);
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    bool asleep_in_service = false;
+    while (absl::Now() < until && ring::Load(slot->response_seq) != seq) {
+      if (ring::Load(header->server_sleeping) == 1) {
+        asleep_in_service = ring::Load(slot->response_seq) != seq;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_TRUE(asleep_in_service) << "the poller spun through a step of 400 ms";
+    ASSERT_TRUE(ring.Wait(*ticket, &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  EXPECT_EQ(h.Length("s", kLayer), 64 + 2 * 6);
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
 TEST(StepRingServerTest, WithoutAllowShmAttachIsRefused) {
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Start({kDsv41}, "dsv4.1-flash"));

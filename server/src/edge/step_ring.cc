@@ -138,12 +138,19 @@ void StepRing::Poll() {
       continue;
     }
     // Spin while steps this ring served are in service (the client sends its next request
-    // right after reading a response) and for kSpin after the last of them completed.
+    // right after reading a response), up to kBusySpin, and for kSpin after the last of them
+    // completed.
     absl::Time spin_until = absl::Now() + kSpin;
+    absl::Time busy_until = absl::InfiniteFuture();
     bool ready = false, in_service = false;
     while (!(ready = Ready(n)) && !stop_.load(std::memory_order_relaxed)) {
       if (outstanding_.load(std::memory_order_acquire) > 0) {
-        in_service = true;
+        if (!in_service) {
+          in_service = true;
+          busy_until = absl::Now() + kBusySpin;
+        } else if (absl::Now() >= busy_until) {
+          break;  // a long step: sleep, its completion rings the doorbell
+        }
         // Between checks let any other runnable thread on this core go first (a no-op on an
         // idle core): the spin should not slow the work it waits for.
         for (int i = 0; i < 16; ++i) ring::CpuRelax();

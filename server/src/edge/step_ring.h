@@ -5,12 +5,14 @@
 // step), and the completion writes the response into the request's slot.
 //
 // Spinning: the poller spins while any step it served is still in service (between Serve and
-// Complete) and for kSpin after the last of them completed (or after the last request it
-// picked up, when nothing is in service); only then does it sleep on the doorbell. A client in
-// a closed loop sends its next request right after reading the previous response, so the
-// poller is still spinning and the call pays no futex wake. The cost is deliberate: a ring
-// whose steps are in flight keeps one core busy (the spin yields the core to other runnable
-// threads between checks, so it does not starve them); an idle ring sleeps and uses no CPU.
+// Complete), up to kBusySpin, and for kSpin after the last of them completed (or after the
+// last request it picked up, when nothing is in service); only then does it sleep on the
+// doorbell. A client in a closed loop sends its next request right after reading the previous
+// response, so the poller is still spinning and the call pays no futex wake. The cost is
+// deliberate: a ring whose steps are in flight keeps one core busy (the spin yields the core
+// to other runnable threads between checks, so it does not starve them); a step longer than
+// kBusySpin (a slow device, the CPU backend) is waited for asleep, and an idle ring sleeps and
+// uses no CPU.
 //
 // Ownership and lifetime: the stream reactor owns the ring. Stop() ends polling (it joins the
 // poller); steps already submitted still complete and answer in the ring; once the last has,
@@ -50,6 +52,8 @@ class StepRing {
   // in service completed (it spins throughout while steps are in service), before sleeping on
   // the doorbell.
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
+  // Spin at most this long while steps are in service (GPU steps take well under it).
+  static constexpr absl::Duration kBusySpin = absl::Milliseconds(2);
 
   // Checks `attach` for `tenant` (regions allowed, the tenant's region, bounds, alignment,
   // slot count and size, the header the client wrote) and starts polling. Steps act for
