@@ -472,6 +472,16 @@ TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
   }
   // The failed sequences go on from where they were.
   for (int i : {1, 2}) StepAndCheck(*core, model, kLayer, {&decode[i]});
+  // A rewrite of committed positions (137..142 of s0, stored up to 146) with a NaN is refused
+  // before any row is written: the next step, which sees those positions in its window, gets
+  // the reference answer.
+  SpanData rewrite = Span(model, kLayer, "s0", 137, 6);
+  rewrite.kv[4 * 512 + 1] = 0x7f80;  // +inf
+  absl::StatusOr<StepResult> refused = testing::RunStep(*core, Request(model, kLayer, {&rewrite}));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("spans[0].kv_rows[4][1]: inf"));
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "s0", kLayer), 146);
+  SpanData next = Span(model, kLayer, "s0", 146, 6);
+  StepAndCheck(*core, model, kLayer, {&next});
 }
 
 TEST_F(CoreTest, PoolFilledExactlyThenOnePageMore) {

@@ -293,8 +293,13 @@ struct StepExecutor::DeviceWork {
   std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
+  std::vector<size_t> to_host_step, to_pageable_step;  // the step of each copy back
   kernels::WriteRowsParams write;
   kernels::AttendParams attend;
+  // Spans that only append (their rows land in slots no committed position uses), whose
+  // finite check runs while the device attends; (step, span).
+  std::vector<std::pair<size_t, const SpanRef*>> append_checks;
+  std::vector<SpanRef> spans;  // the launch's spans, which append_checks point into
 };
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
@@ -320,7 +325,21 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     if (kept.empty()) return absl::OkStatus();
   }
   const absl::Time prepared_at = absl::Now();
-  SMLA_RETURN_IF_ERROR(Enqueue(work));
+  SMLA_RETURN_IF_ERROR(EnqueueCompute(work));
+  // While the device writes rows and attends: the finite check of appending spans. A step that
+  // fails it gets no outputs copied back and is aborted; the rows it wrote sit past its
+  // committed length, where nothing reads them.
+  std::vector<size_t> failed;
+  const int qk = kernels::QkWidth(model.profile().geometry);
+  for (const auto& [i, ref] : work.append_checks) {
+    if (!results[i].ok() || absl::c_linear_search(failed, i)) continue;
+    absl::Status finite = CheckRowsFinite(*ref->input, ref->index, qk);
+    if (!finite.ok()) {
+      results[i] = std::move(finite);
+      failed.push_back(i);
+    }
+  }
+  SMLA_RETURN_IF_ERROR(EnqueueOutputs(work, failed));
   const absl::Time enqueued_at = absl::Now();
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   // The device's intervals between the launch's events. `wait` runs from the end of the input
@@ -352,6 +371,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   t.prep = (work.inputs_at - start) + wait +
            std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - (t.kernel - t.copy_in));
   for (size_t i : kept) {
+    if (!results[i].ok()) continue;  // failed its finite check
     results[i]->timings.kernel = t.kernel;
     results[i]->timings.attend = t.attend;
     results[i]->timings.prep = t.prep;
@@ -373,7 +393,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const OutputFormat format = head.output_format;
   const bool inverse_rope = head.inverse_rope;
 
-  std::vector<SpanRef> spans;
+  std::vector<SpanRef>& spans = work.spans;
   std::vector<size_t> span_step;  // the step (index into args.steps) of each span
   bool want_lse = false;
   for (size_t i : args.included) {
@@ -494,8 +514,15 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     const SpanRef& ref = spans[k];
     Reject(span_step[k], ExplainChosenEntries(*ref.input, ref.index, spec), results, rejected);
   }
+  // Spans that rewrite committed positions are checked before any row is written; spans that
+  // only append, while the device attends (Launch).
   for (size_t k = 0; k < spans.size(); ++k) {
-    absl::Status finite = CheckRowsFinite(*spans[k].input, spans[k].index,
+    const SpanRef& ref = spans[k];
+    if (ref.input->first_position >= ref.prepared->committed_length(ref.index)) {
+      work.append_checks.emplace_back(span_step[k], &ref);
+      continue;
+    }
+    absl::Status finite = CheckRowsFinite(*ref.input, ref.index,
                                           kernels::QkWidth(profile.geometry));
     if (!finite.ok()) Reject(span_step[k], std::move(finite), results, rejected);
   }
@@ -545,7 +572,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   a.arrays_pinned = pinned();
 
   // Each step's rows go back to its own destination when it named one, else to its result.
-  size_t row0 = 0;
+  size_t row0 = 0, step = 0;
   auto output = [&]<typename V>(std::span<uint8_t> dst, V& fallback, const uint8_t* src,
                                 size_t bytes) {
     void* to = dst.data();
@@ -557,10 +584,12 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     const bool locked = !pinned() || (!dst.empty() && host_ranges_.Contains(to, bytes));
     (locked ? stats.out_direct : stats.out_pageable) += static_cast<int64_t>(bytes);
     (locked ? work.to_host : work.to_pageable).push_back(kernels::CopyOp{to, src, bytes});
+    (locked ? work.to_host_step : work.to_pageable_step).push_back(step);
   };
   for (size_t i : args.included) {
     const StepRequest& r = *args.steps[i];
     const size_t n = static_cast<size_t>(StepRows(r));
+    step = i;
     results[i] = StepResult();
     StepResult& res = *results[i];
     res.num_rows = static_cast<int32_t>(n);
@@ -604,15 +633,33 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   return backend_.RecordEvent(*events_.copied_in, stream);
 }
 
-absl::Status StepExecutor::Enqueue(const DeviceWork& w) {
+absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
-  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_end, stream));
-  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
-  for (const kernels::CopyOp& c : w.to_pageable) {
+  return backend_.RecordEvent(*events_.attend_end, stream);
+}
+
+absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w, std::span<const size_t> failed) {
+  kernels::Stream& stream = *stream_;
+  auto kept = [&](const std::vector<kernels::CopyOp>& ops, const std::vector<size_t>& steps) {
+    std::vector<kernels::CopyOp> out;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (!absl::c_linear_search(failed, steps[k])) out.push_back(ops[k]);
+    }
+    return out;
+  };
+  if (failed.empty()) {
+    SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
+  } else {
+    SMLA_RETURN_IF_ERROR(backend_.CopyBatch(kept(w.to_host, w.to_host_step),
+                                            kernels::CopyDirection::kToHost, stream));
+  }
+  for (size_t k = 0; k < w.to_pageable.size(); ++k) {
+    if (absl::c_linear_search(failed, w.to_pageable_step[k])) continue;
+    const kernels::CopyOp& c = w.to_pageable[k];
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
   }
   return backend_.RecordEvent(*events_.end, stream);

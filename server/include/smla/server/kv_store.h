@@ -83,6 +83,9 @@ class PreparedStep {
   // tables one id at a time.
   const LayerPages& pages(size_t span) const { return *spans_[span].table; }
   int32_t rows_per_page() const { return rows_per_page_; }
+  // Span i's committed length before the step: rows it writes at or past it fill slots no
+  // committed position uses, so an aborted step leaves nothing visible there.
+  int64_t committed_length(size_t span) const { return spans_[span].old_length; }
 
  private:
   friend class KvStore;

@@ -4,7 +4,9 @@
 // copies enqueued; while the device copies, the slot lists and segments are built into the same
 // page-locked memory, and the inputs' contents are checked (chosen entries as they are
 // translated, KV rows finite): a step that fails is answered with its error, aborted (it changes
-// nothing) and the launch prepared again without it;
+// nothing) and the launch prepared again without it. Spans that only append are checked for
+// finite rows later, while the device attends: their rows land past the committed length, so a
+// step that fails there is aborted with no outputs copied back and leaves nothing visible;
 // then the rest of the device work back to back (one WriteRows for every new KV row and
 // compressed entry | one Attend over all rows | the copies back), with events between the parts;
 // Synchronize, and Commit. Outputs are sliced back to each step.
@@ -138,9 +140,11 @@ class StepExecutor : public BatchRunner {
   absl::Status EnqueueInputs(const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
-  // Enqueues the rest of the device work (row writes, attention, copies back) between the
-  // timing events.
-  absl::Status Enqueue(const DeviceWork& work);
+  // Enqueues the row writes and the attention between their timing events.
+  absl::Status EnqueueCompute(const DeviceWork& work);
+  // Enqueues the copies back, but for the `failed` steps (indices into the batch), and the end
+  // event.
+  absl::Status EnqueueOutputs(const DeviceWork& work, std::span<const size_t> failed);
 
   kernels::Backend& backend_;
   std::unique_ptr<kernels::Stream> stream_;
