@@ -435,7 +435,9 @@ TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
     StepAndCheck(*core, model, kLayer, {&prefill});
   }
   std::vector<SpanData> decode;
-  for (int i = 0; i < kSeqs; ++i) decode.push_back(Span(model, kLayer, "s" + std::to_string(i), 140, 6));
+  for (int i = 0; i < kSeqs; ++i) {
+    decode.push_back(Span(model, kLayer, "s" + std::to_string(i), 140, 6));
+  }
   SpanData bad_id = decode[1];
   bad_id.topk[3 * 24 + 17] = 73;  // row 3 sits at position 143: 72 entries visible
   SpanData bad_row = decode[2];
