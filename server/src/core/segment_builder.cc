@@ -20,8 +20,6 @@ int Log2(int32_t v) {
   return l;
 }
 
-// Entries a row at `position` may see in a 1/r cache.
-int64_t Visible(int64_t position, int32_t ratio) { return (position + 1) / ratio; }
 
 int64_t CompressedOf(const SpanInput& s, size_t row_bytes) {
   return static_cast<int64_t>(s.compressed_rows.size() / row_bytes);
@@ -87,7 +85,7 @@ class Builder {
       tables_.main_pages.assign(pages.main.begin(), pages.main.end());
     }
     if (spec.kind == LayerKind::kSwaDense) {
-      tables_.dense.resize(Visible(last, spec.ratio));
+      tables_.dense.resize(spec.visible(last));
       for (int64_t e = 0; e < static_cast<int64_t>(tables_.dense.size()); ++e) {
         const int64_t logical = e / B;
         SMLA_CHECK(logical < static_cast<int64_t>(pages.compressed.size()),
@@ -109,14 +107,15 @@ class Builder {
       Put(out_.main_indices, main_, tables_.window.data() + (from - tables_.window_first),
           pos + 1 - from);
     } else {
-      Chosen(chosen, tables_.main_pages, shift, pos + 1, Reserve(out_.main_indices, main_, chosen));
+      Chosen(chosen, tables_.main_pages, shift, spec.visible(pos),
+             Reserve(out_.main_indices, main_, chosen));
     }
     out_.main_indptr[row_ + 1] = static_cast<int32_t>(main_);
     if (spec.kind == LayerKind::kSwaTopK) {
-      Chosen(chosen, pages.compressed, shift, Visible(pos, spec.ratio),
+      Chosen(chosen, pages.compressed, shift, spec.visible(pos),
              Reserve(out_.extra_indices, extra_, chosen));
     } else if (spec.kind == LayerKind::kSwaDense) {
-      Put(out_.extra_indices, extra_, tables_.dense.data(), Visible(pos, spec.ratio));
+      Put(out_.extra_indices, extra_, tables_.dense.data(), spec.visible(pos));
     }
     if (!out_.extra_indptr.empty()) out_.extra_indptr[row_ + 1] = static_cast<int32_t>(extra_);
     if (!out_.positions.empty()) out_.positions[row_] = static_cast<int32_t>(pos);
@@ -231,7 +230,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
       const int64_t pos = s.first_position + t;
       c.main_indices += spec.has_window() ? std::min<int64_t>(pos + 1, shape.window) : s.topk_width;
       if (spec.kind == LayerKind::kSwaTopK) c.extra_indices += s.topk_width;
-      if (spec.kind == LayerKind::kSwaDense) c.extra_indices += Visible(pos, spec.ratio);
+      if (spec.kind == LayerKind::kSwaDense) c.extra_indices += spec.visible(pos);
     }
   }
   return c;

@@ -332,12 +332,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   std::vector<size_t> failed;
   const int qk = kernels::QkWidth(model.profile().geometry);
   for (const auto& [i, ref] : work.append_checks) {
-    if (!results[i].ok() || absl::c_linear_search(failed, i)) continue;
     absl::Status finite = CheckRowsFinite(*ref->input, ref->index, qk);
-    if (!finite.ok()) {
-      results[i] = std::move(finite);
-      failed.push_back(i);
-    }
+    if (!finite.ok()) Reject(i, std::move(finite), results, failed);
   }
   SMLA_RETURN_IF_ERROR(EnqueueOutputs(work, failed));
   const absl::Time enqueued_at = absl::Now();
@@ -388,7 +384,8 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const ModelProfile& profile = model.profile();
   const LayerSpec& spec = profile.layers[args.layer];
   const int32_t heads = model.config().heads_per_rank;
-  const size_t row_bytes = size_t{2} * kernels::QkWidth(profile.geometry);
+  const int qk = kernels::QkWidth(profile.geometry);
+  const size_t row_bytes = size_t{2} * qk;
   const StepRequest& head = *args.steps[args.included[0]];
   const OutputFormat format = head.output_format;
   const bool inverse_rope = head.inverse_rope;
@@ -522,8 +519,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
       work.append_checks.emplace_back(span_step[k], &ref);
       continue;
     }
-    absl::Status finite = CheckRowsFinite(*ref.input, ref.index,
-                                          kernels::QkWidth(profile.geometry));
+    absl::Status finite = CheckRowsFinite(*ref.input, ref.index, qk);
     if (!finite.ok()) Reject(span_step[k], std::move(finite), results, rejected);
   }
   if (!rejected.empty()) return absl::OkStatus();

@@ -230,8 +230,7 @@ absl::Status ExplainChosenEntries(const SpanInput& s, size_t index, const LayerS
   const std::string field = Cat("spans[", index, "]");
   for (int32_t t = 0; t < s.num_rows; ++t) {
     const int64_t p = s.first_position + t;
-    // Entries a row may name: compressed entries 0..floor((p+1)/r)-1, or positions 0..p.
-    const int64_t visible = spec.kind == LayerKind::kSwaTopK ? (p + 1) / spec.ratio : p + 1;
+    const int64_t visible = spec.visible(p);
     for (int32_t k = 0; k < s.topk_width; ++k) {
       const int32_t e = __atomic_load_n(s.topk.data() + int64_t{t} * s.topk_width + k,
                                         __ATOMIC_RELAXED);

@@ -35,6 +35,11 @@ struct LayerSpec {
     return kind == LayerKind::kSwaTopK || kind == LayerKind::kSwaDense;
   }
   bool client_chooses() const { return kind == LayerKind::kSwaTopK || kind == LayerKind::kChosen; }
+  // Entries a row at `position` may see: compressed entries 0..floor((p+1)/r)-1 of the 1/r
+  // cache where the layer has one, else positions 0..p of the main cache.
+  int64_t visible(int64_t position) const {
+    return has_compressed() ? (position + 1) / ratio : position + 1;
+  }
 };
 
 struct ModelProfile {
