@@ -512,60 +512,70 @@ TEST(StepRingServerTest, ShutdownWithAnAttachedRingIsClean) {
   EXPECT_EQ(ring::Load(ring::HeaderAt((*r)->ring())->closed), 1u);
 }
 
-// --scheduler_spin_us: with the scheduler parking at once (0) or spinning long after each batch,
-// ring steps (in a closed loop and refused ones) are answered and applied alike.
-TEST(StepRingServerTest, SchedulerSpinFlagServesRingStepsEitherWay) {
-  for (const char* spin : {"0", "50000"}) {
-    SCOPED_TRACE(absl::StrCat("--scheduler_spin_us=", spin));
-    Harness h;
-    ASSERT_NO_FATAL_FAILURE(h.Start(
-        {kDsv41, "--allow_shm", absl::StrCat("--scheduler_spin_us=", spin)}, "dsv4.1-flash"));
+// A server started with --allow_shm and `flags`, sequence "s" stored up to position 64, and a
+// ring attached to a stream over a fresh region named after `what`.
+struct RingServer {
+  void Start(std::vector<std::string> flags, const std::string& what) {
+    flags.insert(flags.begin(), {kDsv41, "--allow_shm"});
+    ASSERT_NO_FATAL_FAILURE(h.Start(flags, "dsv4.1-flash"));
     ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
     ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
     h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
-    auto region =
-        client::ShmRegion::Create(h.client.get(), Unique(absl::StrCat("spin", spin)), kRegionBytes);
-    ASSERT_TRUE(region.ok()) << region.status();
-    auto stream = h.client->OpenStream();
-    ASSERT_TRUE(stream.ok());
-    auto r =
-        client::StepRing::Attach(stream->get(), region->get(), kRingOffset, kSlots, kSlotBytes);
+    auto r = client::ShmRegion::Create(h.client.get(), Unique(what), kRegionBytes);
     ASSERT_TRUE(r.ok()) << r.status();
+    region = *std::move(r);
+    auto s = h.client->OpenStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream = *std::move(s);
+    auto a = client::StepRing::Attach(stream.get(), region.get(), kRingOffset, kSlots, kSlotBytes);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ring = *std::move(a);
+  }
+  // The step of `s`'s next 6 rows from `position`, placed in the region.
+  v1::StepRequest Next(int64_t position) {
+    v1::StepRequest q = h.Make(kLayer, Spans({"s"}, position));
+    EXPECT_TRUE(region->Place(&q, 0, Layout::kPacked).ok());
+    return q;
+  }
+  void Finish() {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+
+  Harness h;
+  std::unique_ptr<client::ShmRegion> region;
+  std::unique_ptr<client::StepStream> stream;
+  std::unique_ptr<client::StepRing> ring;
+};
+
+// --scheduler_spin_us: with the scheduler parking at once (0) or spinning long after each batch,
+// ring steps in a closed loop are answered and applied alike.
+TEST(StepRingServerTest, SchedulerSpinFlagServesRingStepsEitherWay) {
+  for (const char* spin : {"0", "50000"}) {
+    SCOPED_TRACE(absl::StrCat("--scheduler_spin_us=", spin));
+    RingServer rs;
+    ASSERT_NO_FATAL_FAILURE(
+        rs.Start({absl::StrCat("--scheduler_spin_us=", spin)}, absl::StrCat("spin", spin)));
     v1::StepResponse resp;
     for (int i = 0; i < 4; ++i) {
-      v1::StepRequest q = h.Make(kLayer, Spans({"s"}, 64 + 6 * i));
-      ASSERT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
-      ASSERT_TRUE((*r)->Call(q, &resp).ok());
+      ASSERT_TRUE(rs.ring->Call(rs.Next(64 + 6 * i), &resp).ok());
       ASSERT_EQ(resp.code(), 0) << resp.message();
     }
-    EXPECT_EQ(h.Length("s", kLayer), 64 + 4 * 6);
-    (*stream)->WritesDone();
-    EXPECT_TRUE((*stream)->Finish().ok());
+    EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 4 * 6);
+    rs.Finish();
   }
 }
 
 // A step in service longer than StepRing::kBusySpin is waited for asleep: the poller sleeps
 // before the answer comes, and the completion wakes it for the next request.
 TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
-  Harness h;
-  ASSERT_NO_FATAL_FAILURE(
-      h.Start({kDsv41, "--allow_shm", "--inject_attend_delay_ms=400"}, "dsv4.1-flash"));
-  ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
-  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
-  h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
-  auto region = client::ShmRegion::Create(h.client.get(), Unique("long-step"), kRegionBytes);
-  ASSERT_TRUE(region.ok()) << region.status();
-  auto stream = h.client->OpenStream();
-  ASSERT_TRUE(stream.ok());
-  auto r = client::StepRing::Attach(stream->get(), region->get(), kRingOffset, kSlots, kSlotBytes);
-  ASSERT_TRUE(r.ok()) << r.status();
-  client::StepRing& ring = **r;
+  RingServer rs;
+  ASSERT_NO_FATAL_FAILURE(rs.Start({"--inject_attend_delay_ms=400"}, "long-step"));
+  client::StepRing& ring = *rs.ring;
   const ring::Header* header = ring::HeaderAt(ring.ring());
   v1::StepResponse resp;
   for (int i = 0; i < 2; ++i) {
-    v1::StepRequest q = h.Make(kLayer, Spans({"s"}, 64 + 6 * i));
-    ASSERT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
-    auto ticket = ring.Submit(q);
+    auto ticket = ring.Submit(rs.Next(64 + 6 * i));
     ASSERT_TRUE(ticket.ok()) << ticket.status();
     const ring::SlotHeader* slot = ring::SlotAt(ring.ring(), kSlotBytes,
                                                 static_cast<uint32_t>((*ticket - 1) % kSlots));
@@ -587,9 +597,8 @@ TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
     ASSERT_TRUE(ring.Wait(*ticket, &resp).ok());
     ASSERT_EQ(resp.code(), 0) << resp.message();
   }
-  EXPECT_EQ(h.Length("s", kLayer), 64 + 2 * 6);
-  (*stream)->WritesDone();
-  EXPECT_TRUE((*stream)->Finish().ok());
+  EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 2 * 6);
+  rs.Finish();
 }
 
 TEST(StepRingServerTest, WithoutAllowShmAttachIsRefused) {
