@@ -696,32 +696,70 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-28 of that maximum is exact.
     constexpr int kUnits = C::kQkWidth / 8;
     constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
-    for (int h = warp; h < C::kHeadBlock; h += C::kWarps) {
+    constexpr int kHeadsPerWarp = C::kHeadBlock / C::kWarps;
+    static_assert(C::kHeadBlock % C::kWarps == 0, "every warp stages the same number of heads");
+    // Every load of the warp's heads is issued before any is used: one global round trip for
+    // the prologue instead of one per load.
+    uint32_t raw[kHeadsPerWarp][kPer][4];
+    int64_t off[kHeadsPerWarp][kPer];
+    bool in[kHeadsPerWarp][kPer];
+#pragma unroll
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+      const int h = warp + j * C::kWarps;
       const int qhead = group_head0(h / 16) + h % 16;
-      const bool live = qhead < p.num_heads;
-      const int qrow = group_row(h / 16);
-      float v[kPer][8];
-      float amax = 0.0f;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int u = lane + k * kWarpSize;
         const int p0 = (u % kUnits) * 8;
         const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-        const int64_t off = (int64_t{qrow} * p.num_heads + qhead) * C::kQkWidth + base;
+        off[j][k] = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
+        in[j][k] = qhead < p.num_heads && u < kUnits;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float2 f = make_float2(0.0f, 0.0f);
-          if (live && u < kUnits) {
-            const int64_t at = off + direct::QkUnitOffset(i);
-            if (p.q_fp8) {
-              f = E4m3x2ToFloat2(
-                  *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at));
-            } else {
-              const uint32_t w =
-                  *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + at);
-              f = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+        for (int i = 0; i < 4; ++i) raw[j][k][i] = 0;
+      }
+    }
+    if (p.q_fp8) {
+#pragma unroll
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (in[j][k]) {
+              raw[j][k][i] = *reinterpret_cast<const uint16_t*>(
+                  static_cast<const uint8_t*>(p.q) + off[j][k] + direct::QkUnitOffset(i));
             }
           }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (in[j][k]) {
+              raw[j][k][i] = *reinterpret_cast<const uint32_t*>(
+                  static_cast<const uint16_t*>(p.q) + off[j][k] + direct::QkUnitOffset(i));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+      const int h = warp + j * C::kWarps;
+      float v[kPer][8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t w = raw[j][k][i];
+          const float2 f =
+              p.q_fp8 ? E4m3x2ToFloat2(static_cast<uint16_t>(w))
+                      : make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
           v[k][2 * i] = f.x, v[k][2 * i + 1] = f.y;
           amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
         }
@@ -792,8 +830,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 
   float unit = 0.0f;  // direct::kF16Operands: true acc = acc * unit (DirectTileF16)
   int eb = 0;
+  // Stage of tile t, rolled instead of (t - t_begin) % n_stages: n_stages is a launch value, and
+  // a division per tile sits on every warp's path to the tile.
+  int stage = 0;
   for (int t = t_begin; t < t_end; ++t) {
-    const int stage = (t - t_begin) % n_stages;
     switch (n_stages) {
       case 4:
         AsyncWait<2>();
@@ -808,13 +848,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     __syncthreads();  // tile t landed everywhere; every warp is done with tile t-1
     const int v = t + n_stages - 1;
     if (v < t_end) {
-      issue(v, next_slot, (v - t_begin) % n_stages);
+      issue(v, next_slot, stage == 0 ? n_stages - 1 : stage - 1);  // the stage tile t-1 used
       next_slot = load_slot(v + 1);
     }
     AsyncCommit();
     const SegmentArgs& s = t < tiles0 ? p.seg[0] : p.seg[1];
     const uint8_t* st = stages + stage * p.stage_bytes;
     const int32_t* valid = valid_s + stage * C::kKeys;
+    stage = stage + 1 == n_stages ? 0 : stage + 1;
     constexpr int kDsv4 = static_cast<int>(KvFormat::kFp8Dsv4);
     if constexpr (direct::kF16Operands) {
       if (s.format == kDsv4) {
