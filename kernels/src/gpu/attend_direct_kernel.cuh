@@ -718,31 +718,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         for (int i = 0; i < 4; ++i) raw[j][k][i] = 0;
       }
     }
-    if (p.q_fp8) {
 #pragma unroll
-      for (int j = 0; j < kHeadsPerWarp; ++j) {
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
 #pragma unroll
-        for (int k = 0; k < kPer; ++k) {
+      for (int k = 0; k < kPer; ++k) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (in[j][k]) {
-              raw[j][k][i] = *reinterpret_cast<const uint16_t*>(
-                  static_cast<const uint8_t*>(p.q) + off[j][k] + direct::QkUnitOffset(i));
-            }
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kHeadsPerWarp; ++j) {
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (in[j][k]) {
-              raw[j][k][i] = *reinterpret_cast<const uint32_t*>(
-                  static_cast<const uint16_t*>(p.q) + off[j][k] + direct::QkUnitOffset(i));
-            }
+        for (int i = 0; i < 4; ++i) {
+          if (in[j][k]) {
+            const uint8_t* at = static_cast<const uint8_t*>(p.q) +
+                                (off[j][k] + direct::QkUnitOffset(i)) * (p.q_fp8 ? 1 : 2);
+            raw[j][k][i] = p.q_fp8 ? uint32_t{*reinterpret_cast<const uint16_t*>(at)}
+                                   : *reinterpret_cast<const uint32_t*>(at);
           }
         }
       }
