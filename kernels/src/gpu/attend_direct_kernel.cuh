@@ -701,8 +701,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // Every load of the warp's heads is issued before any is used: one global round trip for
     // the prologue instead of one per load.
     uint32_t raw[kHeadsPerWarp][kPer][4];
-    int64_t off[kHeadsPerWarp][kPer];
-    bool in[kHeadsPerWarp][kPer];
 #pragma unroll
     for (int j = 0; j < kHeadsPerWarp; ++j) {
       const int h = warp + j * C::kWarps;
@@ -712,21 +710,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         const int u = lane + k * kWarpSize;
         const int p0 = (u % kUnits) * 8;
         const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-        off[j][k] = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
-        in[j][k] = qhead < p.num_heads && u < kUnits;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) raw[j][k][i] = 0;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
+        const int64_t off = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
+        const bool in = qhead < p.num_heads && u < kUnits;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          if (in[j][k]) {
+          raw[j][k][i] = 0;
+          if (in) {
             const uint8_t* at = static_cast<const uint8_t*>(p.q) +
-                                (off[j][k] + direct::QkUnitOffset(i)) * (p.q_fp8 ? 1 : 2);
+                                (off + direct::QkUnitOffset(i)) * (p.q_fp8 ? 1 : 2);
             raw[j][k][i] = p.q_fp8 ? uint32_t{*reinterpret_cast<const uint16_t*>(at)}
                                    : *reinterpret_cast<const uint32_t*>(at);
           }
