@@ -20,7 +20,6 @@ int Log2(int32_t v) {
   return l;
 }
 
-
 int64_t CompressedOf(const SpanInput& s, size_t row_bytes) {
   return static_cast<int64_t>(s.compressed_rows.size() / row_bytes);
 }

@@ -640,21 +640,17 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
 
 absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w, std::span<const size_t> failed) {
   kernels::Stream& stream = *stream_;
-  auto kept = [&](const std::vector<kernels::CopyOp>& ops, const std::vector<size_t>& steps) {
-    std::vector<kernels::CopyOp> out;
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (!absl::c_linear_search(failed, steps[k])) out.push_back(ops[k]);
+  auto dropped = [&](size_t step) { return absl::c_linear_search(failed, step); };
+  std::vector<kernels::CopyOp> kept;  // when a step failed: the page-locked copies of the others
+  if (!failed.empty()) {
+    for (size_t k = 0; k < w.to_host.size(); ++k) {
+      if (!dropped(w.to_host_step[k])) kept.push_back(w.to_host[k]);
     }
-    return out;
-  };
-  if (failed.empty()) {
-    SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
-  } else {
-    SMLA_RETURN_IF_ERROR(backend_.CopyBatch(kept(w.to_host, w.to_host_step),
-                                            kernels::CopyDirection::kToHost, stream));
   }
+  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(failed.empty() ? w.to_host : kept,
+                                          kernels::CopyDirection::kToHost, stream));
   for (size_t k = 0; k < w.to_pageable.size(); ++k) {
-    if (absl::c_linear_search(failed, w.to_pageable_step[k])) continue;
+    if (dropped(w.to_pageable_step[k])) continue;
     const kernels::CopyOp& c = w.to_pageable[k];
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
   }
