@@ -10,4 +10,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=ON
   -DSMLA_BUILD_BENCH=ON ${SMLA_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 cd "$build"
-ctest --output-on-failure -j "$jobs" --timeout 900
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+ctest --output-on-failure -j "$jobs" --timeout 900 2>&1 | tee "$log" || status=$?
+# ctest lists its skipped and disabled tests after the summary line; repeat the summary so that
+# it is the last line printed.
+grep -E '^[0-9]+% tests passed' "$log" | tail -n 1 || true
+exit "$status"
