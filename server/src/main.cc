@@ -13,9 +13,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "edge/config_file.h"
 #include "edge/edge_metrics.h"
 #include "edge/edge_server.h"
+#include "edge/limit_fields.h"
 #include "edge/fault_backend.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/model_profile.h"
@@ -33,21 +35,30 @@ ABSL_FLAG(std::vector<std::string>, model, {},
           "Served model, repeatable or comma-separated, e.g. "
           "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=2GiB");
 ABSL_FLAG(std::string, config, "", "Configuration file (text format of smla.v1.ServerConfig)");
-ABSL_FLAG(int64_t, batch_wait_us, -1, "Wait this long for more work before a launch");
-ABSL_FLAG(int64_t, scheduler_spin_us, -1,
+// The limits below are applied only when given, on top of the --config file, through the
+// table that the file uses too (edge/limit_fields.h): a negative value is an error.
+ABSL_FLAG(std::optional<int64_t>, batch_wait_us, std::nullopt,
+          "Wait this long for more work before a launch; default 0");
+ABSL_FLAG(std::optional<int64_t>, scheduler_spin_us, std::nullopt,
           "After a launch, the scheduler's thread spins this long for the next step before "
           "parking (a step arriving meanwhile needs no thread wake-up; the spin burns a core, "
           "an idle server parks); 0 parks at once; default 200");
-ABSL_FLAG(int32_t, max_rows_per_step, 0, "Rows in one call");
-ABSL_FLAG(int32_t, max_spans_per_step, 0, "Spans in one call");
-ABSL_FLAG(int32_t, max_batch_rows, 0, "Rows in one launch");
-ABSL_FLAG(int64_t, max_batch_bytes, 0, "Input and output bytes in one launch");
-ABSL_FLAG(int64_t, max_context, 0, "Longest context (positions) of a sequence");
-ABSL_FLAG(int32_t, max_queued_requests, 0, "Requests waiting per (model, layer) queue");
-ABSL_FLAG(int64_t, max_queued_rows, 0, "Rows waiting per (model, layer) queue");
-ABSL_FLAG(int32_t, max_sequences, 0, "Live sequences");
-ABSL_FLAG(int32_t, stream_max_inflight, 0, "Requests of one StepStream in flight (default 16)");
-ABSL_FLAG(int32_t, shutdown_grace_s, 0, "Seconds to wait for open calls at shutdown (default 10)");
+ABSL_FLAG(std::optional<int64_t>, max_rows_per_step, std::nullopt, "Rows in one call");
+ABSL_FLAG(std::optional<int64_t>, max_spans_per_step, std::nullopt, "Spans in one call");
+ABSL_FLAG(std::optional<int64_t>, max_batch_rows, std::nullopt, "Rows in one launch");
+ABSL_FLAG(std::optional<int64_t>, max_batch_bytes, std::nullopt,
+          "Input and output bytes in one launch");
+ABSL_FLAG(std::optional<int64_t>, max_context, std::nullopt,
+          "Longest context (positions) of a sequence");
+ABSL_FLAG(std::optional<int64_t>, max_queued_requests, std::nullopt,
+          "Requests waiting per (model, layer) queue");
+ABSL_FLAG(std::optional<int64_t>, max_queued_rows, std::nullopt,
+          "Rows waiting per (model, layer) queue");
+ABSL_FLAG(std::optional<int64_t>, max_sequences, std::nullopt, "Live sequences");
+ABSL_FLAG(std::optional<int64_t>, stream_max_inflight, std::nullopt,
+          "Requests of one StepStream in flight (default 16)");
+ABSL_FLAG(std::optional<int64_t>, shutdown_grace_s, std::nullopt,
+          "Seconds to wait for open calls at shutdown (default 10)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
@@ -66,9 +77,12 @@ ABSL_FLAG(std::string, token_file, "",
           "Bearer tokens: lines \"token tenant\"; every smla.v1 call must carry one");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "Serve plaintext without tokens on a non-loopback address");
-ABSL_FLAG(int32_t, tenant_max_sequences, 0, "Live sequences per tenant and model (0 = no quota)");
-ABSL_FLAG(int64_t, tenant_max_pages, 0, "KV pool pages per tenant and model (0 = no quota)");
-ABSL_FLAG(int32_t, tenant_max_streams, 0, "Open StepStream calls per tenant (0 = no quota)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_sequences, std::nullopt,
+          "Live sequences per tenant and model (0 = no quota, the default)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_pages, std::nullopt,
+          "KV pool pages per tenant and model (0 = no quota, the default)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_streams, std::nullopt,
+          "Open StepStream calls per tenant (0 = no quota, the default)");
 ABSL_FLAG(absl::Duration, sequence_idle_timeout, absl::InfiniteDuration(),
           "Release sequences unused this long, e.g. 10m (inf = never)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
@@ -151,31 +165,28 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
     if (!m.ok()) return m.status();
     config.models.push_back(*m);
   }
-  Limits& l = config.limits;
-  if (absl::GetFlag(FLAGS_batch_wait_us) >= 0) {
-    l.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  const edge::LimitTargets targets{&config.limits, stream_max_inflight, grace_s};
+  for (const absl::Flag<std::optional<int64_t>>* flag :
+       {&FLAGS_batch_wait_us, &FLAGS_scheduler_spin_us, &FLAGS_max_rows_per_step,
+        &FLAGS_max_spans_per_step, &FLAGS_max_batch_rows, &FLAGS_max_batch_bytes,
+        &FLAGS_max_context, &FLAGS_max_queued_requests, &FLAGS_max_queued_rows,
+        &FLAGS_max_sequences, &FLAGS_stream_max_inflight, &FLAGS_shutdown_grace_s,
+        &FLAGS_tenant_max_sequences, &FLAGS_tenant_max_pages, &FLAGS_tenant_max_streams}) {
+    const std::optional<int64_t> value = absl::GetFlag(*flag);
+    if (!value) continue;
+    if (absl::Status st =
+            edge::SetLimit("--", absl::GetFlagReflectionHandle(*flag).Name(), *value, targets);
+        !st.ok()) {
+      return st;
+    }
   }
-  if (absl::GetFlag(FLAGS_scheduler_spin_us) >= 0) {
-    l.scheduler_spin = absl::Microseconds(absl::GetFlag(FLAGS_scheduler_spin_us));
+  const absl::Duration idle = absl::GetFlag(FLAGS_sequence_idle_timeout);
+  if (idle <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--sequence_idle_timeout: ",
+                                                   absl::FormatDuration(idle),
+                                                   " is not positive (inf = never)"));
   }
-  if (absl::GetFlag(FLAGS_max_rows_per_step) > 0)
-    l.max_rows_per_step = absl::GetFlag(FLAGS_max_rows_per_step);
-  if (absl::GetFlag(FLAGS_max_batch_rows) > 0)
-    l.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
-  if (absl::GetFlag(FLAGS_max_queued_requests) > 0) {
-    l.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  }
-  if (absl::GetFlag(FLAGS_max_queued_rows) > 0)
-    l.max_queued_rows = absl::GetFlag(FLAGS_max_queued_rows);
-  if (absl::GetFlag(FLAGS_max_sequences) > 0) l.max_sequences = absl::GetFlag(FLAGS_max_sequences);
-  if (absl::GetFlag(FLAGS_stream_max_inflight) > 0) {
-    *stream_max_inflight = absl::GetFlag(FLAGS_stream_max_inflight);
-  }
-  if (absl::GetFlag(FLAGS_shutdown_grace_s) > 0) *grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
-  l.tenant_max_sequences = absl::GetFlag(FLAGS_tenant_max_sequences);
-  l.tenant_max_pages = absl::GetFlag(FLAGS_tenant_max_pages);
-  l.tenant_max_streams = absl::GetFlag(FLAGS_tenant_max_streams);
-  l.sequence_idle_timeout = absl::GetFlag(FLAGS_sequence_idle_timeout);
+  config.limits.sequence_idle_timeout = idle;
   return config;
 }
 

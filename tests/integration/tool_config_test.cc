@@ -98,6 +98,37 @@ TEST(ConfigTest, SchedulerSpinFromFileAndFlag) {
   }
 }
 
+// Every limit flag applies (--max_context, --max_spans_per_step and --max_batch_bytes were once
+// parsed and dropped), over the file's value; a negative one stops the server naming the flag.
+TEST(ConfigTest, LimitFlagsApplyAndNegativeOnesAreRefused) {
+  const std::string path = ::testing::TempDir() + "/smla_config_limits_test.txtpb";
+  {
+    std::ofstream f(path);
+    f << "limits { max_context: 4096 max_spans_per_step: 3 }\n";
+  }
+  auto server = ServerProcess::Start({kDsv41, "--config=" + path, "--max_context=8192",
+                                      "--max_batch_bytes=1048576", "--max_queued_rows=99"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto info = (*server)->Connect()->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->limits().max_context(), 8192);
+  EXPECT_EQ(info->limits().max_spans_per_step(), 3);
+  EXPECT_EQ(info->limits().max_batch_bytes(), 1048576);
+  EXPECT_EQ(info->limits().max_queued_rows(), 99);
+
+  for (const std::string flag : {"--max_batch_rows=-5", "--scheduler_spin_us=-1",
+                                 "--tenant_max_pages=-2", "--sequence_idle_timeout=-1s"}) {
+    SCOPED_TRACE(flag);
+    // `timeout`: a server that took the value would serve until killed (exit 124).
+    const auto [status, out] =
+        RunCommand(absl::StrCat("timeout 20 ", SMLA_SERVER_BINARY,
+                                " --backend=cpu --listen=127.0.0.1:0 --metrics_listen= ", flag, " 2>&1"));
+    EXPECT_EQ(status, 2) << out;
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_THAT(out, ::testing::HasSubstr("configuration: INVALID_ARGUMENT: " + name)) << out;
+  }
+}
+
 TEST(ConfigTest, RepeatedModelFlagsServeEveryModel) {
   auto server = ServerProcess::Start({kGlm53, "--model", "dsv4-flash:tp=4:pool=16MiB"});
   ASSERT_TRUE(server.ok()) << server.status();

@@ -4,8 +4,10 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "limit_fields.h"
 #include "smla/server/model_profile.h"
 
 namespace smla::server::edge {
@@ -94,24 +96,23 @@ absl::Status ApplyConfig(const v1::ServerConfig& file, ServerConfig* config,
       config->models.push_back(*m);
     }
   }
+  // Every limits field the file sets (a proto3 zero reads as unset; scheduler_spin_us has
+  // presence, so an explicit 0 is seen) goes through the flags' table.
+  const LimitTargets targets{&config->limits, stream_max_inflight, shutdown_grace_s};
   const v1::LimitsConfig& l = file.limits();
-  Limits& out = config->limits;
-  if (l.max_rows_per_step() > 0) out.max_rows_per_step = l.max_rows_per_step();
-  if (l.max_spans_per_step() > 0) out.max_spans_per_step = l.max_spans_per_step();
-  if (l.max_batch_rows() > 0) out.max_batch_rows = l.max_batch_rows();
-  if (l.max_batch_bytes() > 0) out.max_batch_bytes = l.max_batch_bytes();
-  if (l.max_queued_requests() > 0) out.max_queued_requests = l.max_queued_requests();
-  if (l.max_queued_rows() > 0) out.max_queued_rows = l.max_queued_rows();
-  if (l.batch_wait_us() > 0) out.batch_wait = absl::Microseconds(l.batch_wait_us());
-  // Explicit presence: 0 is a legal value (park at once), so only an unset field (or a negative
-  // value) keeps the default.
-  if (l.has_scheduler_spin_us() && l.scheduler_spin_us() >= 0) {
-    out.scheduler_spin = absl::Microseconds(l.scheduler_spin_us());
+  const google::protobuf::Reflection* reflection = l.GetReflection();
+  const google::protobuf::Descriptor* descriptor = l.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = descriptor->field(i);
+    if (!reflection->HasField(l, f)) continue;
+    const int64_t value =
+        f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32 ? reflection->GetInt32(l, f)
+                                                                           : reflection->GetInt64(l, f);
+    if (absl::Status st = SetLimit("limits.", f->name(), value, targets); !st.ok()) return st;
   }
-  if (l.max_sequences() > 0) out.max_sequences = l.max_sequences();
-  if (l.max_context() > 0) out.max_context = l.max_context();
-  if (l.stream_max_inflight() > 0) *stream_max_inflight = l.stream_max_inflight();
-  if (file.shutdown_grace_s() > 0) *shutdown_grace_s = file.shutdown_grace_s();
+  if (file.shutdown_grace_s() != 0) {
+    return SetLimit("", "shutdown_grace_s", file.shutdown_grace_s(), targets);
+  }
   return absl::OkStatus();
 }
 
