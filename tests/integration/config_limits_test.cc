@@ -85,6 +85,23 @@ TEST(ConfigLimitsTest, NegativeValuesAreErrorsNamingTheField) {
   EXPECT_THAT(std::string(grace.status.message()), HasSubstr("shutdown_grace_s: -1 is negative"));
 }
 
+TEST(ConfigLimitsTest, NegativeModelFieldsAreErrorsNamingTheField) {
+  for (const auto& [text, want] :
+       {std::pair<std::string, std::string>{"tp: -4", "tp must be 1, 2, 4 or 8 (got -4)"},
+        {"page_rows: -64", "page_rows must be a power of two in [1, 1024] (got -64)"},
+        {"pool_bytes: -1", "models[0].pool_bytes: -1 is negative"},
+        {"pool_pages: -3", "models[0].pool_pages: -3 is negative"}}) {
+    SCOPED_TRACE(text);
+    Applied a = Apply("models { profile: \"dsv4.1-flash\" " + text + " }");
+    EXPECT_EQ(a.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(a.status.message()), HasSubstr(want));
+  }
+  Applied ok = Apply("models { profile: \"dsv4.1-flash\" tp: 4 pool_pages: 8 }");
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.config.models.at(0).tp, 4);
+  EXPECT_EQ(ok.config.models.at(0).pool_pages, 8);
+}
+
 TEST(ConfigLimitsTest, FlagValuesPastAnInt32FieldAreErrors) {
   Limits limits;
   int32_t inflight = 16, grace = 10;

@@ -40,7 +40,8 @@ absl::StatusOr<ModelConfig> ToModelConfig(const v1::ModelSpec& spec, int index) 
   if (profile == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".profile: unknown '", m.profile, "'"));
   }
-  m.tp = spec.tp() > 0 ? spec.tp() : 1;
+  // Zero is "unset"; any other value, negative ones included, goes to the profile's checks.
+  if (spec.tp() != 0) m.tp = spec.tp();
   m.kv_format = profile->default_format;
   if (!spec.kv_format().empty()) {
     auto f = kernels::ParseKvFormat(spec.kv_format());
@@ -50,7 +51,12 @@ absl::StatusOr<ModelConfig> ToModelConfig(const v1::ModelSpec& spec, int index) 
     }
     m.kv_format = *f;
   }
-  if (spec.page_rows() > 0) m.page_rows = spec.page_rows();
+  if (spec.page_rows() != 0) m.page_rows = spec.page_rows();
+  if (spec.pool_bytes() < 0 || spec.pool_pages() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, spec.pool_bytes() < 0 ? ".pool_bytes: " : ".pool_pages: ",
+        spec.pool_bytes() < 0 ? spec.pool_bytes() : spec.pool_pages(), " is negative"));
+  }
   m.pool_bytes = spec.pool_bytes();
   m.pool_pages = spec.pool_pages();
   if (spec.kv_scale() != 0) m.kv_scale = spec.kv_scale();
