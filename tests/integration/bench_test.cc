@@ -133,5 +133,16 @@ TEST(BenchTest, InlineUnaryModelStepsOpenLoopMatchServerMetrics) {
                      "unary");
 }
 
+// Out-of-range numbers stop the bench before it connects, naming the flag.
+TEST(BenchTest, OutOfRangeFlagsAreRefused) {
+  for (const std::string flag : {"--duration_s=0", "--prefill_chunk=0", "--connections=0",
+                                 "--rate=-1", "--warmup_s=nan", "--steps=-3"}) {
+    SCOPED_TRACE(flag);
+    std::string out;
+    EXPECT_EQ(RunBench({"--server=127.0.0.1:1", flag}, &out), 1) << out;
+    EXPECT_THAT(out, ::testing::HasSubstr(flag.substr(0, flag.find('=')) + ": ")) << out;
+  }
+}
+
 }  // namespace
 }  // namespace smla::testing

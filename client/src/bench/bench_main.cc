@@ -97,7 +97,32 @@ int Fail(const absl::Status& st) {
   return 1;
 }
 
+// Numeric flags out of their range are errors naming the flag, not values clamped or ignored.
+absl::Status CheckNumericFlags() {
+  struct Bound {
+    const char* name;
+    double value;
+    double min;
+  };
+  for (const Bound& b : {Bound{"context", double(absl::GetFlag(FLAGS_context)), 0},
+                         Bound{"prefill_chunk", double(absl::GetFlag(FLAGS_prefill_chunk)), 1},
+                         Bound{"ring_spin_us", double(absl::GetFlag(FLAGS_ring_spin_us)), 0},
+                         Bound{"connections", double(absl::GetFlag(FLAGS_connections)), 1},
+                         Bound{"rate", absl::GetFlag(FLAGS_rate), 0},
+                         Bound{"warmup_s", absl::GetFlag(FLAGS_warmup_s), 0},
+                         Bound{"duration_s", absl::GetFlag(FLAGS_duration_s), 1e-3},
+                         Bound{"steps", double(absl::GetFlag(FLAGS_steps)), 0},
+                         Bound{"slo_ms", absl::GetFlag(FLAGS_slo_ms), 0}}) {
+    if (!(b.value >= b.min)) {  // also catches NaN
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", b.name, ": ", b.value, " is out of range (minimum ", b.min, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
+  if (absl::Status st = CheckNumericFlags(); !st.ok()) return Fail(st);
   auto spec_or = ParseCell(absl::GetFlag(FLAGS_cell));
   if (!spec_or.ok()) return Fail(spec_or.status());
   WorkloadSpec spec = *spec_or;
@@ -141,7 +166,7 @@ int Run() {
 
   // Connections: `connections` per server. Distinct channel arguments keep gRPC from
   // folding them onto one TCP connection (it shares subchannels of identical channels).
-  const int conns = std::max(1, absl::GetFlag(FLAGS_connections));
+  const int conns = absl::GetFlag(FLAGS_connections);
   std::vector<std::vector<std::unique_ptr<Connection>>> connections(servers.size());
   client::HashRing ring;
   for (size_t s = 0; s < servers.size(); ++s) {
