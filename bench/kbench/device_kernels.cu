@@ -8,6 +8,7 @@
 #include <cublas_api.h>
 
 #include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/gpu/primitives.h"
 
 namespace smla::kbench {
 namespace {
@@ -134,6 +135,26 @@ __global__ void __launch_bounds__(kGatherThreads)
   if (acc == 0x12345678u) sink[0] = acc;  // keeps the loads; practically never stores
 }
 
+constexpr int kMmaThreads = 256;
+constexpr int kMmaChains = 8;  // independent accumulators per warp: enough to cover the latency
+
+// Register-resident m16n8k16 f16 products (the attention kernels' instruction): every warp
+// issues `iters` rounds of kMmaChains independent products and nothing else.
+__global__ void __launch_bounds__(kMmaThreads) MmaKernel(int iters, uint32_t seed, float* sink) {
+  uint32_t a[4];
+  for (int i = 0; i < 4; ++i) a[i] = Hash(seed + threadIdx.x * 4 + i) & 0x3bff3bffu;  // |x| < 1
+  const uint32_t b0 = a[0] ^ 0x00010001u, b1 = a[1] ^ 0x00010001u;
+  float c[kMmaChains][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int k = 0; k < kMmaChains; ++k) kernels::gpu::MmaF16(c[k], a, b0, b1);
+  }
+  float total = 0;
+#pragma unroll
+  for (int k = 0; k < kMmaChains; ++k) total += c[k][0] + c[k][1] + c[k][2] + c[k][3];
+  if (total == 1234.5f) sink[0] = total;  // keeps the products; practically never stores
+}
+
 }  // namespace
 
 int64_t GatherRowBytes(KvFormat format, Geometry geometry) {
@@ -165,6 +186,36 @@ absl::Status LaunchGather(const PoolLayout& pool, const int32_t* slots, int64_t 
   GatherKernel<<<static_cast<unsigned>(blocks), kGatherThreads, 0, stream>>>(pool, slots, n,
                                                                                chunks, stride, sink);
   return kernels::gpu::ToStatus(kernels::gpu::GetLastError(), "gather");
+}
+
+absl::StatusOr<double> MmaTflops(int compute_units, int iterations,
+                                 kernels::gpu::StreamHandle stream) {
+  constexpr int kIters = 4096;
+  const int blocks = compute_units * 8;  // 64 warps per SM: as many as the SM holds
+  float* sink = nullptr;
+  SMLA_GPU_RETURN_IF_ERROR(kernels::gpu::Malloc(reinterpret_cast<void**>(&sink), 16));
+  kernels::gpu::EventHandle e0, e1;
+  kernels::gpu::EventCreate(&e0);
+  kernels::gpu::EventCreate(&e1);
+  std::vector<float> ms;
+  absl::Status status;
+  for (int i = 0; i < iterations + 3 && status.ok(); ++i) {
+    kernels::gpu::EventRecord(e0, stream);
+    MmaKernel<<<blocks, kMmaThreads, 0, stream>>>(kIters, i, sink);
+    kernels::gpu::EventRecord(e1, stream);
+    status.Update(kernels::gpu::ToStatus(kernels::gpu::EventSynchronize(e1), "mma ceiling"));
+    float t = 0;
+    kernels::gpu::EventElapsedMs(&t, e0, e1);
+    if (i >= 3) ms.push_back(t);
+  }
+  kernels::gpu::EventDestroy(e0);
+  kernels::gpu::EventDestroy(e1);
+  kernels::gpu::Free(sink);
+  if (!status.ok()) return status;
+  std::sort(ms.begin(), ms.end());
+  const double warps = double(blocks) * (kMmaThreads / 32);
+  const double flop = warps * kIters * kMmaChains * 2.0 * 16 * 8 * 16;
+  return flop / (ms[ms.size() / 2] * 1e-3) / 1e12;
 }
 
 absl::StatusOr<double> GemmTflops(int n, int iterations, kernels::gpu::StreamHandle stream) {

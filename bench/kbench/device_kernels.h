@@ -1,6 +1,7 @@
 // Device helpers of the kernel benchmark: pools filled with valid random rows, random bf16
-// tensors, and the two ceilings measured in the same run (a gather of whole rows over the
-// pool layout the operator reads; a large bf16 matrix product through cuBLAS).
+// tensors, and the ceilings measured in the same run (a gather of whole rows over the pool
+// layout the operator reads; a large bf16 matrix product through cuBLAS; the tensor-core rate
+// of the warp-level product the attention kernels issue).
 #pragma once
 
 #include <cstdint>
@@ -38,5 +39,11 @@ int64_t GatherRowBytes(kernels::KvFormat format, kernels::Geometry geometry);
 // Dense bf16 GEMM rate (TFLOP/s) of an n x n x n product through cuBLAS loaded at run time;
 // an error when the library is not found.
 absl::StatusOr<double> GemmTflops(int n, int iterations, kernels::gpu::StreamHandle stream);
+
+// Rate (TFLOP/s) of mma.sync m16n8k16 with f16 operands and f32 accumulators, register-resident
+// on every SM: what a kernel built on that instruction can reach at best (the dense GEMM
+// above uses Hopper's warpgroup products, which the attention kernels do not).
+absl::StatusOr<double> MmaTflops(int compute_units, int iterations,
+                                 kernels::gpu::StreamHandle stream);
 
 }  // namespace smla::kbench

@@ -1,8 +1,10 @@
 // smla-kbench: the sparse MLA kernels on the grid of workloads.md, one cell by name or the
 // whole grid. Per cell: CUDA-event time of the attention launch(es) alone (median of >= 20 after
 // warm-up, the L2 flushed before each run and index sets rotated), TFLOP/s, unique bytes and
-// GB/s, and the ratios to two ceilings measured in the same run: a gather of whole rows over
-// the same pool layout, and a large bf16 GEMM. JSON output.
+// GB/s, and the ratios to three ceilings measured in the same run: a gather of whole rows over
+// the same pool layout, a large bf16 GEMM, and the rate of the warp-level tensor product the
+// kernels issue. For the bar cells, what a kernel would have to sustain to meet the bar. JSON
+// output.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -152,7 +154,10 @@ struct Result {
   int runs = 0;
   int64_t attended = 0, unique_main = 0, unique_extra = 0;
   double bytes = 0, flop = 0;
-  double tflops = 0, gbps = 0, ratio_gather = 0, ratio_gemm = 0;
+  double tflops = 0, gbps = 0, ratio_gather = 0, ratio_gemm = 0, ratio_mma = 0;
+  // Products a request-union kernel would do: every row of a request times every key any of
+  // its rows reads (requests read disjoint slots, so the call's unique keys are the unions').
+  double union_flop = 0;
   double gather_gbps = 0;
   std::string output;
 };
@@ -191,6 +196,16 @@ class Runner {
       return 0;
     }
     gemm_tflops_ = *t;
+    return *t;
+  }
+
+  double MeasureMma() {
+    absl::StatusOr<double> t = MmaTflops(info_.compute_units, 10, stream_);
+    if (!t.ok()) {
+      std::fprintf(stderr, "mma ceiling: %s\n", std::string(t.status().message()).c_str());
+      return 0;
+    }
+    mma_tflops_ = *t;
     return *t;
   }
 
@@ -366,6 +381,8 @@ class Runner {
     r.gather_gbps = pools.gather_gbps;
     r.ratio_gather = r.gbps / pools.gather_gbps;
     r.ratio_gemm = gemm_tflops_ > 0 ? r.tflops / gemm_tflops_ : 0;
+    r.ratio_mma = mma_tflops_ > 0 ? r.tflops / mma_tflops_ : 0;
+    r.union_flop = 2.0 * H * c.rows_per_request * double(r.unique_main + r.unique_extra) * (qk + 512);
     r.output = mx ? "mxfp8" : "bf16";
     return r;
   }
@@ -374,7 +391,7 @@ class Runner {
   kernels::DeviceInfo info_;
   gpu::StreamHandle stream_ = nullptr;
   DeviceBuffer flush_, sink_mem_, cos_sin_;
-  double gemm_tflops_ = 0;
+  double gemm_tflops_ = 0, mma_tflops_ = 0;
 };
 
 std::vector<std::string> List(const char* v) { return absl::StrSplit(v, ',', absl::SkipEmpty()); }
@@ -466,8 +483,11 @@ int Main(int argc, char** argv) {
   const kernels::DeviceInfo info = (*backend)->device();
   Runner runner(o, info);
   const double gemm = runner.MeasureGemm();
-  std::fprintf(stderr, "device %s, %d SMs; bf16 GEMM 8192^3 ceiling %.0f TFLOP/s\n",
-               info.name.c_str(), info.compute_units, gemm);
+  const double mma = runner.MeasureMma();
+  std::fprintf(stderr,
+               "device %s, %d SMs; bf16 GEMM 8192^3 ceiling %.0f TFLOP/s; mma.sync m16n8k16 f16 "
+               "ceiling %.0f TFLOP/s\n",
+               info.name.c_str(), info.compute_units, gemm, mma);
   const std::vector<Result> results = runner.RunAll(cells);
 
   char date[32];
@@ -480,7 +500,10 @@ int Main(int argc, char** argv) {
   }
   std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"arch\": \"%s\",\n  \"sms\": %d,\n  \"date\": \"%s\",\n",
                info.name.c_str(), info.arch.c_str(), info.compute_units, date);
-  std::fprintf(f, "  \"gemm_bf16_tflops\": %.1f,\n  \"iterations\": %d,\n  \"cases\": [\n", gemm, o.iters);
+  std::fprintf(f,
+               "  \"gemm_bf16_tflops\": %.1f,\n  \"mma_f16_tflops\": %.1f,\n  \"iterations\": %d,\n"
+               "  \"cases\": [\n",
+               gemm, mma, o.iters);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::fprintf(
@@ -490,15 +513,16 @@ int Main(int argc, char** argv) {
         "\"head_block\": %d, \"splits\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"runs\": %d, "
         "\"attended_keys\": %lld, \"unique_rows_main\": %lld, \"unique_rows_extra\": %lld, "
         "\"bytes\": %.0f, \"flop\": %.0f, \"tflops\": %.2f, \"gbps\": %.1f, "
-        "\"gather_ceiling_gbps\": %.1f, \"ratio_gather\": %.3f, \"ratio_gemm\": %.3f}%s\n",
+        "\"gather_ceiling_gbps\": %.1f, \"ratio_gather\": %.3f, \"ratio_gemm\": %.3f, "
+        "\"ratio_mma\": %.3f, \"union_flop\": %.0f}%s\n",
         r.name.c_str(), r.cell.model->name.c_str(),
         std::string(kernels::KvFormatName(r.cell.format)).c_str(), r.cell.tp, r.cell.heads,
         r.cell.shape.c_str(), static_cast<long long>(r.cell.context), r.cell.rows(),
         r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block, r.splits, r.median_us,
         r.min_us, r.runs, static_cast<long long>(r.attended),
         static_cast<long long>(r.unique_main), static_cast<long long>(r.unique_extra), r.bytes,
-        r.flop, r.tflops, r.gbps, r.gather_gbps, r.ratio_gather, r.ratio_gemm,
-        i + 1 < results.size() ? "," : "");
+        r.flop, r.tflops, r.gbps, r.gather_gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma,
+        r.union_flop, i + 1 < results.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
@@ -511,12 +535,13 @@ int Main(int argc, char** argv) {
     }
     std::fprintf(md,
                  "| cell | layer | out | plan (head block, splits) | median us | TFLOP/s | unique "
-                 "MB | GB/s | of gather | of GEMM |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                 "MB | GB/s | of gather | of GEMM | of mma |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Result& r : results) {
-      std::fprintf(md, "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f |\n",
+      std::fprintf(md, "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
                    r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(),
                    r.head_block, r.splits, r.median_us, r.tflops, r.bytes / 1e6, r.gbps,
-                   r.ratio_gather, r.ratio_gemm);
+                   r.ratio_gather, r.ratio_gemm, r.ratio_mma);
     }
     std::fclose(md);
   }
@@ -537,6 +562,19 @@ int Main(int argc, char** argv) {
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);
+    // The bar as a compute rate: its time is the cell's bytes at half the gather ceiling, so a
+    // kernel meeting it does the cell's products in that time, per row (the useful products)
+    // or as request unions (more products, each key read once), on the ceilings above.
+    std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
+                "union TF/s", "of mma", "of GEMM");
+    for (const Result& r : results) {
+      if (!IsBarCell(r.cell)) continue;
+      const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
+      const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
+      std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6,
+                  row_tf, mma > 0 ? row_tf / mma : 0, union_tf, mma > 0 ? union_tf / mma : 0,
+                  gemm > 0 ? union_tf / gemm : 0);
+    }
   }
   return 0;
 }
