@@ -22,16 +22,18 @@
 
 namespace smla::testing {
 
+std::string ServerBinary() {
+  const char* binary = std::getenv("SMLA_SERVER_BINARY");
+  return binary != nullptr ? binary : SMLA_SERVER_BINARY;
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& args) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  // The environment may point the same tests at another binary or backend, e.g. a GPU build
-  // run on a GPU machine: SMLA_SERVER_BINARY=... SMLA_TEST_BACKEND=cuda.
-  const char* binary = std::getenv("SMLA_SERVER_BINARY");
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
   std::vector<std::string> argv_s = {
-      binary != nullptr ? binary : SMLA_SERVER_BINARY, "--listen=127.0.0.1:0",
+      ServerBinary(), "--listen=127.0.0.1:0",
       "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"), "--log_level=info"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());

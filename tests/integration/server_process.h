@@ -13,6 +13,10 @@
 
 namespace smla::testing {
 
+// The smla-server binary the tests run: $SMLA_SERVER_BINARY (e.g. a GPU build carried to a GPU
+// machine, with SMLA_TEST_BACKEND=cuda) or the build's own.
+std::string ServerBinary();
+
 class ServerProcess {
  public:
   // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` (the

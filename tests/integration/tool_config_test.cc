@@ -121,7 +121,7 @@ TEST(ConfigTest, LimitFlagsApplyAndNegativeOnesAreRefused) {
     SCOPED_TRACE(flag);
     // `timeout`: a server that took the value would serve until killed (exit 124).
     const auto [status, out] =
-        RunCommand(absl::StrCat("timeout 20 ", SMLA_SERVER_BINARY,
+        RunCommand(absl::StrCat("timeout 20 ", ServerBinary(),
                                 " --backend=cpu --listen=127.0.0.1:0 --metrics_listen= ", flag, " 2>&1"));
     EXPECT_EQ(status, 2) << out;
     const std::string name = flag.substr(0, flag.find('='));
