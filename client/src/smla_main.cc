@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -100,6 +101,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  // Numbers out of range are usage errors here, before any call.
+  for (const auto& [name, value, min] :
+       {std::tuple<const char*, int32_t, int32_t>{"timeout_s", absl::GetFlag(FLAGS_timeout_s), 1},
+        {"sequences", absl::GetFlag(FLAGS_sequences), 1},
+        {"context", absl::GetFlag(FLAGS_context), 1},
+        {"chunk", absl::GetFlag(FLAGS_chunk), 1},
+        {"decode_steps", absl::GetFlag(FLAGS_decode_steps), 0}}) {
+    if (value < min) {
+      std::fprintf(stderr, "--%s: %d is below its minimum %d\n", name, value, min);
+      return 2;
+    }
+  }
   smla::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));

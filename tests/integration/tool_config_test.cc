@@ -167,6 +167,12 @@ TEST(ToolTest, InfoHealthAndDemo) {
   EXPECT_THAT(out, ::testing::HasSubstr("OK: every output matched the reference"));
   std::tie(rc, out) = RunCommand(tool + " demo --model=no-such-model 2>&1");
   EXPECT_EQ(rc, 2) << out;
+  // Out-of-range numbers are usage errors naming the flag, before any call.
+  for (const std::string flag : {"--sequences=0", "--chunk=0", "--decode_steps=-1", "--timeout_s=0"}) {
+    std::tie(rc, out) = RunCommand(tool + " demo " + flag + " 2>&1");
+    EXPECT_EQ(rc, 2) << flag << ": " << out;
+    EXPECT_THAT(out, ::testing::HasSubstr(flag.substr(0, flag.find('=')) + ": ")) << flag;
+  }
 }
 
 }  // namespace
