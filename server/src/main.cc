@@ -36,29 +36,48 @@ ABSL_FLAG(std::vector<std::string>, model, {},
           "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=2GiB");
 ABSL_FLAG(std::string, config, "", "Configuration file (text format of smla.v1.ServerConfig)");
 // The limits below are applied only when given, on top of the --config file, through the
-// table that the file uses too (edge/limit_fields.h): a negative value is an error.
+// table that the file uses too (edge/limit_fields.h): a negative value is an error, and 0 keeps
+// the default for the sizes and counts. Their help names the built-in default.
+namespace {
+using smla::server::Limits;
+std::string LimitHelp(absl::string_view what, int64_t default_value) {
+  return absl::StrCat(what, "; default ", default_value);
+}
+}  // namespace
 ABSL_FLAG(std::optional<int64_t>, batch_wait_us, std::nullopt,
-          "Wait this long for more work before a launch; default 0");
+          LimitHelp("Wait this long for more work before a launch",
+                    absl::ToInt64Microseconds(Limits().batch_wait)));
 ABSL_FLAG(std::optional<int64_t>, scheduler_spin_us, std::nullopt,
-          "After a launch, the scheduler's thread spins this long for the next step before "
-          "parking (a step arriving meanwhile needs no thread wake-up; the spin burns a core, "
-          "an idle server parks); 0 parks at once; default 200");
-ABSL_FLAG(std::optional<int64_t>, max_rows_per_step, std::nullopt, "Rows in one call");
-ABSL_FLAG(std::optional<int64_t>, max_spans_per_step, std::nullopt, "Spans in one call");
-ABSL_FLAG(std::optional<int64_t>, max_batch_rows, std::nullopt, "Rows in one launch");
+          LimitHelp("After a launch, the scheduler's thread spins this long for the next step "
+                    "before parking (a step arriving meanwhile needs no thread wake-up; the spin "
+                    "burns a core, an idle server parks); 0 parks at once",
+                    absl::ToInt64Microseconds(Limits().scheduler_spin)));
+ABSL_FLAG(std::optional<int64_t>, max_rows_per_step, std::nullopt,
+          LimitHelp("Rows in one call", Limits().max_rows_per_step));
+ABSL_FLAG(std::optional<int64_t>, max_spans_per_step, std::nullopt,
+          LimitHelp("Spans in one call", Limits().max_spans_per_step));
+ABSL_FLAG(std::optional<int64_t>, max_batch_rows, std::nullopt,
+          LimitHelp("Rows in one launch", Limits().max_batch_rows));
 ABSL_FLAG(std::optional<int64_t>, max_batch_bytes, std::nullopt,
-          "Input and output bytes in one launch");
+          LimitHelp("Input and output bytes in one launch", Limits().max_batch_bytes));
 ABSL_FLAG(std::optional<int64_t>, max_context, std::nullopt,
-          "Longest context (positions) of a sequence");
+          LimitHelp("Longest context (positions) of a sequence", Limits().max_context));
 ABSL_FLAG(std::optional<int64_t>, max_queued_requests, std::nullopt,
-          "Requests waiting per (model, layer) queue");
+          LimitHelp("Requests waiting per (model, layer) queue", Limits().max_queued_requests));
 ABSL_FLAG(std::optional<int64_t>, max_queued_rows, std::nullopt,
-          "Rows waiting per (model, layer) queue");
-ABSL_FLAG(std::optional<int64_t>, max_sequences, std::nullopt, "Live sequences");
+          LimitHelp("Rows waiting per (model, layer) queue", Limits().max_queued_rows));
+ABSL_FLAG(std::optional<int64_t>, max_sequences, std::nullopt,
+          LimitHelp("Live sequences", Limits().max_sequences));
 ABSL_FLAG(std::optional<int64_t>, stream_max_inflight, std::nullopt,
           "Requests of one StepStream in flight (default 16)");
 ABSL_FLAG(std::optional<int64_t>, shutdown_grace_s, std::nullopt,
           "Seconds to wait for open calls at shutdown (default 10)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_sequences, std::nullopt,
+          "Live sequences per tenant and model (0 = no quota, the default)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_pages, std::nullopt,
+          "KV pool pages per tenant and model (0 = no quota, the default)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_streams, std::nullopt,
+          "Open StepStream calls per tenant (0 = no quota, the default)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
@@ -77,12 +96,6 @@ ABSL_FLAG(std::string, token_file, "",
           "Bearer tokens: lines \"token tenant\"; every smla.v1 call must carry one");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "Serve plaintext without tokens on a non-loopback address");
-ABSL_FLAG(std::optional<int64_t>, tenant_max_sequences, std::nullopt,
-          "Live sequences per tenant and model (0 = no quota, the default)");
-ABSL_FLAG(std::optional<int64_t>, tenant_max_pages, std::nullopt,
-          "KV pool pages per tenant and model (0 = no quota, the default)");
-ABSL_FLAG(std::optional<int64_t>, tenant_max_streams, std::nullopt,
-          "Open StepStream calls per tenant (0 = no quota, the default)");
 ABSL_FLAG(absl::Duration, sequence_idle_timeout, absl::InfiniteDuration(),
           "Release sequences unused this long, e.g. 10m (inf = never)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
