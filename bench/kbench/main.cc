@@ -382,7 +382,8 @@ class Runner {
     r.ratio_gather = r.gbps / pools.gather_gbps;
     r.ratio_gemm = gemm_tflops_ > 0 ? r.tflops / gemm_tflops_ : 0;
     r.ratio_mma = mma_tflops_ > 0 ? r.tflops / mma_tflops_ : 0;
-    r.union_flop = 2.0 * H * c.rows_per_request * double(r.unique_main + r.unique_extra) * (qk + 512);
+    r.union_flop =
+        2.0 * H * c.rows_per_request * double(r.unique_main + r.unique_extra) * (qk + 512);
     r.output = mx ? "mxfp8" : "bf16";
     return r;
   }
@@ -538,7 +539,8 @@ int Main(int argc, char** argv) {
                  "MB | GB/s | of gather | of GEMM | of mma |\n"
                  "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Result& r : results) {
-      std::fprintf(md, "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
+      std::fprintf(md,
+                   "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
                    r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(),
                    r.head_block, r.splits, r.median_us, r.tflops, r.bytes / 1e6, r.gbps,
                    r.ratio_gather, r.ratio_gemm, r.ratio_mma);

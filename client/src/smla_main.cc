@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
         {"chunk", absl::GetFlag(FLAGS_chunk), 1},
         {"decode_steps", absl::GetFlag(FLAGS_decode_steps), 0}}) {
     if (value < min) {
-      std::fprintf(stderr, "--%s: %d is below its minimum %d\n", name, value, min);
+      std::fprintf(stderr, "--%s: %d is out of range (minimum %d)\n", name, value, min);
       return 2;
     }
   }

@@ -17,8 +17,8 @@
 #include "edge/config_file.h"
 #include "edge/edge_metrics.h"
 #include "edge/edge_server.h"
-#include "edge/limit_fields.h"
 #include "edge/fault_backend.h"
+#include "edge/limit_fields.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/service_core.h"
@@ -195,9 +195,8 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
   }
   const absl::Duration idle = absl::GetFlag(FLAGS_sequence_idle_timeout);
   if (idle <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("--sequence_idle_timeout: ",
-                                                   absl::FormatDuration(idle),
-                                                   " is not positive (inf = never)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sequence_idle_timeout: ", absl::FormatDuration(idle), " is not positive (inf = never)"));
   }
   config.limits.sequence_idle_timeout = idle;
   return config;

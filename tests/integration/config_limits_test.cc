@@ -105,7 +105,8 @@ TEST(ConfigLimitsTest, NegativeModelFieldsAreErrorsNamingTheField) {
 TEST(ConfigLimitsTest, FlagValuesPastAnInt32FieldAreErrors) {
   Limits limits;
   int32_t inflight = 16, grace = 10;
-  const absl::Status st = SetLimit("--", "max_batch_rows", int64_t{1} << 31, {&limits, &inflight, &grace});
+  const absl::Status st =
+      SetLimit("--", "max_batch_rows", int64_t{1} << 31, {&limits, &inflight, &grace});
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("--max_batch_rows: 2147483648 is out of range"));
   EXPECT_EQ(limits.max_batch_rows, Limits{}.max_batch_rows);

@@ -33,8 +33,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
   std::vector<std::string> argv_s = {
-      ServerBinary(), "--listen=127.0.0.1:0",
-      "--metrics_listen=127.0.0.1:0",
+      ServerBinary(), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"), "--log_level=info"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;

@@ -120,9 +120,9 @@ TEST(ConfigTest, LimitFlagsApplyAndNegativeOnesAreRefused) {
                                  "--tenant_max_pages=-2", "--sequence_idle_timeout=-1s"}) {
     SCOPED_TRACE(flag);
     // `timeout`: a server that took the value would serve until killed (exit 124).
-    const auto [status, out] =
-        RunCommand(absl::StrCat("timeout 20 ", ServerBinary(),
-                                " --backend=cpu --listen=127.0.0.1:0 --metrics_listen= ", flag, " 2>&1"));
+    const auto [status, out] = RunCommand(
+        absl::StrCat("timeout 20 ", ServerBinary(),
+                     " --backend=cpu --listen=127.0.0.1:0 --metrics_listen= ", flag, " 2>&1"));
     EXPECT_EQ(status, 2) << out;
     const std::string name = flag.substr(0, flag.find('='));
     EXPECT_THAT(out, ::testing::HasSubstr("configuration: INVALID_ARGUMENT: " + name)) << out;
@@ -168,7 +168,8 @@ TEST(ToolTest, InfoHealthAndDemo) {
   std::tie(rc, out) = RunCommand(tool + " demo --model=no-such-model 2>&1");
   EXPECT_EQ(rc, 2) << out;
   // Out-of-range numbers are usage errors naming the flag, before any call.
-  for (const std::string flag : {"--sequences=0", "--chunk=0", "--decode_steps=-1", "--timeout_s=0"}) {
+  for (const std::string flag :
+       {"--sequences=0", "--chunk=0", "--decode_steps=-1", "--timeout_s=0"}) {
     std::tie(rc, out) = RunCommand(tool + " demo " + flag + " 2>&1");
     EXPECT_EQ(rc, 2) << flag << ": " << out;
     EXPECT_THAT(out, ::testing::HasSubstr(flag.substr(0, flag.find('=')) + ": ")) << flag;

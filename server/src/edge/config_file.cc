@@ -111,9 +111,9 @@ absl::Status ApplyConfig(const v1::ServerConfig& file, ServerConfig* config,
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = descriptor->field(i);
     if (!reflection->HasField(l, f)) continue;
-    const int64_t value =
-        f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32 ? reflection->GetInt32(l, f)
-                                                                           : reflection->GetInt64(l, f);
+    const int64_t value = f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32
+                              ? reflection->GetInt32(l, f)
+                              : reflection->GetInt64(l, f);
     if (absl::Status st = SetLimit("limits.", f->name(), value, targets); !st.ok()) return st;
   }
   if (file.shutdown_grace_s() != 0) {

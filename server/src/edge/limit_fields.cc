@@ -2,15 +2,14 @@
 
 #include <array>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace smla::server::edge {
 namespace {
-
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 struct LimitField {
   absl::string_view name;
@@ -19,37 +18,40 @@ struct LimitField {
   void (*set)(const LimitTargets&, int64_t);
 };
 
+// A Limits member holding the value as is (its type bounds it).
+template <auto kMember>
+constexpr LimitField Count(absl::string_view name, bool zero_keeps_default) {
+  using T = std::remove_cvref_t<decltype(std::declval<Limits&>().*kMember)>;
+  return {name, zero_keeps_default, std::numeric_limits<T>::max(),
+          [](const LimitTargets& t, int64_t v) { t.limits->*kMember = static_cast<T>(v); }};
+}
+
+// A Limits duration given in microseconds.
+template <auto kMember>
+constexpr LimitField Micros(absl::string_view name) {
+  return {name, false, std::numeric_limits<int64_t>::max(),
+          [](const LimitTargets& t, int64_t v) { t.limits->*kMember = absl::Microseconds(v); }};
+}
+
 constexpr LimitField kFields[] = {
-    {"max_rows_per_step", true, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_rows_per_step = static_cast<int32_t>(v); }},
-    {"max_spans_per_step", true, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_spans_per_step = static_cast<int32_t>(v); }},
-    {"max_batch_rows", true, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_batch_rows = static_cast<int32_t>(v); }},
-    {"max_batch_bytes", true, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_batch_bytes = v; }},
-    {"max_queued_requests", true, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_queued_requests = static_cast<int32_t>(v); }},
-    {"max_queued_rows", true, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_queued_rows = v; }},
-    {"batch_wait_us", false, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->batch_wait = absl::Microseconds(v); }},
-    {"scheduler_spin_us", false, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->scheduler_spin = absl::Microseconds(v); }},
-    {"max_sequences", true, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_sequences = static_cast<int32_t>(v); }},
-    {"max_context", true, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->max_context = v; }},
-    {"stream_max_inflight", true, kInt32Max,
+    Count<&Limits::max_rows_per_step>("max_rows_per_step", true),
+    Count<&Limits::max_spans_per_step>("max_spans_per_step", true),
+    Count<&Limits::max_batch_rows>("max_batch_rows", true),
+    Count<&Limits::max_batch_bytes>("max_batch_bytes", true),
+    Count<&Limits::max_queued_requests>("max_queued_requests", true),
+    Count<&Limits::max_queued_rows>("max_queued_rows", true),
+    Micros<&Limits::batch_wait>("batch_wait_us"),
+    Micros<&Limits::scheduler_spin>("scheduler_spin_us"),
+    Count<&Limits::max_sequences>("max_sequences", true),
+    Count<&Limits::max_context>("max_context", true),
+    {"stream_max_inflight", true, std::numeric_limits<int32_t>::max(),
      [](const LimitTargets& t, int64_t v) { *t.stream_max_inflight = static_cast<int32_t>(v); }},
-    {"shutdown_grace_s", true, kInt32Max,
+    {"shutdown_grace_s", true, std::numeric_limits<int32_t>::max(),
      [](const LimitTargets& t, int64_t v) { *t.shutdown_grace_s = static_cast<int32_t>(v); }},
-    {"tenant_max_sequences", false, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->tenant_max_sequences = static_cast<int32_t>(v); }},
-    {"tenant_max_pages", false, kInt64Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->tenant_max_pages = v; }},
-    {"tenant_max_streams", false, kInt32Max,
-     [](const LimitTargets& t, int64_t v) { t.limits->tenant_max_streams = static_cast<int32_t>(v); }},
+    // The tenant quotas: 0 = no quota, the default.
+    Count<&Limits::tenant_max_sequences>("tenant_max_sequences", false),
+    Count<&Limits::tenant_max_pages>("tenant_max_pages", false),
+    Count<&Limits::tenant_max_streams>("tenant_max_streams", false),
 };
 
 constexpr std::array<absl::string_view, std::size(kFields)> kNames = [] {
