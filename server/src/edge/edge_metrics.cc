@@ -1,5 +1,10 @@
 #include "edge_metrics.h"
 
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
@@ -131,7 +136,16 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host_port));
   }
   httplib::Server* http = s->http_.get();
-  s->thread_ = std::thread([http] { http->listen_after_bind(); });
+  auto ended = std::make_shared<std::atomic<bool>>(false);
+  s->thread_ = std::thread([http, ended] {
+    http->listen_after_bind();
+    ended->store(true);
+  });
+  // cpp-httplib 0.11's stop() does nothing until the listen loop runs, and a loop started after
+  // it would never end: return only once the loop runs (or has already ended).
+  while (!http->is_running() && !ended->load()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   return s;
 }
 
