@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -178,20 +179,16 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
     if (!m.ok()) return m.status();
     config.models.push_back(*m);
   }
+  // Every limit of the table has a flag of its name above; a given one overrides the file.
   const edge::LimitTargets targets{&config.limits, stream_max_inflight, grace_s};
-  for (const absl::Flag<std::optional<int64_t>>* flag :
-       {&FLAGS_batch_wait_us, &FLAGS_scheduler_spin_us, &FLAGS_max_rows_per_step,
-        &FLAGS_max_spans_per_step, &FLAGS_max_batch_rows, &FLAGS_max_batch_bytes,
-        &FLAGS_max_context, &FLAGS_max_queued_requests, &FLAGS_max_queued_rows,
-        &FLAGS_max_sequences, &FLAGS_stream_max_inflight, &FLAGS_shutdown_grace_s,
-        &FLAGS_tenant_max_sequences, &FLAGS_tenant_max_pages, &FLAGS_tenant_max_streams}) {
-    const std::optional<int64_t> value = absl::GetFlag(*flag);
-    if (!value) continue;
-    if (absl::Status st =
-            edge::SetLimit("--", absl::GetFlagReflectionHandle(*flag).Name(), *value, targets);
-        !st.ok()) {
-      return st;
+  for (absl::string_view name : edge::LimitNames()) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const auto value = flag != nullptr ? flag->TryGet<std::optional<int64_t>>() : absl::nullopt;
+    if (!value.has_value()) {
+      return absl::InternalError(absl::StrCat("limit ", name, " has no int64 flag"));
     }
+    if (!value->has_value()) continue;
+    if (absl::Status st = edge::SetLimit("--", name, **value, targets); !st.ok()) return st;
   }
   const absl::Duration idle = absl::GetFlag(FLAGS_sequence_idle_timeout);
   if (idle <= absl::ZeroDuration()) {
