@@ -49,7 +49,7 @@ struct Options {
   int force_head_block = 0;
   bool tile_kernel = false;  // AttendParams::force_tile_kernel (A/B)
   bool no_fold = false;      // AttendParams::no_scale_fold (A/B)
-  bool pairs = false;        // AttendParams::row_pairs (A/B)
+  kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };
 
@@ -150,6 +150,7 @@ struct Result {
   Cell cell;
   std::string plan;
   int head_block = 0, splits = 0;
+  bool paired = false;  // rows 2i, 2i+1 in one program (AttendParams::row_pairs)
   double median_us = 0, min_us = 0;
   int runs = 0;
   int64_t attended = 0, unique_main = 0, unique_extra = 0;
@@ -354,7 +355,8 @@ class Runner {
     Result r;
     r.name = c.Name();
     r.cell = c;
-    r.plan = calls[0].launch.plan.ToString() + (calls[0].launch.paired ? " paired" : "");
+    r.paired = calls[0].launch.paired != gpu::PairMode::kNone;
+    r.plan = calls[0].launch.plan.ToString() + (r.paired ? " paired" : "");
     r.head_block = calls[0].launch.plan.head_block;
     r.splits = calls[0].launch.plan.splits;
     r.median_us = Median(ms) * 1e3;
@@ -456,13 +458,16 @@ int Main(int argc, char** argv) {
     } else if (a == "--no-fold") {
       o.no_fold = true;
     } else if (a == "--pairs") {
-      o.pairs = true;
+      o.pairs = kernels::RowPairs::kAlways;
+    } else if (a == "--no-pairs") {
+      o.pairs = kernels::RowPairs::kNever;
     } else {
-      std::fprintf(stderr,
-                   "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
-                   "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
-                   "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm] [--tile-kernel] "
-                   "[--no-fold] [--pairs]\n");
+      std::fprintf(
+          stderr,
+          "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
+          "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
+          "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm] [--tile-kernel] "
+          "[--no-fold] [--pairs | --no-pairs]\n");
       return 2;
     }
   }
@@ -510,8 +515,10 @@ int Main(int argc, char** argv) {
     std::fprintf(
         f,
         "    {\"name\": \"%s\", \"model\": \"%s\", \"format\": \"%s\", \"tp\": %d, \"heads\": %d, "
-        "\"shape\": \"%s\", \"context\": %lld, \"rows\": %d, \"layer\": \"%s\", \"output\": \"%s\", "
-        "\"head_block\": %d, \"splits\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"runs\": %d, "
+        "\"shape\": \"%s\", \"context\": %lld, \"rows\": %d, \"layer\": \"%s\", \"output\": "
+        "\"%s\", "
+        "\"head_block\": %d, \"splits\": %d, \"paired\": %s, \"median_us\": %.2f, \"min_us\": "
+        "%.2f, \"runs\": %d, "
         "\"attended_keys\": %lld, \"unique_rows_main\": %lld, \"unique_rows_extra\": %lld, "
         "\"bytes\": %.0f, \"flop\": %.0f, \"tflops\": %.2f, \"gbps\": %.1f, "
         "\"gather_ceiling_gbps\": %.1f, \"ratio_gather\": %.3f, \"ratio_gemm\": %.3f, "
@@ -519,11 +526,11 @@ int Main(int argc, char** argv) {
         r.name.c_str(), r.cell.model->name.c_str(),
         std::string(kernels::KvFormatName(r.cell.format)).c_str(), r.cell.tp, r.cell.heads,
         r.cell.shape.c_str(), static_cast<long long>(r.cell.context), r.cell.rows(),
-        r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block, r.splits, r.median_us,
-        r.min_us, r.runs, static_cast<long long>(r.attended),
-        static_cast<long long>(r.unique_main), static_cast<long long>(r.unique_extra), r.bytes,
-        r.flop, r.tflops, r.gbps, r.gather_gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma,
-        r.union_flop, i + 1 < results.size() ? "," : "");
+        r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block, r.splits,
+        r.paired ? "true" : "false", r.median_us, r.min_us, r.runs,
+        static_cast<long long>(r.attended), static_cast<long long>(r.unique_main),
+        static_cast<long long>(r.unique_extra), r.bytes, r.flop, r.tflops, r.gbps, r.gather_gbps,
+        r.ratio_gather, r.ratio_gemm, r.ratio_mma, r.union_flop, i + 1 < results.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
@@ -534,16 +541,17 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", o.markdown.c_str());
       return 1;
     }
-    std::fprintf(md,
-                 "| cell | layer | out | plan (head block, splits) | median us | TFLOP/s | unique "
-                 "MB | GB/s | of gather | of GEMM | of mma |\n"
-                 "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::fprintf(
+        md,
+        "| cell | layer | out | plan (head block, splits[, paired]) | median us | TFLOP/s | unique "
+        "MB | GB/s | of gather | of GEMM | of mma |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Result& r : results) {
       std::fprintf(md,
-                   "| %s | %s | %s | %d, %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
-                   r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(),
-                   r.head_block, r.splits, r.median_us, r.tflops, r.bytes / 1e6, r.gbps,
-                   r.ratio_gather, r.ratio_gemm, r.ratio_mma);
+                   "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
+                   r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block,
+                   r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops, r.bytes / 1e6,
+                   r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
     }
     std::fclose(md);
   }
@@ -558,9 +566,9 @@ int Main(int argc, char** argv) {
       bar_fail += ok ? 0 : 1;
       mark = ok ? "  [bar: pass]" : "  [bar: FAIL]";
     }
-    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s\n", r.name.c_str(),
-                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block,
-                r.splits, mark.c_str());
+    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s%s\n", r.name.c_str(),
+                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block, r.splits,
+                r.paired ? " paired" : "", mark.c_str());
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);

@@ -1,6 +1,8 @@
 // The CUDA backend against the CPU backend (the reference of operator.md section 7) across
 // formats, geometries, head counts, head blocks, split-K on and off, sentinels, empty rows,
 // sinks, both outputs, LSE, NaN garbage in unreferenced slots and poisoned outputs.
+#include "smla/kernels/gpu_backend.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/attend_launch.h"
 #include "gtest/gtest.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/codec/bf16.h"
@@ -26,7 +29,6 @@
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/gpu/runtime.h"
-#include "smla/kernels/gpu_backend.h"
 
 namespace smla::kernels {
 namespace {
@@ -181,7 +183,7 @@ struct CaseSpec {
   // the index sets are drawn per group with group_mode (GroupMode) when it is not kIndependent.
   int rows_per_group = 0;
   int group_mode = 0;
-  bool row_pairs = false;  // every GPU run of the case asks for paired rows
+  bool row_pairs = false;  // every GPU run of the case pairs wherever it can (RowPairs::kAlways)
 };
 
 // How the rows of a group relate: independent draws (as ungrouped cases), each row a copy of
@@ -346,7 +348,7 @@ struct RunConfig {
   bool lse = true;
   int force_splits = 0;
   int force_head_block = 0;
-  bool pairs = false;  // AttendParams::row_pairs
+  RowPairs pairs = RowPairs::kAuto;  // AttendParams::row_pairs
   // The host arrays from page-locked memory, vouched for (AttendParams::arrays_pinned,
   // ids_in_range): the backend copies them where they lie instead of staging them.
   bool pinned_arrays = false;
@@ -398,7 +400,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.force_splits = rc.force_splits;
   p.force_head_block = rc.force_head_block;
   p.rows_per_group = c.rows_per_group;
-  p.row_pairs = rc.pairs || c.row_pairs;
+  p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   Buffer pinned;
   if (rc.pinned_arrays) {
     // Every host array of the call, copied into one page-locked buffer.
@@ -734,21 +736,24 @@ TEST_F(GpuTest, ManyRows) {
 }
 
 // Paired rows (rows 2i, 2i+1 of a request over the union of their keys, fp8_dsv4 and
-// fp8_per_tensor decode with H a multiple of 16): overlapping, identical, disjoint and
+// fp8_per_tensor decode; H = 8 as the two halves of a 16-head program, the default, and H a
+// multiple of 16 as the two groups of a 32-head one): overlapping, identical, disjoint and
 // independent index sets, duplicated ids, sentinels, empty rows, ragged lengths, both segments
 // or one, split-K off, on and as planned, sink and RoPE; every run against the CPU reference.
 TEST_F(GpuTest, PairedRowsMatchCpu) {
+  constexpr RowPairs kAlways = RowPairs::kAlways;
   std::vector<RunConfig> configs;
-  configs.push_back({});  // the plan's choice, unpaired
-  configs.push_back({OutputFormat::kBf16, true, true, 0, 0, /*pairs=*/true});
-  configs.push_back({OutputFormat::kBf16, true, true, 1, 0, true});
-  configs.push_back({OutputFormat::kBf16, true, false, 3, 0, true});
-  configs.push_back({OutputFormat::kBf16, true, true, 7, 0, true});
+  configs.push_back({});  // the plan's choice (unpaired: too few rows)
+  configs.push_back({OutputFormat::kBf16, true, true, 0, 0, RowPairs::kNever});
+  configs.push_back({OutputFormat::kBf16, true, true, 0, 0, kAlways});
+  configs.push_back({OutputFormat::kBf16, true, true, 1, 0, kAlways});
+  configs.push_back({OutputFormat::kBf16, true, false, 3, 0, kAlways});
+  configs.push_back({OutputFormat::kBf16, true, true, 7, 0, kAlways});
   uint32_t seed = 500;
   for (int mode : {kOverlapping, kIdentical, kDisjoint, kIndependent}) {
     for (const Combo& cb : {Combo{KvFormat::kFp8Dsv4, Geometry::kRopeInside},
                             Combo{KvFormat::kFp8PerTensor, Geometry::kRopeAppended}}) {
-      for (int heads : {16, 32}) {
+      for (int heads : {8, 16, 32}) {
         CaseSpec c;
         c.format = cb.format;
         c.extra_format = cb.format;
@@ -758,7 +763,7 @@ TEST_F(GpuTest, PairedRowsMatchCpu) {
         c.rows_per_group = mode == kIdentical ? 2 : 6;
         c.group_mode = mode;
         c.max_main = mode == kOverlapping ? 140 : 200;
-        c.max_extra = heads == 16 || mode == kDisjoint ? 600 : 0;
+        c.max_extra = heads <= 16 || mode == kDisjoint ? 600 : 0;
         c.sentinel_rate = 0.05;
         c.empty_every = mode == kOverlapping ? 5 : 0;
         c.sink = (mode + heads) % 2 == 0;
@@ -782,22 +787,45 @@ TEST_F(GpuTest, PairedRowsMatchCpu) {
       }
     }
   }
+  // H = 8 with enough rows that the plan pairs them by default (GpuPlanTest), both formats,
+  // MXFP8 and RoPE.
+  for (const Combo& cb : {Combo{KvFormat::kFp8Dsv4, Geometry::kRopeInside},
+                          Combo{KvFormat::kFp8PerTensor, Geometry::kRopeAppended}}) {
+    CaseSpec c;
+    c.format = cb.format;
+    c.extra_format = cb.format;
+    c.geometry = cb.geometry;
+    c.heads = 8;
+    c.rows = 72;
+    c.rows_per_group = 6;
+    c.group_mode = kOverlapping;
+    c.max_main = 300;
+    c.max_extra = 600;
+    c.sentinel_rate = 0.05;
+    c.empty_every = 11;
+    c.sink = true;
+    c.positions = cb.geometry == Geometry::kRopeInside;
+    c.seed = seed++;
+    CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, true, 3, 0}}, /*check_mxfp8=*/true);
+  }
   // Mixed direct formats in the two segments, and a first row too long for the union table
   // (concatenated instead).
-  CaseSpec c;
-  c.format = KvFormat::kFp8Dsv4;
-  c.extra_format = KvFormat::kFp8PerTensor;
-  c.geometry = Geometry::kRopeInside;
-  c.heads = 16;
-  c.rows = 4;
-  c.rows_per_group = 2;
-  c.group_mode = kOverlapping;
-  c.max_main = 2300;
-  c.max_extra = 300;
-  c.sink = true;
-  c.positions = true;
-  c.seed = seed++;
-  CheckCase(*cpu_, *gpu_, c, configs, false);
+  for (int heads : {8, 16}) {
+    CaseSpec c;
+    c.format = KvFormat::kFp8Dsv4;
+    c.extra_format = KvFormat::kFp8PerTensor;
+    c.geometry = Geometry::kRopeInside;
+    c.heads = heads;
+    c.rows = 4;
+    c.rows_per_group = 2;
+    c.group_mode = kOverlapping;
+    c.max_main = 2300;
+    c.max_extra = 300;
+    c.sink = true;
+    c.positions = true;
+    c.seed = seed++;
+    CheckCase(*cpu_, *gpu_, c, configs, false);
+  }
 }
 
 TEST_F(GpuTest, LseDoesNotChangeOutputAndRunsAreDeterministic) {
@@ -1089,6 +1117,56 @@ TEST_F(GpuTest, DeviceFacts) {
   std::printf("device: %s (%s), %d SMs, L2 %lld B, shared/block %lld B\n", d.name.c_str(),
               d.arch.c_str(), d.compute_units, static_cast<long long>(d.l2_bytes),
               static_cast<long long>(d.shared_memory_per_block));
+}
+
+// Where the plan pairs rows (host planning only, no device needed): by default H = 8 decode
+// calls whose caller vouches for even request groups, with at least a quarter as many pairs as
+// SMs, as the two halves of a 16-head program; 16-head multiples and fewer pairs only when
+// asked; never for odd groups or row counts, prefill, a forced head block or RowPairs::kNever.
+// gfx950 builds never pair.
+TEST(GpuPlanTest, RowPairsWhereTheyPay) {
+  DeviceInfo device;
+  device.compute_units = 132;
+  device.shared_memory_per_block = 227 * 1024;
+  std::vector<int32_t> indptr, indices;
+  auto plan = [&](int heads, int rows, int group, RowPairs pairs, int force_hb = 0) {
+    indptr.assign(1, 0);
+    indices.clear();
+    for (int t = 0; t < rows; ++t) {
+      for (int k = 0; k < 640; ++k) indices.push_back(k);
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+    }
+    AttendParams p;
+    p.num_rows = rows;
+    p.num_heads = heads;
+    p.geometry = Geometry::kRopeInside;
+    p.main.cache.format = KvFormat::kFp8Dsv4;
+    p.main.cache.geometry = Geometry::kRopeInside;
+    p.main.cache.num_pages = 1024;
+    p.main.cache.rows_per_page = 64;
+    p.main.indptr = indptr;
+    p.main.indices = indices;
+    p.rows_per_group = group;
+    p.row_pairs = pairs;
+    p.force_head_block = force_hb;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? l->paired : gpu::PairMode::kNone;
+  };
+  using gpu::PairMode;
+  const bool on = gpu::RowPairsSupported();
+  EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
+  EXPECT_EQ(plan(8, 12, 2, RowPairs::kAlways), on ? PairMode::kHalves : PairMode::kNone);
+  EXPECT_EQ(plan(8, 64, 2, RowPairs::kAuto), PairMode::kNone);  // 32 pairs: too few for 132 SMs
+  EXPECT_EQ(plan(8, 66, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
+  EXPECT_EQ(plan(16, 192, 6, RowPairs::kAlways), on ? PairMode::kGroups : PairMode::kNone);
+  EXPECT_EQ(plan(16, 192, 6, RowPairs::kAuto), PairMode::kNone);
+  EXPECT_EQ(plan(8, 192, 6, RowPairs::kNever), PairMode::kNone);
+  EXPECT_EQ(plan(8, 192, 0, RowPairs::kAuto), PairMode::kNone);
+  EXPECT_EQ(plan(8, 63, 1, RowPairs::kAuto), PairMode::kNone);
+  EXPECT_EQ(plan(8, 66, 3, RowPairs::kAuto), PairMode::kNone);
+  EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto, 16), PairMode::kNone);
+  EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), PairMode::kNone);  // prefill
 }
 
 }  // namespace

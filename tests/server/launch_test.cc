@@ -58,6 +58,17 @@ class PinningBackend : public testing::ControlledBackend {
     absl::MutexLock lock(&mu_);
     return to_device_;
   }
+  absl::Status Attend(const kernels::AttendParams& p, kernels::Stream& s) override {
+    {
+      absl::MutexLock lock(&mu_);
+      rows_per_group_ = p.rows_per_group;
+    }
+    return ControlledBackend::Attend(p, s);
+  }
+  int32_t last_rows_per_group() {
+    absl::MutexLock lock(&mu_);
+    return rows_per_group_;
+  }
 
  private:
   void Poison(std::span<const kernels::CopyOp> copies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -77,6 +88,7 @@ class PinningBackend : public testing::ControlledBackend {
   std::vector<kernels::CopyOp> to_device_ ABSL_GUARDED_BY(mu_);
   std::span<uint8_t> arena_ ABSL_GUARDED_BY(mu_);
   bool poison_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t rows_per_group_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 struct Core {
@@ -314,6 +326,22 @@ TEST_F(LaunchTest, InputCopiesGoBeforeTheSegmentBuild) {
     ASSERT_EQ(got.lse.size(), want.lse.size());
     EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * 4));
   }
+}
+
+// The executor tells the backend when the launch's rows come in equal groups of one sequence
+// (every span the same row count), so a GPU backend may pair a request's rows over their shared
+// keys; with spans of different lengths it says nothing.
+TEST_F(LaunchTest, EqualSpansAreRowGroups) {
+  Core c = Start(/*pinning=*/true);
+  Run(*c.core, /*from_region=*/false);
+  EXPECT_EQ(c.backend->last_rows_per_group(), 6);  // the decode step: two spans of 6 rows
+  const ModelProfile& p = *FindProfile(kModel);
+  std::vector<SpanData> ragged = {
+      testing::MakeSpan(rng_, p, kLayer, 16, prefill_[0].sequence, 156, 6, 512),
+      testing::MakeSpan(rng_, p, kLayer, 16, prefill_[1].sequence, 156, 5, 512)};
+  absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(ragged, false));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(c.backend->last_rows_per_group(), 0);
 }
 
 }  // namespace

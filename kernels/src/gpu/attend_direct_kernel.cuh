@@ -33,11 +33,14 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, int kHeadBlock_, int kMinBlocks_>
+// kHalfPairs: a 16-head program of rows 2i and 2i+1's 8 heads each (PairMode::kHalves), a
+// variant of its own so the one-row program keeps its registers.
+template <int kQkWidth_, int kHeadBlock_, int kMinBlocks_, bool kHalfPairs_ = false>
 struct DirectConfig {
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kHeadBlock = kHeadBlock_;
+  static constexpr bool kHalfPairs = kHalfPairs_;
   static constexpr int kGroups = kHeadBlock / 16;  // 16-head groups sharing each operand
   static constexpr int kKeys = 64;
   static constexpr int kWarps = kKeys / MmaTile::kN;  // one score n-tile each
@@ -52,6 +55,7 @@ struct DirectConfig {
 
   static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32, "16- or 32-head programs");
+  static_assert(!kHalfPairs || kHeadBlock == 16, "half pairs fill a 16-head program");
   static_assert(kThreads == 256, "256 threads per program on both vendors");
   static_assert(kColsPerWarp == direct::kOutValues * MmaTile::kN / MmaTile::kColsPerRow &&
                     kNTiles == 8,
@@ -259,6 +263,19 @@ __device__ __forceinline__ void RescaleAcc(const float (&alpha)[MmaTile::kRowsPe
   }
 }
 
+// Whether the row of accumulator value i of 16-head group gr attends a key with row mask `mask`
+// (IssueTileDirect's valid[]): bit gr, or with half pairs (C::kHalfPairs) the bit of the 8-head
+// half its head slot lies in.
+template <class C>
+__device__ __forceinline__ bool RowAttends(int32_t mask, int gr, int i) {
+  if constexpr (C::kHalfPairs) {
+    const int lane = threadIdx.x % kWarpSize;
+    return (mask >> (MmaTile::Row(0, lane, i / MmaTile::kColsPerRow) / 8)) & 1;
+  } else {
+    return (mask >> gr) & 1;
+  }
+}
+
 template <class C, int kFormat, bool kFold>
 __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* stage,
                                            const int32_t* valid, const uint16_t* q_s, uint16_t* p_s,
@@ -281,7 +298,7 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = T::kN * warp + T::Col(lane, i % kCols);
-      const float x = ((valid[key] >> gr) & 1) ? sc[gr][i] * s.score_scale2 : -INFINITY;
+      const float x = RowAttends<C>(valid[key], gr, i) ? sc[gr][i] * s.score_scale2 : -INFINITY;
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
@@ -326,8 +343,8 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
 // keys w + kWarps j (lane j holds key j's slot) are copied as one run of kRowChunks 16-byte
 // chunks per key spread evenly over the lanes, so every lane issues the same number of copies
 // and each copy's row comes from one shuffle; lane j copies key j's fp8_dsv4 scale record.
-// valid[] gets each key's row mask (bit g: 16-head group g's row attends it; all bits when the
-// program owns one row; 0 for keys that are no valid slot).
+// valid[] gets each key's row mask (bit r: the pair's row 2i + r attends it, RowAttends; all
+// bits when the program owns one row; 0 for keys that are no valid slot).
 template <class C, int kRowChunks>
 __device__ __forceinline__ void IssueTileDirect(const SegmentArgs& s, int32_t my_slot,
                                                 int32_t my_mask, uint8_t* stage, int32_t* valid,
@@ -502,7 +519,7 @@ __device__ __forceinline__ void DirectTileF16(
     for (int i = 0; i < 4; ++i) {
       const int key = T::kN * warp + T::Col(lane, i % kCols);
       const float qs = qscale_s[T::Row(16 * gr, lane, i / kCols)];
-      const float x = ((valid[key] >> gr) & 1) ? sc[gr][i] * (score_scale * qs) : -INFINITY;
+      const float x = RowAttends<C>(valid[key], gr, i) ? sc[gr][i] * (score_scale * qs) : -INFINITY;
       sc[gr][i] = x;
       tmax[i / kCols] = fmaxf(tmax[i / kCols], x);
     }
@@ -604,23 +621,29 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* stages = smem + S::kStages;
 
   // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor). A
-  // paired program (p.paired, 32-head variants) owns rows 2 row and 2 row + 1 as its 16-head
-  // groups 0 and 1, both for heads 16 hb .. 16 hb + 15, over the union of their keys.
+  // paired program (PairMode) owns rows 2 row and 2 row + 1 over the union of their keys: as
+  // its 16-head groups 0 and 1, both for heads 16 hb .. 16 hb + 15 (32-head variants), or as
+  // the two 8-head halves of its 16 head slots (the C::kHalfPairs variants, H <= 8).
   const int64_t pid = blockIdx.x;
   const int hb = static_cast<int>(pid % p.head_blocks);
   const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
   const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
-  const bool paired = C::kGroups == 2 && p.paired;
+  const bool group_pairs = C::kGroups == 2 && p.paired == static_cast<int>(PairMode::kGroups);
+  constexpr bool half_pairs = C::kHalfPairs;
+  const bool paired = group_pairs || half_pairs;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   using T = MmaTile;
   constexpr int kRows = T::kRowsPerLane;
   constexpr int kCols = T::kColsPerRow;
   constexpr int kOut = direct::kOutValues;
-  const int head0 = paired ? 16 * hb : hb * C::kHeadBlock;
-  // Query row and first head of 16-head group g.
-  auto group_row = [&](int g) { return paired ? 2 * row + g : row; };
-  auto group_head0 = [&](int g) { return paired ? head0 : head0 + 16 * g; };
+  // Query row and head of head slot h (0 .. kHeadBlock - 1).
+  auto slot_row = [&](int h) {
+    return group_pairs ? 2 * row + h / 16 : half_pairs ? 2 * row + h / 8 : row;
+  };
+  auto slot_head = [&](int h) {
+    return group_pairs ? 16 * hb + h % 16 : half_pairs ? h % 8 : hb * C::kHeadBlock + h;
+  };
 
   int begin0, len0, begin1 = 0, len1 = 0;
   if (paired) {
@@ -704,13 +727,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int j = 0; j < kHeadsPerWarp; ++j) {
       const int h = warp + j * C::kWarps;
-      const int qhead = group_head0(h / 16) + h % 16;
+      const int qhead = slot_head(h);
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int u = lane + k * kWarpSize;
         const int p0 = (u % kUnits) * 8;
         const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-        const int64_t off = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
+        const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
         const bool in = qhead < p.num_heads && u < kUnits;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -772,9 +795,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       const int p0 = (u % kUnits) * 8;
       const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
       uint32_t w[4] = {0, 0, 0, 0};
-      const int qhead = group_head0(h / 16) + h % 16;
+      const int qhead = slot_head(h);
       if (qhead < p.num_heads) {
-        const int64_t off = (int64_t{group_row(h / 16)} * p.num_heads + qhead) * C::kQkWidth + base;
+        const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int64_t at = off + direct::QkUnitOffset(i);
@@ -895,9 +918,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const int head = T::Row(group_head0(gr), lane, r);
+        const int slot = T::Row(16 * gr, lane, r);
+        const int head = slot_head(slot);
         if (head >= p.num_heads) continue;
-        const int64_t ph = (int64_t{group_row(gr)} * p.num_heads + head) * p.splits + split;
+        const int64_t ph = (int64_t{slot_row(slot)} * p.num_heads + head) * p.splits + split;
         float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
@@ -920,12 +944,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // Final store: normalise with the sink (as CombinePartials), then the epilogue.
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
-    const int out_t = group_row(gr);
-    const float* cs = nullptr;
-    if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[out_t]} * 64;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int head = T::Row(group_head0(gr), lane, r);
+      const int slot = T::Row(16 * gr, lane, r);
+      const int out_t = slot_row(slot);
+      const float* cs = nullptr;
+      if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[out_t]} * 64;
+      const int head = slot_head(slot);
       const bool live = head < p.num_heads;
       const bool has_sink = p.sink != nullptr;
       const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;

@@ -137,47 +137,62 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     }
   }
 
-  // Paired rows (AttendParams::row_pairs, an A/B switch): a request's consecutive rows share
-  // most keys, so rows 2i and 2i+1 run as the two 16-head groups of one 32-head direct program
-  // over the union of their keys (built on the device by the row-union kernel), gathering and
-  // converting each shared key once. Only where the caller says rows come in even groups of one
-  // sequence (AttendParams::rows_per_group), for decode calls, 16-head multiples and no forced
-  // head block. Not the default: on the H200 (TP4/TP2 C=32/64 bar cells) it was 1.2-1.7x slower;
-  // the 32-head program, one per SM, issues only ~14 % fewer instructions than two 16-head
-  // programs (two per SM) do for the same rows, at a fifth lower issue rate, and the DRAM bytes
-  // were already the unique ones (docs/results/kbench-h200.md).
-  if (l.direct && RowPairsSupported() && params.row_pairs && params.rows_per_group >= 2 &&
-      params.rows_per_group % 2 == 0 && T % 2 == 0 && T < kPrefillRows && H % 16 == 0 &&
-      params.force_head_block == 0 && DirectVariantBlocks(l.qk_width, 32) > 0) {
+  // Paired rows (AttendParams::row_pairs): a request's consecutive rows share most keys, so rows
+  // 2i and 2i+1 run as one direct program over the union of their keys (built on the device by
+  // the row-union kernel), gathering and converting each shared key once. Only where the caller
+  // says rows come in even groups of one sequence (AttendParams::rows_per_group), for decode
+  // calls and no forced head block.
+  // - H = 8 (half pairs, RowPairs::kAuto): the two rows' 8 heads fill one 16-head program,
+  //   which unpaired masks half of its heads. By default only with at least a quarter as many
+  //   pairs as SMs: the row-union kernel's 6-20 us would not pay for fewer (on the H200,
+  //   dsv4.1-flash / glm-5.3-flash TP8: 0.75-0.98x the time from decode C=16 up, 1.3-1.5x at
+  //   C=1; docs/results/kbench-h200.md).
+  // - H a multiple of 16 (RowPairs::kAlways only): the two 16-head groups of a 32-head program.
+  //   On the H200 (TP4/TP2 C=32/64 bar cells) 1.2-1.7x slower: the 32-head program, one per SM,
+  //   issues only ~14 % fewer instructions than two 16-head programs (two per SM) do for the
+  //   same rows, at a fifth lower issue rate, and the DRAM bytes were already the unique ones
+  //   (docs/results/kbench-h200.md).
+  const bool half_pairs = H <= 8;
+  const int pair_hb = half_pairs ? 16 : 32;  // the program's head slots
+  int union_bits = 6;
+  const bool want_pairs =
+      params.row_pairs == RowPairs::kAlways || (params.row_pairs == RowPairs::kAuto && half_pairs &&
+                                                int64_t{T} / 2 * 4 >= device.compute_units);
+  if (l.direct && RowPairsSupported() && want_pairs && params.rows_per_group >= 2 &&
+      params.rows_per_group % 2 == 0 && T % 2 == 0 && T < kPrefillRows &&
+      (half_pairs || H % 16 == 0) && params.force_head_block == 0 &&
+      DirectVariantBlocks(l.qk_width, pair_hb) > 0) {
     int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
     if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
-    const int blocks = DirectVariantBlocks(l.qk_width, 32);
+    const int blocks = DirectVariantBlocks(l.qk_width, pair_hb);
     const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
     int n = 0;
     for (int k = kDirectMaxStages; k >= 2 && n == 0; --k) {
-      if (DirectSharedBytes(l.qk_width, 32, dstage, k) <= cap) n = k;
+      if (DirectSharedBytes(l.qk_width, pair_hb, dstage, k) <= cap) n = k;
     }
-    if (n > 0) {
+    // The row-union table: 8 entries per key of the longest first row where shared memory
+    // allows (rows past kUnionMaxRow are concatenated, not hashed).
+    const int64_t longest =
+        std::min<int64_t>(kUnionMaxRow, std::max(in.max_main_keys, in.max_extra_keys));
+    union_bits = 6;
+    while (union_bits < kMaxUnionBits && (int64_t{1} << union_bits) < 8 * longest &&
+           RowUnionSharedBytes(union_bits + 1) <= device.shared_memory_per_block - 1024) {
+      ++union_bits;
+    }
+    if (n > 0 && (int64_t{1} << union_bits) >= 2 * longest) {
       // Union tiles per pair, estimated (the device has the exact ones) as a row's tiles plus a
       // third: requests redraw about a quarter of their top-k set per row.
       const int64_t row_tiles = (in.max_main_keys + kKeyTile - 1) / kKeyTile +
                                 (in.max_extra_keys + kKeyTile - 1) / kKeyTile;
       const int64_t est = std::max<int64_t>(1, row_tiles + (row_tiles + 2) / 3);
       const int64_t pairs = T / 2;
-      const int64_t hbs = H / 16;
-      const int64_t slots = int64_t{device.compute_units} * blocks;
-      // Rounds of the grid times a program's tiles plus about two tiles of start-up, and one
-      // tile for the combine.
-      int best = 1;
-      int64_t best_cost = -1;
-      for (int sp = 1; sp <= 16; ++sp) {
-        const int64_t rounds = (pairs * hbs * sp + slots - 1) / slots;
-        const int64_t cost = rounds * ((est + sp - 1) / sp + 2) + (sp > 1 ? 1 : 0);
-        if (best_cost < 0 || cost < best_cost) best = sp, best_cost = cost;
-      }
-      const int splits = params.force_splits > 0 ? std::clamp(params.force_splits, 1, kMaxSplits)
-                                                 : best;
-      l.paired = true;
+      const int32_t hbs = half_pairs ? 1 : H / 16;
+      // Splits as for unpaired programs (plan.h), a pair counting as a row of 16 hbs heads.
+      const int splits = params.force_splits > 0
+                             ? std::clamp(params.force_splits, 1, kMaxSplits)
+                             : PlanSplits(pairs, 16 * hbs, static_cast<int32_t>(est),
+                                          device.compute_units, blocks);
+      l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
       l.plan.head_block = 16;
       l.plan.head_blocks = static_cast<int32_t>(hbs);
       l.plan.splits = splits;
@@ -185,10 +200,10 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       l.plan.programs = pairs * hbs * splits;
       num_stages = n;
       stage = dstage;
-      l.shared_bytes = DirectSharedBytes(l.qk_width, 32, dstage, n);
+      l.shared_bytes = DirectSharedBytes(l.qk_width, pair_hb, dstage, n);
     }
   }
-  l.program_head_block = l.paired ? 32 : l.plan.head_block;
+  l.program_head_block = l.paired == PairMode::kGroups ? 32 : l.plan.head_block;
 
   // Workspace layout.
   int64_t off = 0;
@@ -206,7 +221,7 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   if (!params.epilogue.positions.empty()) l.off_positions = add(4 * int64_t{T});
   if (!params.sink.empty()) l.off_sink = add(4 * int64_t{H});
   l.staged_bytes = off;
-  if (l.paired) {
+  if (l.paired != PairMode::kNone) {
     const int nseg = params.has_extra ? 2 : 1;
     for (int sg = 0; sg < nseg; ++sg) {
       const int64_t nnz = static_cast<int64_t>(
@@ -238,7 +253,8 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   k.use_tile = use_tile ? 1 : 0;
   // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
   k.fold_scales = params.no_scale_fold ? 0 : 1;
-  k.paired = l.paired ? 1 : 0;
+  k.paired = static_cast<int32_t>(l.paired);
+  k.union_bits = union_bits;
   k.cos_sin = params.epilogue.cos_sin;
   k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
   k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
@@ -300,7 +316,7 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
   for (int s = 0; s < k.num_segments; ++s) {
     k.seg[s].indptr = reinterpret_cast<const int32_t*>(ws + l.off_indptr[s]);
     k.seg[s].indices = reinterpret_cast<const int32_t*>(ws + l.off_indices[s]);
-    if (l.paired) {
+    if (l.paired != PairMode::kNone) {
       k.seg[s].union_indices = reinterpret_cast<int32_t*>(ws + l.off_union_indices[s]);
       k.seg[s].union_mask = ws + l.off_union_mask[s];
       k.seg[s].union_count = reinterpret_cast<int32_t*>(ws + l.off_union_count[s]);
@@ -319,7 +335,7 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
 
 absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
   if (l.kernel.num_rows == 0) return absl::OkStatus();
-  if (l.paired) {
+  if (l.paired != PairMode::kNone) {
     if (absl::Status st = LaunchRowUnion(l.kernel, stream); !st.ok()) return st;
   }
   if (absl::Status st =

@@ -21,10 +21,10 @@ struct AttendLaunch {
   int qk_width = 512;
   int64_t shared_bytes = 0;
   bool direct = false;  // the direct kernel (attend_direct_kernel.cuh) instead of the tile one
-  // Paired rows (AttendKernelParams::paired): the direct kernel's 32-head variant runs rows 2i
-  // and 2i+1 of a 16-head block together after the row-union kernel; plan.head_block is then
-  // the 16 heads per row and program_head_block the variant's 32.
-  bool paired = false;
+  // Paired rows (AttendKernelParams::paired): the direct kernel runs rows 2i and 2i+1 together
+  // after the row-union kernel, as the 32-head variant's two 16-head groups (plan.head_block is
+  // then 16 and program_head_block 32) or as the two 8-head halves of a 16-head program.
+  PairMode paired = PairMode::kNone;
   int program_head_block = 16;
   AttendKernelParams kernel;  // device pointers into the workspace set by BindAttend
   CombineKernelParams combine;

@@ -47,22 +47,26 @@ struct DirectVariant {
   int qk_width;
   int head_block;
   int blocks;
+  bool half_pairs;  // PairMode::kHalves programs
   KernelFn fn;
 };
 
-template <int kQk, int kHb, int kBlocks>
+template <int kQk, int kHb, int kBlocks, bool kHalfPairs = false>
 constexpr DirectVariant MakeDirect() {
-  using C = DirectConfig<kQk, kHb, kBlocks>;
+  using C = DirectConfig<kQk, kHb, kBlocks, kHalfPairs>;
   static_assert(C::kThreads == 256, "the launch below assumes 256 threads");
-  return {kQk, kHb, kBlocks, &SparseMlaAttendDirectKernel<C>};
+  return {kQk, kHb, kBlocks, kHalfPairs, &SparseMlaAttendDirectKernel<C>};
 }
 
-constexpr std::array kDirectVariants = {MakeDirect<512, 16, 2>(), MakeDirect<576, 16, 2>(),
-                                        MakeDirect<512, 32, 1>(), MakeDirect<576, 32, 1>()};
+constexpr std::array kDirectVariants = {
+    MakeDirect<512, 16, 2>(), MakeDirect<576, 16, 2>(),       MakeDirect<512, 32, 1>(),
+    MakeDirect<576, 32, 1>(), MakeDirect<512, 16, 2, true>(), MakeDirect<576, 16, 2, true>()};
 
-const DirectVariant* FindDirect(int qk_width, int head_block) {
+const DirectVariant* FindDirect(int qk_width, int head_block, bool half_pairs = false) {
   for (const DirectVariant& v : kDirectVariants) {
-    if (v.qk_width == qk_width && v.head_block == head_block) return &v;
+    if (v.qk_width == qk_width && v.head_block == head_block && v.half_pairs == half_pairs) {
+      return &v;
+    }
   }
   return nullptr;
 }
@@ -129,11 +133,12 @@ int DirectVariantBlocks(int qk_width, int head_block) {
 
 absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,
                                 int64_t shared_bytes, StreamHandle stream) {
-  const DirectVariant* v = FindDirect(qk_width, head_block);
+  const bool half_pairs = p.paired == static_cast<int32_t>(PairMode::kHalves);
+  const DirectVariant* v = FindDirect(qk_width, head_block, half_pairs);
   if (v == nullptr) {
     return absl::UnimplementedError(absl::StrCat("no direct attention kernel for QK width ",
-                                                 qk_width, " with ", head_block,
-                                                 "-head programs"));
+                                                 qk_width, " with ", head_block, "-head programs",
+                                                 half_pairs ? " of paired 8-head rows" : ""));
   }
   const int64_t programs =
       int64_t{p.paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
@@ -163,7 +168,7 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
     SMLA_GPU_RETURN_IF_ERROR(
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
-  return absl::OkStatus();
+  return PrepareRowUnion(max_bytes);
 }
 
 absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_block,

@@ -43,6 +43,13 @@ struct SegmentArgs {
   int32_t* union_count = nullptr;    // [T / 2]
 };
 
+// How a direct program's head slots map to query rows (AttendKernelParams::paired).
+enum class PairMode : int32_t {
+  kNone = 0,    // one row: slot h is head head_block * hb + h
+  kGroups = 1,  // 32-head variant: slot h is head 16 hb + h % 16 of row 2i + h / 16
+  kHalves = 2,  // 16-head variant, H <= 8: slot h is head h % 8 of row 2i + h / 8
+};
+
 struct AttendKernelParams {
   const void* q = nullptr;  // [T, H, Dqk] bf16, or e4m3 codes when q_fp8
   int32_t q_fp8 = 0;
@@ -57,11 +64,11 @@ struct AttendKernelParams {
   int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
   int32_t fold_scales = 1;      // direct kernel: fold the fp8_dsv4 rebias into the scale
-  // Direct kernel, 32-head variant only: a program owns rows 2i and 2i+1 (its two 16-head
-  // groups) of one 16-head block over the union of their keys (SegmentArgs::union_*); the grid
-  // is T/2 * head_blocks * splits, head_blocks = H / 16, and each program takes its share of
-  // the pair's union tiles (tiles_per_split is unused).
+  // Direct kernel, PairMode: a program owns rows 2i and 2i+1 of one head block over the union
+  // of their keys (SegmentArgs::union_*); the grid is T/2 * head_blocks * splits, and each
+  // program takes its share of the pair's union tiles (tiles_per_split is unused).
   int32_t paired = 0;
+  int32_t union_bits = 6;             // paired: log2 of the row-union kernel's hash table entries
   const float* sink = nullptr;        // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
   const float* cos_sin = nullptr;      // [P, 64] f32 device
@@ -117,11 +124,16 @@ int32_t DirectStageBytes(KvFormat format, int qk_width);
 int64_t DirectSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages);
 // Programs per SM the direct variant is compiled for (0: no such variant).
 int DirectVariantBlocks(int qk_width, int head_block);
-// Rows whose union the row-union kernel handles with de-duplication (longer first rows of a
-// pair are concatenated with the second instead: correct, without the saving).
+// Rows whose union the row-union kernel handles with de-duplication (a pair with a longer row
+// is concatenated instead: correct, without the saving).
 inline constexpr int kUnionMaxRow = 2048;
 // Whether this build pairs rows (CUDA; gfx950 keeps one row per program for now).
 bool RowPairsSupported();
+// The row-union kernel's hash table: 2^union_bits entries of 12 bytes, up to kMaxUnionBits.
+inline constexpr int kMaxUnionBits = 14;
+int64_t RowUnionSharedBytes(int union_bits);
+// Lets the row-union kernel use up to max_bytes of shared memory (once per device).
+absl::Status PrepareRowUnion(int64_t max_bytes);
 // Builds the pairs' key unions of every segment (SegmentArgs::union_*) for a paired launch.
 absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream);
 absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,

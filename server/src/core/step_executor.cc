@@ -549,6 +549,12 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     a.extra.indices = arrays.extra_indices;
   }
   a.sink = sink_view;
+  // Each span's rows are consecutive rows of one sequence (a decode request's MTP rows share most
+  // keys); when every span has the same count the backend may pair a group's rows over them.
+  a.rows_per_group = spans.empty() ? 0 : spans.front().input->num_rows;
+  for (const SpanRef& sp : spans) {
+    if (sp.input->num_rows != a.rows_per_group) a.rows_per_group = 0;
+  }
   if (inverse_rope) {
     SMLA_CHECK(args.rope.table != nullptr, "inverse RoPE without a table");
     a.epilogue.positions = arrays.positions;

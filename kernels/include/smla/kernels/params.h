@@ -62,6 +62,17 @@ struct OutputView {
   float* lse = nullptr;           // [T, H] f32 natural log; may be null
 };
 
+// Where the GPU backend pairs rows (AttendParams::row_pairs).
+enum class RowPairs : uint8_t {
+  // Where it measured faster on the H200: H = 8, whose two rows fill the 16 heads of a program
+  // that would otherwise mask half of them, with at least a quarter as many pairs as SMs.
+  kAuto,
+  // Also H a multiple of 16, as the two 16-head groups of a 32-head program (an A/B switch:
+  // slower there, docs/results/kbench-h200.md).
+  kAlways,
+  kNever,  // one row per program (an A/B switch)
+};
+
 struct AttendParams {
   int32_t num_rows = 0;   // T
   int32_t num_heads = 0;  // H: 8, 16, 32, 64 or 128
@@ -87,12 +98,11 @@ struct AttendParams {
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
-  // A/B switch of the GPU backend (CUDA): with an even rows_per_group, run rows 2i and 2i+1 of
-  // fp8_dsv4 / fp8_per_tensor decode calls as one direct-kernel program over the union of their
-  // keys (built on the device), each shared key gathered and converted once. Off by default:
-  // measured slower on the H200 (docs/results/kbench-h200.md). Results stay within operator.md's
-  // tolerances and are reproducible either way.
-  bool row_pairs = false;
+  // Paired rows on the GPU backend (CUDA; RowPairs): with an even rows_per_group, rows 2i and
+  // 2i+1 of fp8_dsv4 / fp8_per_tensor decode calls run as one direct-kernel program over the
+  // union of their keys (built on the device), each shared key gathered and converted once.
+  // Results stay within operator.md's tolerances and are reproducible either way.
+  RowPairs row_pairs = RowPairs::kAuto;
   // What the caller vouches for, so the backend can skip work on a hot path. Both default to
   // false, and a caller that cannot vouch leaves them so: the backend then checks every id and
   // stages the host arrays itself.
