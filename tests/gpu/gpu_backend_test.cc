@@ -787,20 +787,22 @@ TEST_F(GpuTest, PairedRowsMatchCpu) {
       }
     }
   }
-  // H = 8 with enough rows that the plan pairs them by default (GpuPlanTest), both formats,
-  // MXFP8 and RoPE.
+  // H = 8 with enough rows that the plan pairs them by default (GpuPlanTest): decode-sized
+  // calls of 6-row requests and a prefill-sized chunk of one sequence, both formats, MXFP8 and
+  // RoPE.
   for (const Combo& cb : {Combo{KvFormat::kFp8Dsv4, Geometry::kRopeInside},
                           Combo{KvFormat::kFp8PerTensor, Geometry::kRopeAppended}}) {
+    const bool prefill = cb.format == KvFormat::kFp8PerTensor;
     CaseSpec c;
     c.format = cb.format;
     c.extra_format = cb.format;
     c.geometry = cb.geometry;
     c.heads = 8;
-    c.rows = 72;
-    c.rows_per_group = 6;
+    c.rows = prefill ? 2100 : 72;
+    c.rows_per_group = prefill ? 2100 : 6;
     c.group_mode = kOverlapping;
-    c.max_main = 300;
-    c.max_extra = 600;
+    c.max_main = prefill ? 130 : 300;
+    c.max_extra = prefill ? 200 : 600;
     c.sentinel_rate = 0.05;
     c.empty_every = 11;
     c.sink = true;
@@ -1119,11 +1121,11 @@ TEST_F(GpuTest, DeviceFacts) {
               static_cast<long long>(d.shared_memory_per_block));
 }
 
-// Where the plan pairs rows (host planning only, no device needed): by default H = 8 decode
-// calls whose caller vouches for even request groups, with at least a quarter as many pairs as
-// SMs, as the two halves of a 16-head program; 16-head multiples and fewer pairs only when
-// asked; never for odd groups or row counts, prefill, a forced head block or RowPairs::kNever.
-// gfx950 builds never pair.
+// Where the plan pairs rows (host planning only, no device needed): by default H = 8 calls whose
+// caller vouches for even row groups, with at least a quarter as many pairs as SMs, as the two
+// halves of a 16-head program; 16-head multiples (decode only) and fewer pairs only when asked;
+// never for odd groups or row counts, a forced head block or RowPairs::kNever. gfx950 builds
+// never pair.
 TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   DeviceInfo device;
   device.compute_units = 132;
@@ -1166,7 +1168,8 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(8, 63, 1, RowPairs::kAuto), PairMode::kNone);
   EXPECT_EQ(plan(8, 66, 3, RowPairs::kAuto), PairMode::kNone);
   EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto, 16), PairMode::kNone);
-  EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), PairMode::kNone);  // prefill
+  EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
+  EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
 }
 
 }  // namespace

@@ -140,14 +140,15 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   // Paired rows (AttendParams::row_pairs): a request's consecutive rows share most keys, so rows
   // 2i and 2i+1 run as one direct program over the union of their keys (built on the device by
   // the row-union kernel), gathering and converting each shared key once. Only where the caller
-  // says rows come in even groups of one sequence (AttendParams::rows_per_group), for decode
-  // calls and no forced head block.
+  // says rows come in even groups of one sequence (AttendParams::rows_per_group) and no head
+  // block is forced.
   // - H = 8 (half pairs, RowPairs::kAuto): the two rows' 8 heads fill one 16-head program,
   //   which unpaired masks half of its heads. By default only with at least a quarter as many
-  //   pairs as SMs: the row-union kernel's 6-20 us would not pay for fewer (on the H200,
-  //   dsv4.1-flash / glm-5.3-flash TP8: 0.75-0.98x the time from decode C=16 up, 1.3-1.5x at
-  //   C=1; docs/results/kbench-h200.md).
-  // - H a multiple of 16 (RowPairs::kAlways only): the two 16-head groups of a 32-head program.
+  //   pairs as SMs: the row-union kernel's 6-20 us would not pay for fewer (on the H200, TP8
+  //   on the fp8 pools: 0.74-1.01x the time from decode C=16 up and 0.69-0.71x for prefill 8K,
+  //   1.3-1.5x at decode C=1; docs/results/kbench-h200.md).
+  // - H a multiple of 16 (RowPairs::kAlways only, decode calls): the two 16-head groups of a
+  //   32-head program.
   //   On the H200 (TP4/TP2 C=32/64 bar cells) 1.2-1.7x slower: the 32-head program, one per SM,
   //   issues only ~14 % fewer instructions than two 16-head programs (two per SM) do for the
   //   same rows, at a fifth lower issue rate, and the DRAM bytes were already the unique ones
@@ -159,7 +160,7 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       params.row_pairs == RowPairs::kAlways || (params.row_pairs == RowPairs::kAuto && half_pairs &&
                                                 int64_t{T} / 2 * 4 >= device.compute_units);
   if (l.direct && RowPairsSupported() && want_pairs && params.rows_per_group >= 2 &&
-      params.rows_per_group % 2 == 0 && T % 2 == 0 && T < kPrefillRows &&
+      params.rows_per_group % 2 == 0 && T % 2 == 0 && (half_pairs || T < kPrefillRows) &&
       (half_pairs || H % 16 == 0) && params.force_head_block == 0 &&
       DirectVariantBlocks(l.qk_width, pair_hb) > 0) {
     int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
