@@ -515,10 +515,9 @@ int Main(int argc, char** argv) {
     std::fprintf(
         f,
         "    {\"name\": \"%s\", \"model\": \"%s\", \"format\": \"%s\", \"tp\": %d, \"heads\": %d, "
-        "\"shape\": \"%s\", \"context\": %lld, \"rows\": %d, \"layer\": \"%s\", \"output\": "
-        "\"%s\", "
-        "\"head_block\": %d, \"splits\": %d, \"paired\": %s, \"median_us\": %.2f, \"min_us\": "
-        "%.2f, \"runs\": %d, "
+        "\"shape\": \"%s\", \"context\": %lld, \"rows\": %d, \"layer\": \"%s\", "
+        "\"output\": \"%s\", \"head_block\": %d, \"splits\": %d, \"paired\": %s, "
+        "\"median_us\": %.2f, \"min_us\": %.2f, \"runs\": %d, "
         "\"attended_keys\": %lld, \"unique_rows_main\": %lld, \"unique_rows_extra\": %lld, "
         "\"bytes\": %.0f, \"flop\": %.0f, \"tflops\": %.2f, \"gbps\": %.1f, "
         "\"gather_ceiling_gbps\": %.1f, \"ratio_gather\": %.3f, \"ratio_gemm\": %.3f, "
