@@ -328,20 +328,25 @@ TEST_F(LaunchTest, InputCopiesGoBeforeTheSegmentBuild) {
   }
 }
 
-// The executor tells the backend when the launch's rows come in equal groups of one sequence
-// (every span the same row count), so a GPU backend may pair a request's rows over their shared
-// keys; with spans of different lengths it says nothing.
-TEST_F(LaunchTest, EqualSpansAreRowGroups) {
+// The executor tells the backend how the launch's rows group by sequence (the spans' greatest
+// common row count), so a GPU backend may pair a request's rows over their shared keys: 6 for
+// two 6-row decode spans, 2 for spans of 6 and 4 rows, 1 for spans of 6 and 5.
+TEST_F(LaunchTest, SpansGiveTheRowGroups) {
   Core c = Start(/*pinning=*/true);
   Run(*c.core, /*from_region=*/false);
   EXPECT_EQ(c.backend->last_rows_per_group(), 6);  // the decode step: two spans of 6 rows
   const ModelProfile& p = *FindProfile(kModel);
-  std::vector<SpanData> ragged = {
-      testing::MakeSpan(rng_, p, kLayer, 16, prefill_[0].sequence, 156, 6, 512),
-      testing::MakeSpan(rng_, p, kLayer, 16, prefill_[1].sequence, 156, 5, 512)};
-  absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(ragged, false));
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(c.backend->last_rows_per_group(), 0);
+  int64_t length[2] = {156, 156};
+  for (const auto& [second, group] : {std::pair{4, 2}, std::pair{5, 1}}) {
+    std::vector<SpanData> spans = {
+        testing::MakeSpan(rng_, p, kLayer, 16, prefill_[0].sequence, length[0], 6, 512),
+        testing::MakeSpan(rng_, p, kLayer, 16, prefill_[1].sequence, length[1], second, 512)};
+    absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(spans, false));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(c.backend->last_rows_per_group(), group);
+    length[0] += 6;
+    length[1] += second;
+  }
 }
 
 }  // namespace

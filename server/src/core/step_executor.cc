@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/algorithm/container.h"
@@ -550,11 +551,10 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   }
   a.sink = sink_view;
   // Each span's rows are consecutive rows of one sequence (a decode request's MTP rows share most
-  // keys); when every span has the same count the backend may pair a group's rows over them.
-  a.rows_per_group = spans.empty() ? 0 : spans.front().input->num_rows;
-  for (const SpanRef& sp : spans) {
-    if (sp.input->num_rows != a.rows_per_group) a.rows_per_group = 0;
-  }
+  // keys), so the launch's rows come in groups of the spans' greatest common row count; with
+  // even groups the backend may pair rows over their shared keys.
+  a.rows_per_group = 0;
+  for (const SpanRef& sp : spans) a.rows_per_group = std::gcd(a.rows_per_group, sp.input->num_rows);
   if (inverse_rope) {
     SMLA_CHECK(args.rope.table != nullptr, "inverse RoPE without a table");
     a.epilogue.positions = arrays.positions;
