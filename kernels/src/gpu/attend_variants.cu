@@ -1,6 +1,7 @@
 // The one list of compiled attention variants: it drives the instantiations and the run-time
 // lookup; a miss is Unimplemented naming the combination. Formats are chosen per tile at run
-// time (both segments may differ), so a variant is (QK width, head block).
+// time (both segments may differ), so a variant is (QK width, head block), and for the direct
+// kernel whether its 16 head slots hold two rows' 8 heads (PairMode::kHalves).
 #include <array>
 #include <cstdint>
 
