@@ -115,17 +115,23 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   const int direct_hb = params.force_head_block > 0 ? params.force_head_block
                         : l.plan.head_block >= 32 && H % 32 == 0 ? 32
                                                                    : 16;
-  if (direct_formats && DirectVariantBlocks(l.qk_width, direct_hb) > 0) {
-    int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
-    if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
-    const int blocks = DirectVariantBlocks(l.qk_width, direct_hb);
-    // The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
-    // resident program reserves 1 KB.
+  int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
+  if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
+  // Gather stages of a direct program of hb head slots when as many run per SM as its variant
+  // is compiled for: as many as fit up to kDirectMaxStages, or 0 below two or without such a
+  // variant. The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
+  // resident program reserves 1 KB.
+  auto direct_stages = [&](int hb) {
+    const int blocks = DirectVariantBlocks(l.qk_width, hb);
+    if (blocks == 0) return 0;
     const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
-    int n = 0;
-    for (int k = kDirectMaxStages; k >= 2 && n == 0; --k) {
-      if (DirectSharedBytes(l.qk_width, direct_hb, dstage, k) <= cap) n = k;
+    for (int k = kDirectMaxStages; k >= 2; --k) {
+      if (DirectSharedBytes(l.qk_width, hb, dstage, k) <= cap) return k;
     }
+    return 0;
+  };
+  if (direct_formats) {
+    const int n = direct_stages(direct_hb);
     if (n > 0) {
       l.direct = true;
       l.plan.head_block = direct_hb;
@@ -155,28 +161,19 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   //   (docs/results/kbench-h200.md).
   const bool half_pairs = H <= 8;
   const int pair_hb = half_pairs ? 16 : 32;  // the program's head slots
-  int union_bits = 6;
+  int union_bits = 6;                        // the row-union table (paired launches)
   const bool want_pairs =
       params.row_pairs == RowPairs::kAlways || (params.row_pairs == RowPairs::kAuto && half_pairs &&
                                                 int64_t{T} / 2 * 4 >= device.compute_units);
   if (l.direct && RowPairsSupported() && want_pairs && params.rows_per_group >= 2 &&
       params.rows_per_group % 2 == 0 && T % 2 == 0 && (half_pairs || T < kPrefillRows) &&
-      (half_pairs || H % 16 == 0) && params.force_head_block == 0 &&
-      DirectVariantBlocks(l.qk_width, pair_hb) > 0) {
-    int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
-    if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
-    const int blocks = DirectVariantBlocks(l.qk_width, pair_hb);
-    const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
-    int n = 0;
-    for (int k = kDirectMaxStages; k >= 2 && n == 0; --k) {
-      if (DirectSharedBytes(l.qk_width, pair_hb, dstage, k) <= cap) n = k;
-    }
-    // The row-union table: 8 entries per key of the longest first row where shared memory
-    // allows (rows past kUnionMaxRow are concatenated, not hashed).
+      (half_pairs || H % 16 == 0) && params.force_head_block == 0) {
+    const int n = direct_stages(pair_hb);
+    // The row-union table: kUnionSlotsPerKey entries per key of the longest first row where
+    // shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
     const int64_t longest =
         std::min<int64_t>(kUnionMaxRow, std::max(in.max_main_keys, in.max_extra_keys));
-    union_bits = 6;
-    while (union_bits < kMaxUnionBits && (int64_t{1} << union_bits) < 8 * longest &&
+    while (union_bits < kMaxUnionBits && (int64_t{1} << union_bits) < kUnionSlotsPerKey * longest &&
            RowUnionSharedBytes(union_bits + 1) <= device.shared_memory_per_block - 1024) {
       ++union_bits;
     }
@@ -189,10 +186,11 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       const int64_t pairs = T / 2;
       const int32_t hbs = half_pairs ? 1 : H / 16;
       // Splits as for unpaired programs (plan.h), a pair counting as a row of 16 hbs heads.
-      const int splits = params.force_splits > 0
-                             ? std::clamp(params.force_splits, 1, kMaxSplits)
-                             : PlanSplits(pairs, 16 * hbs, static_cast<int32_t>(est),
-                                          device.compute_units, blocks);
+      const int splits =
+          params.force_splits > 0
+              ? std::clamp(params.force_splits, 1, kMaxSplits)
+              : PlanSplits(pairs, 16 * hbs, static_cast<int32_t>(est), device.compute_units,
+                           DirectVariantBlocks(l.qk_width, pair_hb));
       l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
       l.plan.head_block = 16;
       l.plan.head_blocks = static_cast<int32_t>(hbs);

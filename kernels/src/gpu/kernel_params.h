@@ -129,8 +129,11 @@ int DirectVariantBlocks(int qk_width, int head_block);
 inline constexpr int kUnionMaxRow = 2048;
 // Whether this build pairs rows (CUDA; gfx950 keeps one row per program for now).
 bool RowPairsSupported();
-// The row-union kernel's hash table: 2^union_bits entries of 12 bytes, up to kMaxUnionBits.
+// The row-union kernel's hash table: 2^union_bits entries of 12 bytes, up to kMaxUnionBits, and
+// where shared memory allows kUnionSlotsPerKey entries per key of a pair's first row (linear
+// probing by a whole warp waits for its longest probe, and each probe is an atomic).
 inline constexpr int kMaxUnionBits = 14;
+inline constexpr int kUnionSlotsPerKey = 8;
 int64_t RowUnionSharedBytes(int union_bits);
 // Lets the row-union kernel use up to max_bytes of shared memory (once per device).
 absl::Status PrepareRowUnion(int64_t max_bytes);

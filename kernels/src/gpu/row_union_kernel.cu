@@ -22,13 +22,13 @@ constexpr int kUnionWarps = kUnionThreads / kWarpSize;
 constexpr int kUnionPer = kUnionMaxRow / kUnionThreads;  // entries of a row per thread
 constexpr int32_t kNone = 0x7fffffff;
 static_assert(kUnionMaxRow % kUnionThreads == 0, "whole entries per thread");
-static_assert((1 << kMaxUnionBits) >= 8 * kUnionMaxRow, "kMaxUnionBits covers the longest row");
+static_assert((1 << kMaxUnionBits) >= kUnionSlotsPerKey * kUnionMaxRow,
+              "kMaxUnionBits covers the longest row");
 
-// A table of 2^bits entries, at least 8 per key of row 2i where the launch's table allows:
-// linear probing by a whole warp waits for its longest probe, and each probe is an atomic.
+// A table of 2^bits entries, kUnionSlotsPerKey per key of row 2i where the launch's table allows.
 __device__ __forceinline__ int TableBits(int la, int max_bits) {
   int bits = 6;
-  while (bits < max_bits && (1 << bits) < 8 * la) ++bits;
+  while (bits < max_bits && (1 << bits) < kUnionSlotsPerKey * la) ++bits;
   return bits;
 }
 
