@@ -1,5 +1,7 @@
 #include "smla/kernels/plan.h"
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -116,6 +118,77 @@ TEST(OverridePlan, ForcesAndClamps) {
   EXPECT_EQ(q.splits, p.tiles);
   q = OverridePlan(p, 6, 64, 0, 0);
   EXPECT_EQ(q.ToString(), p.ToString());
+}
+
+// The direct kernel's cost model against the H200 sweep it was fitted to (2026-12-01): each
+// choice below was the fastest measured one for that cell.
+DirectPlanInput Direct(int64_t units, int32_t heads, int32_t tiles, KvFormat format,
+                       int32_t qk_width) {
+  DirectPlanInput in;
+  in.units = units;
+  in.heads = heads;
+  in.tiles = tiles;
+  in.compute_units = kH200Sms;
+  in.format = format;
+  in.qk_width = qk_width;
+  in.blocks16 = 2;
+  in.blocks32 = heads % 32 == 0 ? 1 : 0;
+  return in;
+}
+
+TEST(PlanDirect, MatchesTheFastestMeasuredChoices) {
+  auto choice = [](const DirectPlanInput& in) {
+    const DirectPlan d = PlanDirect(in);
+    return std::pair<int, int>(d.head_block, d.splits);
+  };
+  constexpr auto kDsv4 = KvFormat::kFp8Dsv4;
+  constexpr auto kTensor = KvFormat::kFp8PerTensor;
+  // dsv4.1-flash (128 + 512 keys: 10 tiles). decode1 C=16 at TP4: 5 splits of 2 tiles (19.6 us;
+  // the rule of PlanSplits gave 10 splits of one tile, 22.4 us).
+  EXPECT_EQ(choice(Direct(16, 16, 10, kDsv4, 576)), std::make_pair(16, 5));
+  EXPECT_EQ(choice(Direct(64, 16, 10, kDsv4, 576)), std::make_pair(16, 2));  // decode1 C=64
+  EXPECT_EQ(choice(Direct(96, 16, 10, kDsv4, 576)), std::make_pair(16, 1));  // decode C=16
+  EXPECT_EQ(choice(Direct(6, 16, 10, kDsv4, 576)), std::make_pair(16, 10));  // decode C=1
+  // TP2 decode1 C=64: 16-head programs, unsplit (36.3 us; 32-head with 2 splits 41.5).
+  EXPECT_EQ(choice(Direct(64, 32, 10, kDsv4, 576)), std::make_pair(16, 1));
+  // glm (2,048 keys: 32 tiles). TP4 decode C=1: 16 splits (19.1 us; 32 splits 23.9).
+  EXPECT_EQ(choice(Direct(6, 16, 32, kTensor, 512)), std::make_pair(16, 16));
+  EXPECT_EQ(choice(Direct(96, 16, 32, kTensor, 576)), std::make_pair(16, 4));  // decode C=16
+  // TP1 decode1 C=64: 32-head programs, unsplit (120.2 us; 2 splits 142.0).
+  EXPECT_EQ(choice(Direct(64, 64, 32, kTensor, 576)), std::make_pair(32, 1));
+  // Full grids never split.
+  EXPECT_EQ(choice(Direct(8192, 16, 10, kDsv4, 576)), std::make_pair(16, 1));
+  EXPECT_EQ(choice(Direct(768, 32, 32, kTensor, 512)).second, 1);
+}
+
+TEST(PlanDirect, NoProgramWithoutTilesAndNothingCheaper) {
+  for (int32_t tiles : {1, 2, 3, 7, 10, 32, 43, 100, 300}) {
+    for (int64_t units : {1, 6, 16, 96, 133, 384, 2048}) {
+      for (int32_t heads : {16, 32, 64}) {
+        const DirectPlanInput in = Direct(units, heads, tiles, KvFormat::kFp8Dsv4, 576);
+        const DirectPlan d = PlanDirect(in);
+        const int32_t per_split = (tiles + d.splits - 1) / d.splits;
+        EXPECT_EQ((tiles + per_split - 1) / per_split, d.splits) << tiles << " " << units;
+        EXPECT_LE(d.splits, kMaxSplits);
+        for (int32_t hb : {16, 32}) {
+          if (hb == 32 && heads % 32 != 0) continue;
+          for (int32_t s = 1; s <= std::min(tiles, kMaxSplits); ++s) {
+            EXPECT_LE(d.estimate_us, EstimateDirectUs(in, hb, s) + 1e-9)
+                << tiles << " " << units << " " << heads << " " << hb << " " << s;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PlanDirect, OnlyVariantsThatExist) {
+  DirectPlanInput in = Direct(64, 64, 32, KvFormat::kFp8PerTensor, 576);
+  in.blocks32 = 0;
+  EXPECT_EQ(PlanDirect(in).head_block, 16);
+  in.blocks32 = 1;
+  in.blocks16 = 0;
+  EXPECT_EQ(PlanDirect(in).head_block, 32);
 }
 
 TEST(MaxSegmentLength, LongestRow) {

@@ -58,6 +58,68 @@ int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits
   return 16;
 }
 
+namespace {
+
+// Per-program cost of the direct kernel: p + k * t microseconds for k tiles, per head block.
+struct DirectProgramCost {
+  double p16, t16, p32, t32;
+};
+
+// Fitted on the H200 (see plan.h): fp8_dsv4 rows (584 bytes, with chunk scales) cost the most
+// per tile; fp8_per_tensor rows of 576 and 512 codes less.
+DirectProgramCost CostFor(KvFormat format, int32_t qk_width) {
+  if (format == KvFormat::kFp8PerTensor) {
+    return qk_width == 512 ? DirectProgramCost{2.29, 1.85, 5.53, 3.02}
+                           : DirectProgramCost{2.74, 2.07, 6.56, 3.25};
+  }
+  return {2.16, 2.40, 5.25, 3.51};
+}
+
+constexpr double kSharedSmSlowdown = 1.66;       // each of two programs resident on one SM
+constexpr double kCombineUs = 0.47;              // a split launch's combine kernel, fixed part
+constexpr double kCombineUsPerVector = 11.3e-4;  // per partial (row, head, split) vector
+
+}  // namespace
+
+double EstimateDirectUs(const DirectPlanInput& in, int32_t head_block, int32_t splits) {
+  const DirectProgramCost cost = CostFor(in.format, in.qk_width);
+  const int32_t blocks = head_block == 32 ? in.blocks32 : in.blocks16;
+  const int64_t sms = std::max<int32_t>(1, in.compute_units);
+  const int64_t k = CeilDiv(std::max<int32_t>(1, in.tiles), std::max<int32_t>(1, splits));
+  const double program = head_block == 32 ? cost.p32 + k * cost.t32 : cost.p16 + k * cost.t16;
+  const double slow = blocks >= 2 ? kSharedSmSlowdown : 1.0;
+  const int64_t programs = in.units * CeilDiv(in.heads, head_block) * splits;
+  const int64_t per_round = std::max<int32_t>(1, blocks) * sms;
+  const int64_t rounds = programs / per_round;
+  const int64_t rest = programs % per_round;
+  double us = rounds * slow * program;
+  if (rest > 0) us += rest <= sms ? program : slow * program;
+  if (splits > 1) {
+    us += kCombineUs + kCombineUsPerVector * static_cast<double>(in.units) * in.heads * splits;
+  }
+  return us;
+}
+
+DirectPlan PlanDirect(const DirectPlanInput& in) {
+  DirectPlan best;
+  best.estimate_us = -1;
+  const int32_t tiles = std::max<int32_t>(1, in.tiles);
+  for (int32_t hb : {16, 32}) {
+    if ((hb == 16 ? in.blocks16 : in.blocks32) <= 0) continue;
+    if (hb == 32 && in.heads % 32 != 0) continue;
+    // Every split count that gives each program at least one tile: one per tiles-per-split k.
+    for (int32_t splits = 1; splits <= std::min(tiles, kMaxSplits);) {
+      const double us = EstimateDirectUs(in, hb, splits);
+      if (best.estimate_us < 0 || us < best.estimate_us) best = {hb, splits, us};
+      const int64_t k = CeilDiv(tiles, splits);
+      if (k == 1) break;
+      splits = static_cast<int32_t>(CeilDiv(tiles, k - 1));
+    }
+  }
+  if (best.estimate_us < 0) best = {16, 1, 0};
+  return best;
+}
+
 LaunchPlan MakePlan(const PlanInput& in) {
   LaunchPlan plan;
   plan.tiles = static_cast<int32_t>(CeilDiv(in.max_main_keys, kKeyTile) +

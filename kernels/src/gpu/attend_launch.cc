@@ -53,10 +53,10 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   in.max_extra_keys = params.has_extra ? MaxSegmentLength(params.extra.indptr) : 0;
   in.compute_units = device.compute_units;
   // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
-  // SM) or, where the plan asks for 32 heads, 32-head programs (one per SM). Where the plan
-  // asks for 64 heads the tile kernel's 64-head programs stay (measured on the H200: direct
-  // 32-head programs were 0.76-0.92x there). force_tile_kernel keeps the tile kernel everywhere
-  // (for A/B measurements).
+  // SM) or 32-head programs (one per SM), head block and splits by its cost model (PlanDirect)
+  // unless forced. Where the plan asks for 64 heads the tile kernel's 64-head programs stay
+  // (measured on the H200: direct 32-head programs were 0.76-0.92x there). force_tile_kernel keeps
+  // the tile kernel everywhere (for A/B measurements).
   const bool tile_only = params.force_tile_kernel;
   l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
   const bool direct_formats =
@@ -130,16 +130,37 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     }
     return 0;
   };
+  // The direct plan's variants: programs per SM of each head block that has one with stages.
+  DirectPlanInput cost_in;
+  cost_in.units = T;
+  cost_in.heads = H;
+  cost_in.tiles = l.plan.tiles;
+  cost_in.compute_units = device.compute_units;
+  cost_in.format = params.main.cache.format;
+  cost_in.qk_width = l.qk_width;
+  auto blocks_with_stages = [&](int hb) {
+    return direct_stages(hb) > 0 ? DirectVariantBlocks(l.qk_width, hb) : 0;
+  };
   if (direct_formats) {
-    const int n = direct_stages(direct_hb);
+    int hb = direct_hb;
+    int splits = l.plan.splits;
+    if (params.force_head_block == 0 && params.force_splits == 0) {
+      cost_in.blocks16 = blocks_with_stages(16);
+      cost_in.blocks32 = H % 32 == 0 ? blocks_with_stages(32) : 0;
+      const DirectPlan d = PlanDirect(cost_in);
+      hb = d.head_block;
+      splits = d.splits;
+    }
+    const int n = direct_stages(hb);
     if (n > 0) {
       l.direct = true;
-      l.plan.head_block = direct_hb;
-      l.plan.head_blocks = (H + direct_hb - 1) / direct_hb;
+      l.plan.head_block = hb;
+      l.plan.head_blocks = (H + hb - 1) / hb;
+      l.plan.splits = splits;
       l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
       num_stages = n;
       stage = dstage;
-      l.shared_bytes = DirectSharedBytes(l.qk_width, direct_hb, dstage, n);
+      l.shared_bytes = DirectSharedBytes(l.qk_width, hb, dstage, n);
     }
   }
 
@@ -185,12 +206,18 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       const int64_t est = std::max<int64_t>(1, row_tiles + (row_tiles + 2) / 3);
       const int64_t pairs = T / 2;
       const int32_t hbs = half_pairs ? 1 : H / 16;
-      // Splits as for unpaired programs (plan.h), a pair counting as a row of 16 hbs heads.
-      const int splits =
-          params.force_splits > 0
-              ? std::clamp(params.force_splits, 1, kMaxSplits)
-              : PlanSplits(pairs, 16 * hbs, static_cast<int32_t>(est), device.compute_units,
-                           DirectVariantBlocks(l.qk_width, pair_hb));
+      // Splits by the direct cost model (plan.h), a pair counting as a unit of pair_hb heads
+      // (a 32-head program per pair and head block of 16 for kGroups).
+      int splits = std::clamp(params.force_splits, 1, kMaxSplits);
+      if (params.force_splits == 0) {
+        DirectPlanInput pin = cost_in;
+        pin.units = pairs * hbs;
+        pin.heads = pair_hb;
+        pin.tiles = static_cast<int32_t>(est);
+        pin.blocks16 = pair_hb == 16 ? DirectVariantBlocks(l.qk_width, 16) : 0;
+        pin.blocks32 = pair_hb == 32 ? DirectVariantBlocks(l.qk_width, 32) : 0;
+        splits = PlanDirect(pin).splits;
+      }
       l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
       l.plan.head_block = 16;
       l.plan.head_blocks = static_cast<int32_t>(hbs);

@@ -57,6 +57,36 @@ int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits
 
 LaunchPlan MakePlan(const PlanInput& input);
 
+// The direct fp8 kernel (fp8_dsv4 / fp8_per_tensor on the GPU) chooses its head block and split
+// count by an estimate of the launch's time instead of the rules above: a program of k tiles
+// costs p + k*t (per format and head block), two resident on one SM each take `fac` times as
+// long, programs run in rounds of (programs per SM) x SMs, and a split launch adds the combine
+// (a constant plus a cost per partial output vector). The constants were fitted to 1,012 forced
+// (head block, splits) measurements of the grid's decode cells on the H200, 2026-12-01 (4 %
+// RMS error; docs/results/kbench-h200.md, "Split planning"). Only split counts that leave no
+// program without tiles are considered.
+struct DirectPlanInput {
+  int64_t units = 0;  // query rows, or row pairs for paired programs
+  int32_t heads = 0;  // heads per unit (16 for a pair of 8-head rows)
+  int32_t tiles = 0;  // 64-key tiles of the longest unit (both segments)
+  int32_t compute_units = 1;
+  KvFormat format = KvFormat::kFp8Dsv4;
+  int32_t qk_width = 576;
+  int32_t blocks16 = 0;  // 16-head programs resident per SM (0: no 16-head program)
+  int32_t blocks32 = 0;  // 32-head programs resident per SM (0: none, or heads % 32 != 0)
+};
+
+struct DirectPlan {
+  int32_t head_block = 16;
+  int32_t splits = 1;
+  double estimate_us = 0;  // without the launch's fixed cost
+};
+
+// The estimate of one (head block, splits) choice, in microseconds.
+double EstimateDirectUs(const DirectPlanInput& in, int32_t head_block, int32_t splits);
+// The cheapest choice by that estimate (on ties the 16-head block, then fewer splits).
+DirectPlan PlanDirect(const DirectPlanInput& in);
+
 // Applies overrides (0 = keep): a forced head block must divide into the legal set and a
 // forced split count is clamped to [1, max(tiles, 1)].
 LaunchPlan OverridePlan(LaunchPlan plan, int32_t num_rows, int32_t num_heads,
