@@ -101,7 +101,7 @@ TEST(SecurityTest, TokensMapCallsToTenants) {
 int RunServer(const std::vector<std::string>& args, int wait_s, std::string* output) {
   int out[2];
   if (pipe(out) != 0) return -2;
-  std::vector<std::string> argv_s = {SMLA_SERVER_BINARY, "--metrics_listen=", "--backend=cpu"};
+  std::vector<std::string> argv_s = {ServerBinary(), "--metrics_listen=", "--backend=cpu"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -314,7 +314,7 @@ TEST(SecurityTest, ToolFlags) {
                                  "--token_file=" + WriteTokens(d)});
   ASSERT_TRUE(s.ok()) << s.status();
   std::ofstream(d + "/alice") << "tok-alice-1234\n";
-  const std::string base = std::string(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
+  const std::string base = ToolBinary(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
                            " --timeout_s=20 --tls_ca=" + d + "/ca.pem";
   auto run = [](const std::string& cmd) {
     const int st = std::system((cmd + " >/dev/null 2>&1").c_str());
@@ -322,7 +322,7 @@ TEST(SecurityTest, ToolFlags) {
   };
   EXPECT_EQ(run(base + " --token_file=" + d + "/alice info"), 0);
   EXPECT_NE(run(base + " info"), 0);                                       // no token
-  EXPECT_NE(run(std::string(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
+  EXPECT_NE(run(ToolBinary(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
                 " --timeout_s=20 --token_file=" + d + "/alice info"),
             0);  // plaintext client against a TLS server
 }

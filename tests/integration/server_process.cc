@@ -27,6 +27,11 @@ std::string ServerBinary() {
   return binary != nullptr ? binary : SMLA_SERVER_BINARY;
 }
 
+std::string ToolBinary(const char* built) {
+  const char* binary = std::getenv("SMLA_TOOL_BINARY");
+  return binary != nullptr ? binary : built;
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& args) {
   int out[2];

@@ -16,6 +16,8 @@ namespace smla::testing {
 // The smla-server binary the tests run: $SMLA_SERVER_BINARY (e.g. a GPU build carried to a GPU
 // machine, with SMLA_TEST_BACKEND=cuda) or the build's own.
 std::string ServerBinary();
+// The smla tool the tests run: $SMLA_TOOL_BINARY or `built` (the build's own, from CMake).
+std::string ToolBinary(const char* built);
 
 class ServerProcess {
  public:

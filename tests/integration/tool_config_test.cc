@@ -153,9 +153,8 @@ TEST(ConfigTest, BadConfigurationFailsToStart) {
 TEST(ToolTest, InfoHealthAndDemo) {
   auto server = ServerProcess::Start({kDsv41});
   ASSERT_TRUE(server.ok()) << server.status();
-  const char* tool_binary = std::getenv("SMLA_TOOL_BINARY");
-  const std::string tool = absl::StrCat(tool_binary != nullptr ? tool_binary : SMLA_TOOL_BINARY,
-                                        " --server=", (*server)->target());
+  const std::string tool =
+      absl::StrCat(ToolBinary(SMLA_TOOL_BINARY), " --server=", (*server)->target());
   auto [rc, out] = RunCommand(tool + " health");
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out, "SERVING\n");
