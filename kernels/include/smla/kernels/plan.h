@@ -59,7 +59,7 @@ LaunchPlan MakePlan(const PlanInput& input);
 
 // The direct fp8 kernel (fp8_dsv4 / fp8_per_tensor on the GPU) chooses its head block and split
 // count by an estimate of the launch's time instead of the rules above: a program of k tiles
-// costs p + k*t (per format and head block), two resident on one SM each take `fac` times as
+// costs p + k*t (per format and head block), two resident on one SM each take 1.66 times as
 // long, programs run in rounds of (programs per SM) x SMs, and a split launch adds the combine
 // (a constant plus a cost per partial output vector). The constants were fitted to 1,012 forced
 // (head block, splits) measurements of the grid's decode cells on the H200, 2026-12-01 (4 %
