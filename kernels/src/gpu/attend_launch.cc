@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -130,24 +131,28 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     }
     return 0;
   };
-  // The direct plan's variants: programs per SM of each head block that has one with stages.
-  DirectPlanInput cost_in;
-  cost_in.units = T;
-  cost_in.heads = H;
-  cost_in.tiles = l.plan.tiles;
-  cost_in.compute_units = device.compute_units;
-  cost_in.format = params.main.cache.format;
-  cost_in.qk_width = l.qk_width;
-  auto blocks_with_stages = [&](int hb) {
-    return direct_stages(hb) > 0 ? DirectVariantBlocks(l.qk_width, hb) : 0;
+  // The direct cost model's input for `units` programs' worth of `heads` heads over `tiles`
+  // tiles, offering the head blocks in `hbs` that have a variant with gather stages.
+  auto direct_input = [&](int64_t units, int32_t heads, int32_t tiles,
+                          std::initializer_list<int> hbs) {
+    DirectPlanInput d;
+    d.units = units;
+    d.heads = heads;
+    d.tiles = tiles;
+    d.compute_units = device.compute_units;
+    d.format = params.main.cache.format;
+    d.qk_width = l.qk_width;
+    for (int hb : hbs) {
+      (hb == 32 ? d.blocks32 : d.blocks16) =
+          direct_stages(hb) > 0 ? DirectVariantBlocks(l.qk_width, hb) : 0;
+    }
+    return d;
   };
   if (direct_formats) {
     int hb = direct_hb;
     int splits = l.plan.splits;
     if (params.force_head_block == 0 && params.force_splits == 0) {
-      cost_in.blocks16 = blocks_with_stages(16);
-      cost_in.blocks32 = H % 32 == 0 ? blocks_with_stages(32) : 0;
-      const DirectPlan d = PlanDirect(cost_in);
+      const DirectPlan d = PlanDirect(direct_input(T, H, l.plan.tiles, {16, 32}));
       hb = d.head_block;
       splits = d.splits;
     }
@@ -210,13 +215,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       // (a 32-head program per pair and head block of 16 for kGroups).
       int splits = std::clamp(params.force_splits, 1, kMaxSplits);
       if (params.force_splits == 0) {
-        DirectPlanInput pin = cost_in;
-        pin.units = pairs * hbs;
-        pin.heads = pair_hb;
-        pin.tiles = static_cast<int32_t>(est);
-        pin.blocks16 = pair_hb == 16 ? DirectVariantBlocks(l.qk_width, 16) : 0;
-        pin.blocks32 = pair_hb == 32 ? DirectVariantBlocks(l.qk_width, 32) : 0;
-        splits = PlanDirect(pin).splits;
+        splits = PlanDirect(direct_input(pairs * hbs, pair_hb, static_cast<int32_t>(est),
+                                         {pair_hb}))
+                     .splits;
       }
       l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
       l.plan.head_block = 16;

@@ -73,7 +73,7 @@ struct DirectPlanInput {
   KvFormat format = KvFormat::kFp8Dsv4;
   int32_t qk_width = 576;
   int32_t blocks16 = 0;  // 16-head programs resident per SM (0: no 16-head program)
-  int32_t blocks32 = 0;  // 32-head programs resident per SM (0: none, or heads % 32 != 0)
+  int32_t blocks32 = 0;  // 32-head programs resident per SM (0: none; used where heads % 32 == 0)
 };
 
 struct DirectPlan {
