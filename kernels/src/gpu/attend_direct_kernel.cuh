@@ -216,17 +216,24 @@ __device__ __forceinline__ void MergeRowMax(const float* red_max, int gr,
                                             float (&m_use)[MmaTile::kRowsPerLane],
                                             float (&alpha)[MmaTile::kRowsPerLane]) {
   using T = MmaTile;
+  static_assert((C::kWarps & (C::kWarps - 1)) == 0, "a power-of-two number of warps");
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int r = 0; r < T::kRowsPerLane; ++r) {
     const float* rm = red_max + T::Row(16 * gr, lane, r) * C::kWarps;
-    float tm = rm[0];
+    // A tree, so the chain every warp waits on before its P is log2(kWarps) deep.
+    float tm[C::kWarps];
 #pragma unroll
-    for (int w = 1; w < C::kWarps; ++w) tm = fmaxf(tm, rm[w]);
-    const float m_new = fmaxf(m_run[r], tm);
+    for (int w = 0; w < C::kWarps; ++w) tm[w] = rm[w];
+#pragma unroll
+    for (int n = C::kWarps / 2; n >= 1; n /= 2) {
+#pragma unroll
+      for (int w = 0; w < n; ++w) tm[w] = fmaxf(tm[w], tm[w + n]);
+    }
+    const float m_new = fmaxf(m_run[r], tm[0]);
     // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[r] = exp2f(m_run[r] - m_use[r]);
+    alpha[r] = Exp2Ftz(m_run[r] - m_use[r]);
     m_run[r] = m_new;
   }
 }
@@ -244,7 +251,7 @@ __device__ __forceinline__ void ExpScores(const float (&sc)[4],
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = i / T::kColsPerRow;
-    const float p = exp2f(sc[i] - m_use[r]);
+    const float p = Exp2Ftz(sc[i] - m_use[r]);
     l_run[r] = (i % T::kColsPerRow) ? l_run[r] + p : l_run[r] * alpha[r] + p;
     const int key = T::kN * warp + T::Col(lane, i % T::kColsPerRow);
     const int pos = T::kK * (key / T::kK) + direct::PvPosition(key % T::kK);
@@ -430,14 +437,15 @@ __device__ __forceinline__ void DirectScoresF16(const uint8_t* stage, int stride
         }
       }
     } else if constexpr (kDsv4) {
-      float t0[C::kGroups][4], t1[C::kGroups][4];
+      // One accumulator per chunk: its 4 products chain, the chunks run side by side.
+      float t0[C::kGroups][4];
 #pragma unroll
       for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) t0[gr][i] = t1[gr][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) t0[gr][i] = 0.0f;
       }
       direct::ScoreChunkF16<C::kGroups>(row + ch * 64, c, a_row + ch * 64, 16 * C::kQStride, t0,
-                                        t1);
+                                        t0);
       float f[T::kColsPerRow];
 #pragma unroll
       for (int i = 0; i < T::kColsPerRow; ++i) {
@@ -447,7 +455,7 @@ __device__ __forceinline__ void DirectScoresF16(const uint8_t* stage, int stride
 #pragma unroll
       for (int gr = 0; gr < C::kGroups; ++gr) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s0[gr][i] += (t0[gr][i] + t1[gr][i]) * f[i % T::kColsPerRow];
+        for (int i = 0; i < 4; ++i) s0[gr][i] += t0[gr][i] * f[i % T::kColsPerRow];
       }
     } else {
       direct::ScoreChunkF16<C::kGroups>(row + ch * 64, c, a_row + ch * 64, 16 * C::kQStride, s0,
@@ -580,7 +588,7 @@ __device__ __forceinline__ void DirectTileF16(
     MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
     ExpScores<C>(sc[gr], m_use, alpha, gr, l_run[gr], [&](int at, float p) {
       const float pb = RoundToBf16Fast(p);
-      p_s[at] = static_cast<uint16_t>(PackBf16(pb, 0.0f));
+      p_s[at] = static_cast<uint16_t>(__float_as_uint(pb) >> 16);  // pb is a bf16 value
       p16_s[at] = F32ToF16Bits(pb * static_cast<float>(1 << (15 - kE)));
     });
 #pragma unroll
@@ -968,8 +976,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       for (int i = 0; i < kCols; ++i) {
 #pragma unroll
         for (int j = 0; j < C::kNTiles; ++j) {
+          // fmaf(., inv, 0): the product's rounding, and a -0 turned into +0, in one step.
           x[direct::OutColumn(0, i, j)] =
-              RoundToBf16Fast((acc[gr][j][T::CIndex(r, i)] * w) * inv + 0.0f);
+              RoundToBf16Fast(fmaf(acc[gr][j][T::CIndex(r, i)] * w, inv, 0.0f));
         }
       }
       if (cs != nullptr && col_base >= kNopeWidth) {

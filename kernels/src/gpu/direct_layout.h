@@ -278,7 +278,8 @@ __device__ __forceinline__ void PvStep(const uint8_t* stage, int stride, const u
 // staging of operator.md 5 (the scales are powers of two, the codes exact in both types).
 inline constexpr bool kF16Operands = true;
 
-// t0/t1 += Q16 K^T over one 64-dim chunk of fp8 codes (k-steps alternate between t0 and t1):
+// t0/t1 += Q16 K^T over one 64-dim chunk of fp8 codes (k-steps alternate between t0 and t1,
+// which may be one array):
 // `chunk` is the lane's key row at the chunk, `a_row` the lane's staged f16 Q (FragRowPtr) at
 // the chunk, `gr_stride` the elements between 16-head groups.
 template <int kGroups>

@@ -245,9 +245,19 @@ __device__ __forceinline__ uint2 E4m3x4ToF16(uint32_t codes) {
   return make_uint2(lo, hi);
 }
 
-// 2^(byte-127) of a UE8M0 scale byte as an exact f32 (byte 0 is the subnormal 2^-127).
+// 2^(byte-127) of a UE8M0 scale byte as an exact f32 (byte 0 is the subnormal 2^-127, the only
+// byte whose shifted bits fall below 0x00400000: one min instead of a test and a select).
 __device__ __forceinline__ float E8m0ToFloat(uint32_t byte) {
-  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
+  return __uint_as_float(max(byte << 23, 0x00400000u));
+}
+
+// 2^x with results below 2^-126 flushed to zero: the softmax weights and rescale factors, where
+// such a term is below f32 resolution beside the weight 1 of the running maximum (exp2f's
+// subnormal path costs three instructions per call).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Packed f16 pair product (round to nearest even), and the same for a bf16 pair.

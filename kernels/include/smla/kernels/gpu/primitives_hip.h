@@ -301,8 +301,10 @@ typedef float KvScale __attribute__((ext_vector_type(2)));
 __device__ __forceinline__ KvScale UnitKvScale() { return KvScale{1.0f, 1.0f}; }
 // 2^(byte-127) of a UE8M0 scale byte, exact (byte 0 is the f32 subnormal 2^-127).
 __device__ __forceinline__ float E8m0ToFloat(uint32_t byte) {
-  return byte == 0 ? BitsFloat(0x00400000u) : BitsFloat(byte << 23);
+  return BitsFloat(max(byte << 23, 0x00400000u));
 }
+// 2^x for the softmax weights (Exp2Ftz on CUDA); exp2f here, where it is one instruction.
+__device__ __forceinline__ float Exp2Ftz(float x) { return exp2f(x); }
 __device__ __forceinline__ KvScale E8m0ToBf16x2(uint32_t byte) {
   const float v = E8m0ToFloat(byte);
   return KvScale{v, v};
