@@ -1172,5 +1172,45 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
 }
 
+// Where the plan asks for 64-head programs (TP1, many rows), fp8_per_tensor runs the direct
+// kernel and fp8_dsv4 the tile kernel's 64-head programs (attend_launch.cc, measured there).
+TEST(GpuPlanTest, SixtyFourHeadPlansByFormat) {
+  DeviceInfo device;
+  device.compute_units = 132;
+  device.shared_memory_per_block = 227 * 1024;
+  std::vector<int32_t> indptr, indices;
+  auto plan = [&](KvFormat format, Geometry geometry, int rows, int force_hb) {
+    indptr.assign(1, 0);
+    indices.clear();
+    for (int t = 0; t < rows; ++t) {
+      for (int k = 0; k < 640; ++k) indices.push_back(k);
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+    }
+    AttendParams p;
+    p.num_rows = rows;
+    p.num_heads = 64;
+    p.geometry = geometry;
+    p.main.cache.format = format;
+    p.main.cache.geometry = geometry;
+    p.main.cache.num_pages = 1024;
+    p.main.cache.rows_per_page = 64;
+    p.main.indptr = indptr;
+    p.main.indices = indices;
+    p.force_head_block = force_hb;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? std::make_pair(l->direct, l->plan.head_block) : std::make_pair(false, 0);
+  };
+  const auto tile64 = std::make_pair(false, 64);
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 384, 0), tile64);
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 384, 64), tile64);
+  for (Geometry g : {Geometry::kRopeAppended, Geometry::kRopeFree}) {
+    const auto [direct, hb] = plan(KvFormat::kFp8PerTensor, g, 384, 0);
+    EXPECT_TRUE(direct);
+    EXPECT_TRUE(hb == 16 || hb == 32) << hb;
+    EXPECT_EQ(plan(KvFormat::kFp8PerTensor, g, 384, 64), tile64);  // forced: the tile kernel
+  }
+}
+
 }  // namespace
 }  // namespace smla::kernels

@@ -55,16 +55,20 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   in.compute_units = device.compute_units;
   // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
   // SM) or 32-head programs (one per SM), head block and splits by its cost model (PlanDirect)
-  // unless forced. Where the plan asks for 64 heads the tile kernel's 64-head programs stay
-  // (measured on the H200: direct 32-head programs were 0.76-0.92x there). force_tile_kernel keeps
-  // the tile kernel everywhere (for A/B measurements).
+  // unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile kernel's 64-head
+  // programs and fp8_per_tensor takes the direct kernel (H200, 2026-12-01, TP1 decode C=64/128
+  // and prefill: the direct kernel 1.07x the tile kernel's time on fp8_dsv4, 0.92-1.00x on
+  // fp8_per_tensor). force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
   const bool tile_only = params.force_tile_kernel;
   l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
+  auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
+  const bool direct_for_64 = per_tensor(params.main.cache.format) &&
+                             (!params.has_extra || per_tensor(params.extra.cache.format));
   const bool direct_formats =
       !tile_only && DirectFormat(params.main.cache.format) &&
       (!params.has_extra || DirectFormat(params.extra.cache.format)) &&
       (params.force_head_block == 16 || params.force_head_block == 32 ||
-       (params.force_head_block == 0 && l.plan.head_block <= 32));
+       (params.force_head_block == 0 && (l.plan.head_block <= 32 || direct_for_64)));
   if (direct_formats) {
     in.programs_per_unit = 2;
     l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
