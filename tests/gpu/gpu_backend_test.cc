@@ -1126,28 +1126,41 @@ TEST_F(GpuTest, DeviceFacts) {
 // halves of a 16-head program; 16-head multiples (decode only) and fewer pairs only when asked;
 // never for odd groups or row counts, a forced head block or RowPairs::kNever. gfx950 builds
 // never pair.
-TEST(GpuPlanTest, RowPairsWhereTheyPay) {
+// Host planning only: an H200's compute units and shared memory, and a call of `rows` rows of
+// 640 keys each (the CSR lives in `indptr` / `indices`, which the params point into).
+DeviceInfo PlanDevice() {
   DeviceInfo device;
   device.compute_units = 132;
   device.shared_memory_per_block = 227 * 1024;
+  return device;
+}
+AttendParams PlanParams(KvFormat format, Geometry geometry, int heads, int rows,
+                        std::vector<int32_t>& indptr, std::vector<int32_t>& indices) {
+  indptr.assign(1, 0);
+  indices.clear();
+  for (int t = 0; t < rows; ++t) {
+    for (int k = 0; k < 640; ++k) indices.push_back(k);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  AttendParams p;
+  p.num_rows = rows;
+  p.num_heads = heads;
+  p.geometry = geometry;
+  p.main.cache.format = format;
+  p.main.cache.geometry = geometry;
+  p.main.cache.num_pages = 1024;
+  p.main.cache.rows_per_page = 64;
+  p.main.indptr = indptr;
+  p.main.indices = indices;
+  return p;
+}
+
+TEST(GpuPlanTest, RowPairsWhereTheyPay) {
+  const DeviceInfo device = PlanDevice();
   std::vector<int32_t> indptr, indices;
   auto plan = [&](int heads, int rows, int group, RowPairs pairs, int force_hb = 0) {
-    indptr.assign(1, 0);
-    indices.clear();
-    for (int t = 0; t < rows; ++t) {
-      for (int k = 0; k < 640; ++k) indices.push_back(k);
-      indptr.push_back(static_cast<int32_t>(indices.size()));
-    }
-    AttendParams p;
-    p.num_rows = rows;
-    p.num_heads = heads;
-    p.geometry = Geometry::kRopeInside;
-    p.main.cache.format = KvFormat::kFp8Dsv4;
-    p.main.cache.geometry = Geometry::kRopeInside;
-    p.main.cache.num_pages = 1024;
-    p.main.cache.rows_per_page = 64;
-    p.main.indptr = indptr;
-    p.main.indices = indices;
+    AttendParams p =
+        PlanParams(KvFormat::kFp8Dsv4, Geometry::kRopeInside, heads, rows, indptr, indices);
     p.rows_per_group = group;
     p.row_pairs = pairs;
     p.force_head_block = force_hb;
@@ -1175,27 +1188,10 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
 // Where the plan asks for 64-head programs (TP1, many rows), fp8_per_tensor runs the direct
 // kernel and fp8_dsv4 the tile kernel's 64-head programs (attend_launch.cc, measured there).
 TEST(GpuPlanTest, SixtyFourHeadPlansByFormat) {
-  DeviceInfo device;
-  device.compute_units = 132;
-  device.shared_memory_per_block = 227 * 1024;
+  const DeviceInfo device = PlanDevice();
   std::vector<int32_t> indptr, indices;
   auto plan = [&](KvFormat format, Geometry geometry, int rows, int force_hb) {
-    indptr.assign(1, 0);
-    indices.clear();
-    for (int t = 0; t < rows; ++t) {
-      for (int k = 0; k < 640; ++k) indices.push_back(k);
-      indptr.push_back(static_cast<int32_t>(indices.size()));
-    }
-    AttendParams p;
-    p.num_rows = rows;
-    p.num_heads = 64;
-    p.geometry = geometry;
-    p.main.cache.format = format;
-    p.main.cache.geometry = geometry;
-    p.main.cache.num_pages = 1024;
-    p.main.cache.rows_per_page = 64;
-    p.main.indptr = indptr;
-    p.main.indices = indices;
+    AttendParams p = PlanParams(format, geometry, 64, rows, indptr, indices);
     p.force_head_block = force_hb;
     absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
     EXPECT_TRUE(l.ok()) << l.status();
