@@ -1208,5 +1208,59 @@ TEST(GpuPlanTest, SixtyFourHeadPlansByFormat) {
   }
 }
 
+// Paired launches plan their splits for the union of the call's longest row pair. TP8 decode on
+// dsv4.1-flash c1 rows (a window of 128 keys and 512 chosen ones, a quarter redrawn per row):
+// 3 + 10 = 13 union tiles, where one split beats two from C=32 and five fit C=16 (H200,
+// 2026-12-02, us: C=16 34.4 with 5 splits, 36.4 with 2; C=32 48.2 against 50.6; C=64 70.2 against
+// 73.8).
+TEST(GpuPlanTest, PairedSplitsFromTheUnionOfTheCallsKeys) {
+  if (!gpu::RowPairsSupported()) GTEST_SKIP() << "no paired launches in this build";
+  const DeviceInfo device = PlanDevice();
+  auto plan = [&](int requests) {
+    constexpr int kRows = 6, kWindow = 128, kChosen = 512, kRedrawn = 128;
+    constexpr int32_t kExtraSlots = 1 << 17;
+    std::mt19937 rng(requests);
+    std::uniform_int_distribution<int32_t> any(0, kExtraSlots - 1);
+    std::vector<int32_t> main_ptr{0}, main_ids, extra_ptr{0}, extra_ids;
+    for (int r = 0; r < requests; ++r) {
+      std::vector<int32_t> chosen;
+      auto fresh = [&] {
+        int32_t id = any(rng);
+        while (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) id = any(rng);
+        return id;
+      };
+      while (chosen.size() < kChosen) chosen.push_back(fresh());
+      for (int row = 0; row < kRows; ++row) {
+        if (row > 0) {
+          for (int k = 0; k < kRedrawn; ++k) chosen[k * (kChosen / kRedrawn) + row % 4] = fresh();
+        }
+        for (int k = 0; k < kWindow; ++k) main_ids.push_back(r * 256 + row + k);
+        extra_ids.insert(extra_ids.end(), chosen.begin(), chosen.end());
+        main_ptr.push_back(static_cast<int32_t>(main_ids.size()));
+        extra_ptr.push_back(static_cast<int32_t>(extra_ids.size()));
+      }
+    }
+    std::vector<int32_t> unused_ptr, unused_ids;
+    AttendParams p = PlanParams(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 8, requests * kRows,
+                                unused_ptr, unused_ids);
+    p.main.indptr = main_ptr;
+    p.main.indices = main_ids;
+    p.has_extra = true;
+    p.extra.cache = p.main.cache;
+    p.extra.cache.num_pages = kExtraSlots / p.extra.cache.rows_per_page;
+    p.extra.indptr = extra_ptr;
+    p.extra.indices = extra_ids;
+    p.rows_per_group = kRows;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return std::make_pair(0, 0);
+    EXPECT_EQ(l->paired, gpu::PairMode::kHalves);
+    return std::make_pair(l->plan.tiles, l->plan.splits);
+  };
+  EXPECT_EQ(plan(16), std::make_pair(13, 5));
+  EXPECT_EQ(plan(32), std::make_pair(13, 1));
+  EXPECT_EQ(plan(64), std::make_pair(13, 1));
+}
+
 }  // namespace
 }  // namespace smla::kernels

@@ -197,5 +197,19 @@ TEST(MaxSegmentLength, LongestRow) {
   EXPECT_EQ(MaxSegmentLength(std::vector<int32_t>{0}), 0);
 }
 
+// The row-union kernel keeps every entry of the first row, drops the second row's invalid ids
+// and matches each key of the first row with its first entry in the second.
+TEST(PairUnionLength, CountsWhatTheRowUnionKernelWrites) {
+  constexpr int64_t kSlots = 100;
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(PairUnionLength(Ids{1, 2, 3}, Ids{4, 5}, kSlots), 5);
+  EXPECT_EQ(PairUnionLength(Ids{1, 2, 3}, Ids{3, 2, 1}, kSlots), 3);
+  EXPECT_EQ(PairUnionLength(Ids{1, 2}, Ids{2, 2, 6}, kSlots), 4);  // the second 2 is its own
+  EXPECT_EQ(PairUnionLength(Ids{1, 1}, Ids{1}, kSlots), 2);        // so is the first row's
+  EXPECT_EQ(PairUnionLength(Ids{-1, 7, 100}, Ids{-1, 7, 100, 8}, kSlots), 4);
+  EXPECT_EQ(PairUnionLength(Ids{}, Ids{5, -3}, kSlots), 1);
+  EXPECT_EQ(PairUnionLength(Ids{5}, Ids{}, kSlots), 1);
+}
+
 }  // namespace
 }  // namespace smla::kernels

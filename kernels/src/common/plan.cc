@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 
 namespace smla::kernels {
@@ -153,6 +154,21 @@ int64_t MaxSegmentLength(std::span<const int32_t> indptr) {
     best = std::max<int64_t>(best, int64_t{indptr[t]} - indptr[t - 1]);
   }
   return best;
+}
+
+int64_t PairUnionLength(std::span<const int32_t> a, std::span<const int32_t> b, int64_t num_slots) {
+  auto valid = [num_slots](int32_t id) { return id >= 0 && id < num_slots; };
+  // Keys of a not yet matched by an entry of b: a key's first entry in b takes a's entry.
+  absl::flat_hash_set<int32_t> unmatched;
+  unmatched.reserve(a.size());
+  for (int32_t id : a) {
+    if (valid(id)) unmatched.insert(id);
+  }
+  int64_t n = static_cast<int64_t>(a.size());
+  for (int32_t id : b) {
+    if (valid(id) && unmatched.erase(id) == 0) ++n;
+  }
+  return n;
 }
 
 std::string LaunchPlan::ToString() const {

@@ -38,6 +38,39 @@ SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   return a;
 }
 
+// 64-key tiles of the union the row-union kernel builds for the call's longest row pair (the
+// most entries over both segments; rows past kUnionMaxRow are concatenated there): the plan's
+// tiles per pair, from the call's own keys rather than an assumed overlap.
+int64_t LongestPairUnionTiles(const AttendParams& params) {
+  const int nseg = params.has_extra ? 2 : 1;
+  auto segment = [&](int sg) -> const Segment& { return sg == 0 ? params.main : params.extra; };
+  int64_t longest = -1;
+  int32_t pair = 0;
+  for (int32_t i = 0; 2 * i + 1 < params.num_rows; ++i) {
+    int64_t n = 0;
+    for (int sg = 0; sg < nseg; ++sg) {
+      n += segment(sg).indptr[2 * i + 2] - segment(sg).indptr[2 * i];
+    }
+    if (n > longest) {
+      longest = n;
+      pair = i;
+    }
+  }
+  int64_t tiles = 0;
+  for (int sg = 0; sg < nseg; ++sg) {
+    const Segment& s = segment(sg);
+    const int32_t a0 = s.indptr[2 * pair];
+    const int32_t a1 = s.indptr[2 * pair + 1];
+    const int32_t b1 = s.indptr[2 * pair + 2];
+    const int64_t n = a1 - a0 > kUnionMaxRow || b1 - a1 > kUnionMaxRow
+                          ? b1 - a0
+                          : PairUnionLength(s.indices.subspan(a0, a1 - a0),
+                                            s.indices.subspan(a1, b1 - a1), s.cache.num_slots());
+    tiles += (n + kKeyTile - 1) / kKeyTile;
+  }
+  return tiles;
+}
+
 }  // namespace
 
 absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device) {
@@ -208,11 +241,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       ++union_bits;
     }
     if (n > 0 && (int64_t{1} << union_bits) >= 2 * longest) {
-      // Union tiles per pair, estimated (the device has the exact ones) as a row's tiles plus a
-      // third: requests redraw about a quarter of their top-k set per row.
-      const int64_t row_tiles = (in.max_main_keys + kKeyTile - 1) / kKeyTile +
-                                (in.max_extra_keys + kKeyTile - 1) / kKeyTile;
-      const int64_t est = std::max<int64_t>(1, row_tiles + (row_tiles + 2) / 3);
+      // The kernel splits each pair's own union tiles; the split count is planned for those of
+      // the longest pair.
+      const int64_t est = std::max<int64_t>(1, LongestPairUnionTiles(params));
       const int64_t pairs = T / 2;
       const int32_t hbs = half_pairs ? 1 : H / 16;
       // Splits by the direct cost model (plan.h), a pair counting as a unit of pair_hb heads
