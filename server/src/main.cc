@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -23,6 +24,7 @@
 #include "smla/kernels/backend.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/service_core.h"
+#include "smla/v1/allocator.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -85,6 +87,20 @@ ABSL_FLAG(bool, allow_shm, false,
 ABSL_FLAG(std::string, max_pinned_bytes, "",
           "Bytes of shared-memory regions page-locked at once for faster GPU copies, e.g. 32GiB "
           "(regions past it work unpinned); default a quarter of physical memory");
+ABSL_FLAG(std::string, max_inflight_bytes, "8GiB",
+          "Inline tensor bytes (requests and responses in flight) held at once, server-wide; "
+          "a request past it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, tenant_max_inflight_bytes, "4GiB",
+          "Inline tensor bytes one tenant may hold at once");
+ABSL_FLAG(std::string, stream_max_inflight_bytes, "512MiB",
+          "Inline tensor bytes one StepStream holds before it pauses reading (a client that "
+          "does not read its responses holds at most this much)");
+ABSL_FLAG(std::string, inline_cache_bytes, "512MiB",
+          "Free inline-tensor staging kept for reuse (resident, so steady steps fault in no "
+          "fresh pages)");
+ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
+          "Extra gRPC server channel arguments NAME=INT, comma-separated "
+          "(docs/operations.md lists the measured choices)");
 ABSL_FLAG(int64_t, inject_backend_failure_after, -1,
           "Fault tests: every Attend after this many served ones fails (INTERNAL); -1 = off");
 ABSL_FLAG(int32_t, inject_attend_delay_ms, 0,
@@ -200,6 +216,7 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
 }
 
 int Run() {
+  v1::KeepFreedMemoryForReuse();
   auto logger = spdlog::stderr_color_mt("smla");
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
@@ -271,6 +288,28 @@ int Run() {
       return 1;
     }
     options.max_pinned_bytes = static_cast<uint64_t>(*pinned);
+  }
+  for (auto [flag, target] :
+       {std::pair{&FLAGS_max_inflight_bytes, &options.max_inflight_bytes},
+        std::pair{&FLAGS_tenant_max_inflight_bytes, &options.tenant_max_inflight_bytes},
+        std::pair{&FLAGS_stream_max_inflight_bytes, &options.stream_max_inflight_bytes},
+        std::pair{&FLAGS_inline_cache_bytes, &options.inline_cache_bytes}}) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(absl::GetFlag(*flag));
+    if (!bytes.ok() || *bytes <= 0) {
+      spdlog::error("--{}: {}", std::string(absl::GetFlagReflectionHandle(*flag).Name()),
+                    bytes.ok() ? "must be positive" : bytes.status().ToString());
+      return 1;
+    }
+    *target = static_cast<uint64_t>(*bytes);
+  }
+  for (const std::string& arg : absl::GetFlag(FLAGS_grpc_arg)) {
+    const size_t eq = arg.find('=');
+    int value = 0;
+    if (eq == std::string::npos || !absl::SimpleAtoi(arg.substr(eq + 1), &value)) {
+      spdlog::error("--grpc_arg: '{}' is not NAME=INT", arg);
+      return 1;
+    }
+    options.grpc_args.emplace_back(arg.substr(0, eq), value);
   }
   auto server = edge::EdgeServer::Start(core->get(), config->limits, options);
   if (!server.ok()) {

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,7 +13,10 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "edge/request_reader.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/stubs/logging.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
@@ -25,6 +29,48 @@ constexpr char kTenant[] = "fuzz";
 [[noreturn]] void Die(const absl::Status& st) {
   std::fprintf(stderr, "fuzz world: %s\n", st.ToString().c_str());
   std::abort();
+}
+
+// The input as gRPC might hand it over: slices whose lengths the input's own bytes pick.
+grpc::ByteBuffer Sliced(const uint8_t* data, size_t size) {
+  std::vector<grpc::Slice> slices;
+  uint64_t h = 1469598103934665603ull;
+  size_t at = 0;
+  while (at < size) {
+    h = (h ^ data[at]) * 1099511628211ull;
+    const size_t n = std::min<size_t>(size - at, 1 + (h >> 40) % 97);
+    slices.emplace_back(data + at, n);
+    at += n;
+  }
+  if (slices.empty()) slices.emplace_back("", 0);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// `read` with its landed tensor bytes put back as inline_data: what protobuf would have parsed.
+void Restore(const google::protobuf::Message& read, const server::edge::LandedTensors& landed,
+             google::protobuf::Message* out) {
+  const google::protobuf::Reflection* rr = read.GetReflection();
+  const google::protobuf::Reflection* ro = out->GetReflection();
+  if (read.GetDescriptor() == v1::Tensor::descriptor()) {
+    const auto it = landed.bytes.find(static_cast<const v1::Tensor*>(&read));
+    auto* t = static_cast<v1::Tensor*>(out);
+    if (it != landed.bytes.end() && !t->has_region()) {
+      t->set_inline_data(it->second.data(), it->second.size());
+    }
+    return;
+  }
+  const google::protobuf::Descriptor* d = read.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE) continue;
+    if (f->is_repeated()) {
+      for (int j = 0; j < rr->FieldSize(read, f); ++j) {
+        Restore(rr->GetRepeatedMessage(read, f, j), landed, ro->MutableRepeatedMessage(out, f, j));
+      }
+    } else if (rr->HasField(read, f)) {
+      Restore(rr->GetMessage(read, f), landed, ro->MutableMessage(out, f));
+    }
+  }
 }
 
 }  // namespace
@@ -98,6 +144,8 @@ FuzzWorld& FuzzWorld::Get() {
       }
       shm_unlink(name->c_str());
     }
+    w->staging_ = std::make_unique<server::edge::StagingPool>(server::edge::HostPinning{},
+                                                               server::edge::StagingPool::Options{});
     server::edge::EdgeOptions eo;
     eo.limits = config.limits;
     server::edge::FillServerInfo(*w->core_, eo, &w->info_);
@@ -107,9 +155,22 @@ FuzzWorld& FuzzWorld::Get() {
 }
 
 absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
+  v1::StepRequest want;
+  const bool parses = want.ParseFromArray(data, static_cast<int>(size));
   v1::StepRequest pb;
-  if (!pb.ParseFromArray(data, static_cast<int>(size))) {
-    return absl::InvalidArgumentError("not a StepRequest");
+  server::edge::ParseStorage storage;
+  const absl::Status read =
+      server::edge::ReadStepRequest(Sliced(data, size), *staging_, kTenant, &pb, &storage.landed);
+  if (read.ok() != parses) {
+    Die(absl::InternalError(absl::StrCat("the request reader ", read.ok() ? "accepts" : "refuses",
+                                         " what protobuf ", parses ? "parses" : "refuses", ": ",
+                                         read.ToString())));
+  }
+  if (!parses) return read;
+  v1::StepRequest restored = pb;
+  Restore(pb, storage.landed, &restored);
+  if (!google::protobuf::util::MessageDifferencer::Equals(want, restored)) {
+    Die(absl::InternalError("the request reader's message differs from protobuf's"));
   }
   std::set<std::string> created;
   for (const v1::Span& s : pb.spans()) {
@@ -122,7 +183,6 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   std::memset(region_data_, 0, kIdsAt);
   std::memset(region_data_ + kIdsAt, 0xff, kOutputsAt - kIdsAt);
   server::StepRequest step;
-  server::edge::ParseStorage storage;
   const auto it = models_.find(pb.model());
   const server::edge::RegionContext regions{regions_.get(), kTenant};
   absl::Status st = server::edge::ParseStepRequest(

@@ -1,7 +1,9 @@
 // The service the step fuzzer drives: a service core on the CPU backend with small pools and
 // two small models (one with sinks and RoPE, one without), the tables uploaded, and the one
-// input path: protobuf parse, the edge's wire checks (with registered shared-memory regions),
-// then the core's validation and execution. Shared by the libFuzzer target, the seed generator and the replay test.
+// input path: the server's request reader on the bytes cut into slices (checked against
+// protobuf's own parse of them: both accept or both refuse, and accept the same message), the
+// edge's wire checks (with registered shared-memory regions), then the core's validation and
+// execution. Shared by the libFuzzer target, the seed generator and the replay test.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "edge/host_staging.h"
 #include "edge/shm_region.h"
 #include "edge/smla_service.h"
 #include "edge/wire.h"
@@ -43,6 +46,7 @@ class FuzzWorld {
  private:
   FuzzWorld() = default;
   std::unique_ptr<server::edge::RegionRegistry> regions_;
+  std::unique_ptr<server::edge::StagingPool> staging_;
   std::string region_name_, foreign_region_name_;
   uint8_t* region_data_ = nullptr;  // this process's own mapping of region_name_
   std::unique_ptr<server::ServiceCore> core_;

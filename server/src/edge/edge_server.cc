@@ -1,5 +1,7 @@
 #include "edge_server.h"
 
+#include <bit>
+
 #include <algorithm>
 #include <climits>
 
@@ -23,8 +25,8 @@ void SetServing(grpc::Server* server, bool serving) {
 
 }  // namespace
 
-int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits) {
-  int64_t most = 4 << 20;  // never below gRPC's default
+StepBytes MaxStepBytes(const ServiceCore& core, const Limits& limits) {
+  StepBytes most;
   const int64_t rows = limits.max_rows_per_step;
   for (const ModelConfig& m : core.Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
@@ -38,9 +40,16 @@ int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits) {
     const int64_t per_row_in = 2 * w + 2 * w + 2 * h * w + 4 * topk;
     const int64_t per_row_out = 2 * h * kernels::kValueWidth + 4 * h;
     const int64_t framing = int64_t{limits.max_spans_per_step} * 512 + (64 << 10);
-    most = std::max({most, rows * per_row_in + framing, rows * per_row_out + framing,
-                     int64_t{profile->num_layers()} * h * 4 + framing});
+    most.in = std::max({most.in, rows * per_row_in + framing,
+                        int64_t{profile->num_layers()} * h * 4 + framing});
+    most.out = std::max(most.out, rows * per_row_out + framing);
   }
+  return most;
+}
+
+int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits) {
+  const StepBytes step = MaxStepBytes(core, limits);
+  int64_t most = std::max<int64_t>({4 << 20, step.in, step.out});  // never below gRPC's default
   most = std::max(most, limits.max_context * 64 * 4 + (64 << 10));  // rope table upload
   return std::min<int64_t>(most, INT_MAX);
 }
@@ -58,6 +67,15 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
   eo.allow_shm = options.allow_shm;
   eo.max_pinned_bytes = options.max_pinned_bytes;
+  // Two of the largest legal steps always fit (staging rounds each buffer up to a power of two);
+  // a stream always reads one request, whatever its bound.
+  const StepBytes step = MaxStepBytes(*core, limits);
+  const uint64_t floor =
+      2 * (std::bit_ceil(static_cast<uint64_t>(step.in)) + std::bit_ceil(static_cast<uint64_t>(step.out)));
+  eo.staging.max_bytes = std::max(options.max_inflight_bytes, floor);
+  eo.staging.max_tenant_bytes = std::max(options.tenant_max_inflight_bytes, floor);
+  eo.staging.max_cached_bytes = std::min(eo.staging.max_bytes, options.inline_cache_bytes);
+  eo.stream_max_inflight_bytes = options.stream_max_inflight_bytes;
   std::shared_ptr<const TokenTable> tokens;
   if (!options.auth.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);
@@ -79,6 +97,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(eo.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(eo.max_message_bytes));
+  for (const auto& [name, value] : options.grpc_args) builder.AddChannelArgument(name, value);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
@@ -93,7 +112,10 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   }
   SetServing(s->server_.get(), core->Healthy());
   s->health_thread_ = std::thread([p = s.get()] { p->WatchHealth(); });
-  spdlog::info("gRPC on port {}, max message {} bytes", s->port_, eo.max_message_bytes);
+  spdlog::info("gRPC on port {}, max message {} bytes, inline bytes in flight {} (tenant {}, "
+               "stream {})",
+               s->port_, eo.max_message_bytes, eo.staging.max_bytes, eo.staging.max_tenant_bytes,
+               eo.stream_max_inflight_bytes);
   return s;
 }
 

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -31,7 +33,24 @@ struct EdgeServerOptions {
   bool allow_shm = false;
   // Bytes of regions page-locked at once; regions past it are served unpinned.
   uint64_t max_pinned_bytes = 0;
+  // Inline tensor bytes held at once (server-wide, per tenant, per stream). The first two are
+  // raised to two of the largest legal steps when set lower, so that any legal step can be
+  // served; a stream always reads one request, whatever its bound.
+  uint64_t max_inflight_bytes = uint64_t{8} << 30;
+  uint64_t tenant_max_inflight_bytes = uint64_t{4} << 30;
+  uint64_t stream_max_inflight_bytes = uint64_t{512} << 20;
+  // Free staging kept for reuse (resident: the next steps fault in no pages).
+  uint64_t inline_cache_bytes = uint64_t{512} << 20;
+  // Extra gRPC channel arguments (name, integer value) for the listening server.
+  std::vector<std::pair<std::string, int>> grpc_args;
 };
+
+// The largest request (in) and response (out) of one legal step, in bytes.
+struct StepBytes {
+  int64_t in = 0;
+  int64_t out = 0;
+};
+StepBytes MaxStepBytes(const ServiceCore& core, const Limits& limits);
 
 // The largest request or response a legal step (or rope/sink upload) can need, in bytes,
 // capped at what gRPC can express.

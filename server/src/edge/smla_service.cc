@@ -37,14 +37,16 @@ v1::LayerKind ToWire(LayerKind kind) {
 // flight, generous for loaded machines).
 constexpr absl::Duration kDeadlineSkew = absl::Milliseconds(250);
 
-// A unary step: submits in the constructor and finishes from the core's callback.
+// A unary step on raw bytes: reads and submits in the constructor and finishes from the core's
+// callback. The request and response messages live on the reactor's arena.
 class StepUnaryReactor final : public grpc::ServerUnaryReactor {
  public:
   StepUnaryReactor(SmlaService* service, grpc::CallbackServerContext* ctx,
-                   const v1::StepRequest* request, v1::StepResponse* response)
+                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
       : service_(service),
-        request_(request),
-        response_(response),
+        response_bytes_(response),
+        request_(google::protobuf::Arena::CreateMessage<v1::StepRequest>(&arena_)),
+        response_(google::protobuf::Arena::CreateMessage<v1::StepResponse>(&arena_)),
         cancel_(std::make_shared<std::atomic<bool>>(false)),
         start_(absl::Now()),
         deadline_(CallDeadline(*ctx)) {
@@ -54,8 +56,10 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
       Finish(service_->Finished("Step", "", tenant.status()));
       return;
     }
-    absl::Status st = service_->Prepare(*tenant, *request, deadline_, cancel_, &step, &storage_);
+    absl::Status st = service_->PrepareBytes(*tenant, *request, deadline_, cancel_, request_,
+                                             &step, &storage_, &staged_);
     request_id_ = step.request_id;
+    parsed_ = absl::Now();
     if (!st.ok()) {
       Finish(service_->Finished("Step", request_id_, st));
       return;
@@ -65,12 +69,9 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
         Finish(service_->Finished("Step", request_id_, result.status()));
         return;
       }
-      const absl::Duration server_time = absl::Now() - start_;
-      FillStepResponse(*result, response_, request_);
-      response_->set_request_id(request_id_);
-      response_->mutable_timings()->set_server_us(absl::ToInt64Microseconds(server_time));
-      service_->metrics()->ObserveStep(*result, server_time);
-      Finish(service_->Finished("Step", request_id_, absl::OkStatus()));
+      service_->AnswerStepBytes("Step", request_id_, start_, parsed_, result, request_, staged_,
+                                response_, response_bytes_);
+      Finish(grpc::Status::OK);
     });
   }
 
@@ -85,17 +86,21 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
 
  private:
   SmlaService* const service_;
-  const v1::StepRequest* const request_;
+  grpc::ByteBuffer* const response_bytes_;
+  google::protobuf::Arena arena_;
+  v1::StepRequest* const request_;
   v1::StepResponse* const response_;
   const CancelFlag cancel_;
   const absl::Time start_;
   const absl::Time deadline_;
+  absl::Time parsed_;
   std::string request_id_;
   ParseStorage storage_;
+  StagedOutputs staged_;
 };
 
 // A stream refused before it starts (authentication, tenant stream quota).
-class RejectedStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+class RejectedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RejectedStream(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
@@ -122,6 +127,13 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
         HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
                     [core](void* p) { core->UnregisterHostMemory(p); }},
         options_.max_pinned_bytes));
+  }
+  {
+    ServiceCore* core = core_;
+    staging_ = std::make_unique<StagingPool>(
+        HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
+                    [core](void* p) { core->UnregisterHostMemory(p); }},
+        options_.staging);
   }
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
@@ -160,20 +172,72 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
   return absl::OkStatus();
 }
 
+absl::Status SmlaService::PrepareBytes(const std::string& tenant, const grpc::ByteBuffer& bytes,
+                                       absl::Time call_deadline, CancelFlag cancel,
+                                       v1::StepRequest* pb, StepRequest* out,
+                                       ParseStorage* storage, StagedOutputs* staged) {
+  absl::Status st = ReadStepRequest(bytes, *staging_, tenant, pb, &storage->landed);
+  if (!st.ok()) {
+    out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
+    return st;
+  }
+  return PrepareStaged(tenant, *pb, call_deadline, std::move(cancel), out, storage, staged);
+}
+
+absl::Status SmlaService::PrepareStaged(const std::string& tenant, const v1::StepRequest& pb,
+                                        absl::Time call_deadline, CancelFlag cancel,
+                                        StepRequest* out, ParseStorage* storage,
+                                        StagedOutputs* staged) {
+  absl::Status st = Prepare(tenant, pb, call_deadline, std::move(cancel), out, storage);
+  if (!st.ok() || !out->destination.out.empty()) return st;
+  // Outputs for the response: into staging, sent from there (response_writer.h). An unknown
+  // model is the core's NOT_FOUND, with nothing to stage.
+  const auto it = models_.find(out->model);
+  if (it == models_.end()) return absl::OkStatus();
+  int64_t rows = 0;
+  for (const SpanInput& span : out->spans) rows += span.num_rows;
+  const bool mx = out->output_format == kernels::OutputFormat::kMxfp8;
+  const int64_t cells = rows * it->second.heads;
+  const size_t out_bytes = cells * kernels::kValueWidth * (mx ? 1 : 2);
+  const size_t mx_bytes = mx ? cells * kernels::kMxGroupsPerHead : 0;
+  const size_t lse_bytes = out->want_lse ? cells * sizeof(float) : 0;
+  const auto align = [](size_t n) { return (n + 63) / 64 * 64; };
+  auto buffer = staging_->Lease(align(out_bytes) + align(mx_bytes) + lse_bytes, tenant);
+  if (!buffer.ok()) return buffer.status();
+  staged->buffer = *std::move(buffer);
+  uint8_t* p = staged->buffer->data();
+  staged->out = {p, out_bytes};
+  staged->mx_scales = {p + align(out_bytes), mx_bytes};
+  staged->lse = {p + align(out_bytes) + align(mx_bytes), lse_bytes};
+  out->destination = {staged->out, staged->mx_scales, staged->lse};
+  return absl::OkStatus();
+}
+
+void SmlaService::AnswerStepBytes(std::string_view method, const std::string& request_id,
+                                  absl::Time start, absl::Time parsed,
+                                  const absl::StatusOr<StepResult>& result,
+                                  const v1::StepRequest* request, const StagedOutputs& staged,
+                                  v1::StepResponse* response, grpc::ByteBuffer* bytes) {
+  AnswerStreamStep(request_id, start, parsed, result, request, response,
+                   staged.buffer != nullptr, method);
+  SerializeStepResponse(response, result.ok() ? staged : StagedOutputs{}, bytes);
+}
+
 void SmlaService::AnswerStreamStep(const std::string& request_id, absl::Time start,
                                    absl::Time parsed, const absl::StatusOr<StepResult>& result,
-                                   const v1::StepRequest* request, v1::StepResponse* response) {
+                                   const v1::StepRequest* request, v1::StepResponse* response,
+                                   bool staged, std::string_view method) {
   response->set_request_id(request_id);
   if (result.ok()) {
     const absl::Duration server_time = absl::Now() - start;
-    FillStepResponse(*result, response, request);
+    FillStepResponse(*result, response, request, staged);
     v1::StepTimings* tm = response->mutable_timings();
     tm->set_server_us(absl::ToInt64Microseconds(server_time));
     tm->set_parse_us(absl::ToInt64Microseconds(parsed - start));
     tm->set_admit_us(absl::ToInt64Microseconds(result->timings.admitted - parsed));
     metrics_->ObserveStep(*result, server_time);
   }
-  const grpc::Status g = Finished("StepStream", request_id, result.status());
+  const grpc::Status g = Finished(method, request_id, result.status());
   response->set_code(static_cast<int32_t>(g.error_code()));
   response->set_message(g.error_message());
 }
@@ -285,12 +349,12 @@ grpc::ServerUnaryReactor* SmlaService::SetSinks(grpc::CallbackServerContext* ctx
 }
 
 grpc::ServerUnaryReactor* SmlaService::Step(grpc::CallbackServerContext* ctx,
-                                            const v1::StepRequest* request,
-                                            v1::StepResponse* response) {
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) {
   return new StepUnaryReactor(this, ctx, request, response);
 }
 
-grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* SmlaService::StepStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SmlaService::StepStream(
     grpc::CallbackServerContext* ctx) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   absl::Status st = tenant.status();

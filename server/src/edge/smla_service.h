@@ -12,6 +12,8 @@
 
 #include "auth.h"
 #include "edge_metrics.h"
+#include "host_staging.h"
+#include "response_writer.h"
 #include "shm_region.h"
 #include "smla/server/service_core.h"
 #include "smla/v1/service.grpc.pb.h"
@@ -33,9 +35,24 @@ struct EdgeOptions {
   bool allow_shm = false;
   // Bytes of regions page-locked at once (BudgetedPinning).
   uint64_t max_pinned_bytes = 0;
+  // Inline tensor bytes (requests and responses) held at once: server-wide, per tenant, and per
+  // StepStream (reading pauses past it, with at least one request always read).
+  StagingPool::Options staging;
+  uint64_t stream_max_inflight_bytes = uint64_t{256} << 20;
 };
 
-class SmlaService final : public v1::Smla::CallbackService {
+// The generated service with Step and StepStream on raw bytes (grpc::ByteBuffer), so that
+// inline tensors skip protobuf's copies (request_reader.h, response_writer.h); the other
+// methods stay typed.
+using SmlaServiceBase = v1::Smla::WithCallbackMethod_GetServerInfo<
+    v1::Smla::WithCallbackMethod_CreateSequence<v1::Smla::WithCallbackMethod_ReleaseSequence<
+        v1::Smla::WithCallbackMethod_TruncateSequence<v1::Smla::WithCallbackMethod_GetSequence<
+            v1::Smla::WithCallbackMethod_SetRopeTable<v1::Smla::WithCallbackMethod_SetSinks<
+                v1::Smla::WithRawCallbackMethod_Step<v1::Smla::WithRawCallbackMethod_StepStream<
+                    v1::Smla::WithCallbackMethod_RegisterRegion<
+                        v1::Smla::WithCallbackMethod_UnregisterRegion<v1::Smla::Service>>>>>>>>>>>;
+
+class SmlaService final : public SmlaServiceBase {
  public:
   SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options);
 
@@ -60,9 +77,10 @@ class SmlaService final : public v1::Smla::CallbackService {
   grpc::ServerUnaryReactor* SetSinks(grpc::CallbackServerContext* ctx,
                                      const v1::SetSinksRequest* request,
                                      v1::SetSinksResponse* response) override;
-  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx, const v1::StepRequest* request,
-                                 v1::StepResponse* response) override;
-  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StepStream(
       grpc::CallbackServerContext* ctx) override;
   // Defined in shm_region_service.cc.
   grpc::ServerWriteReactor<v1::RegisterRegionResponse>* RegisterRegion(
@@ -85,6 +103,22 @@ class SmlaService final : public v1::Smla::CallbackService {
                        absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
                        ParseStorage* storage);
 
+  // Reads a serialized step (request_reader.h) into `pb` (empty, kept alive by the caller) and
+  // prepares it as Prepare does; outputs not sent to client regions get staging in `staged`.
+  absl::Status PrepareBytes(const std::string& tenant, const grpc::ByteBuffer& bytes,
+                            absl::Time call_deadline, CancelFlag cancel, v1::StepRequest* pb,
+                            StepRequest* out, ParseStorage* storage, StagedOutputs* staged);
+  // The second half of PrepareBytes, for a request already read into `pb`.
+  absl::Status PrepareStaged(const std::string& tenant, const v1::StepRequest& pb,
+                             absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
+                             ParseStorage* storage, StagedOutputs* staged);
+  // Fills `response` as AnswerStreamStep does and serializes it with the staged outputs.
+  void AnswerStepBytes(std::string_view method, const std::string& request_id, absl::Time start,
+                       absl::Time parsed, const absl::StatusOr<StepResult>& result,
+                       const v1::StepRequest* request, const StagedOutputs& staged,
+                       v1::StepResponse* response, grpc::ByteBuffer* bytes);
+
+  StagingPool& staging() { return *staging_; }
   ServiceCore* core() const { return core_; }
   EdgeMetrics* metrics() const { return metrics_; }
   const EdgeOptions& options() const { return options_; }
@@ -97,7 +131,8 @@ class SmlaService final : public v1::Smla::CallbackService {
   // admission) and the step metrics; in every case the call's count, code and message.
   void AnswerStreamStep(const std::string& request_id, absl::Time start, absl::Time parsed,
                         const absl::StatusOr<StepResult>& result, const v1::StepRequest* request,
-                        v1::StepResponse* response);
+                        v1::StepResponse* response, bool staged = false,
+                        std::string_view method = "StepStream");
 
  private:
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, std::string_view method,
@@ -110,6 +145,7 @@ class SmlaService final : public v1::Smla::CallbackService {
   std::atomic<uint64_t> next_request_{1};
   TenantStreams streams_;
   std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
+  std::unique_ptr<StagingPool> staging_;
 };
 
 // Fills a ServerInfo message from the core (versions, device, models with layer plans and

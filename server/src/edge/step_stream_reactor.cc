@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "host_staging.h"
+#include "request_reader.h"
+#include "response_writer.h"
 #include "smla_service.h"
 
 namespace smla::server::edge {
@@ -28,18 +31,22 @@ StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerC
 StepStreamReactor::Actions StepStreamReactor::NextActions() {
   Actions a;
   if (finished_) return a;
-  if (!broken_ && !reads_done_ && !read_pending_ &&
-      static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight) {
+  // A client that does not read its responses holds at most this much in server memory; one
+  // request is always read, whatever its size, so that any legal step can be served.
+  const bool room = inflight_.empty() ||
+                    (static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight &&
+                     inflight_bytes_ < service_->options().stream_max_inflight_bytes);
+  if (!broken_ && !reads_done_ && !read_pending_ && room) {
     reading_ = std::make_unique<Entry>();
     read_pending_ = true;
-    a.read = reading_->request;
+    a.read = &reading_->request_bytes;
   }
   if (broken_) {
     // Nothing more is sent; entries whose callbacks ran can go.
-    while (!writing_ && !inflight_.empty() && inflight_.front()->done) inflight_.pop_front();
+    while (!writing_ && !inflight_.empty() && inflight_.front()->done) Pop();
   } else if (!writing_ && !inflight_.empty() && inflight_.front()->done) {
     writing_ = true;
-    a.write = inflight_.front()->response;
+    a.write = &inflight_.front()->response_bytes;
   }
   if ((reads_done_ || broken_) && ring_live_ && !ring_stopping_) {
     ring_stopping_ = true;
@@ -79,13 +86,27 @@ void StepStreamReactor::OnReadDone(bool ok) {
       ++outstanding_;  // held until Complete, for both paths below
     }
   }
-  if (entry != nullptr && entry->request->has_ring_attach()) {
+  absl::Status st;
+  if (entry != nullptr) {
+    st = ReadStepRequest(entry->request_bytes, service_->staging(), tenant_, entry->request,
+                         &entry->storage.landed);
+    entry->request_bytes.Clear();  // gRPC's receive buffers go back now
+  }
+  if (entry != nullptr && st.ok() && entry->request->has_ring_attach()) {
     AttachRing(entry);
   } else if (entry != nullptr) {
     StepRequest step;
-    absl::Status st = service_->Prepare(tenant_, *entry->request, call_deadline_, cancel_, &step,
-                                        &entry->storage);
-    entry->request_id = step.request_id;
+    if (st.ok()) {
+      st = service_->PrepareStaged(tenant_, *entry->request, call_deadline_, cancel_, &step,
+                                   &entry->storage, &entry->staged);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      entry->bytes = entry->storage.landed.total_bytes() +
+                     (entry->staged.buffer ? entry->staged.buffer->size() : 0);
+      inflight_bytes_ += entry->bytes;
+    }
+    entry->request_id = step.request_id.empty() ? entry->request->request_id() : step.request_id;
     entry->parsed = absl::Now();
     if (!st.ok()) {
       Complete(entry, st);
@@ -103,9 +124,15 @@ void StepStreamReactor::OnReadDone(bool ok) {
 }
 
 void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
-  service_->AnswerStreamStep(entry->request_id, entry->start, entry->parsed, result, entry->request,
-                             entry->response);
+  service_->AnswerStepBytes("StepStream", entry->request_id, entry->start, entry->parsed, result,
+                            entry->request, entry->staged, entry->response,
+                            &entry->response_bytes);
   Answered(entry);
+}
+
+void StepStreamReactor::Pop() {
+  inflight_bytes_ -= inflight_.front()->bytes;
+  inflight_.pop_front();
 }
 
 void StepStreamReactor::Answered(Entry* entry) {
@@ -154,6 +181,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
   const grpc::Status g = service_->Finished("RingAttach", pb.request_id(), st);
   resp.set_code(static_cast<int32_t>(g.error_code()));
   resp.set_message(g.error_message());
+  SerializeStepResponse(&resp, StagedOutputs{}, &entry->response_bytes);
   Answered(entry);
 }
 
@@ -162,7 +190,7 @@ void StepStreamReactor::OnWriteDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
-    inflight_.pop_front();
+    Pop();
     if (!ok) broken_ = true;
     a = NextActions();
   }

@@ -1,6 +1,8 @@
-// The StepStream call: requests are read ahead up to a bound, submitted to the core as they
-// arrive (so one stream's steps can share batches with other streams), and answered in
-// request order. A failed request gets its code in its response; the stream goes on. A request
+// The StepStream call: requests are read ahead up to a bound (a count and the bytes their
+// inline tensors hold), submitted to the core as they arrive (so one stream's steps can share
+// batches with other streams), and answered in request order. Requests and responses travel as
+// raw bytes: inline tensors land in staging and outputs are sent from it (request_reader.h,
+// response_writer.h). A failed request gets its code in its response; the stream goes on. A request
 // with ring_attach attaches a step ring (step_ring.h) that serves steps beside the stream
 // until the stream ends.
 //
@@ -18,6 +20,7 @@
 #include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "smla/server/step.h"
+#include "response_writer.h"
 #include "smla/v1/step.pb.h"
 #include "step_ring.h"
 #include "wire.h"
@@ -26,7 +29,7 @@ namespace smla::server::edge {
 
 class SmlaService;
 
-class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+class StepStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `tenant` has a stream counted open in service->streams(); OnDone closes it.
   StepStreamReactor(SmlaService* service, grpc::CallbackServerContext* ctx, std::string tenant);
@@ -46,16 +49,20 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     google::protobuf::Arena arena;  // destroyed after the members below, which point into it
     v1::StepRequest* const request;
     ParseStorage storage;
+    StagedOutputs staged;
+    grpc::ByteBuffer request_bytes;   // the pending read's target; cleared once parsed
+    grpc::ByteBuffer response_bytes;  // written once answered
     std::string request_id;
     absl::Time start;
     absl::Time parsed;  // written before the step is submitted, read by its callback
     v1::StepResponse* const response;
     bool done = false;
+    uint64_t bytes = 0;  // counted against the stream's byte bound while in flight
   };
   // What to start once the lock is released (gRPC calls are never made under mu_).
   struct Actions {
-    v1::StepRequest* read = nullptr;
-    const v1::StepResponse* write = nullptr;
+    grpc::ByteBuffer* read = nullptr;
+    const grpc::ByteBuffer* write = nullptr;
     bool finish = false;
     bool cancelled = false;  // finish with CANCELLED
     bool stop_ring = false;
@@ -66,6 +73,8 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void AttachRing(Entry* entry);
   // Marks the entry answered and starts what that allows (writes in request order, the finish).
   void Answered(Entry* entry);
+  // Drops the answered front entry; needs mu_.
+  void Pop();
   // Picks the next read, write or finish; needs mu_.
   Actions NextActions();
   void Run(const Actions& a);
@@ -77,6 +86,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   std::mutex mu_;
   std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
   std::unique_ptr<Entry> reading_;               // its request is the pending read's target
+  uint64_t inflight_bytes_ = 0;                  // Entry::bytes over inflight_
   int outstanding_ = 0;              // core callbacks not yet run
   bool read_pending_ = false;
   bool reads_done_ = false;

@@ -110,12 +110,17 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
     if (!r.ok()) return r.status();
     return std::span<const uint8_t>(r->data(), r->size());
   }
-  const auto& data = t.inline_data();
+  std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(t.inline_data().data()),
+                                t.inline_data().size());
+  if (storage != nullptr) {
+    const auto it = storage->landed.bytes.find(&t);
+    if (it != storage->landed.bytes.end()) data = it->second;
+  }
   if (static_cast<int64_t>(data.size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(t.shape()),
                                                    " needs ", want, " bytes, got ", data.size()));
   }
-  return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return data;
 }
 
 // Ids are used where they lie when aligned, in a client's region too: the slot build reads each
@@ -381,7 +386,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
 }
 
 void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
-                      const v1::StepRequest* request) {
+                      const v1::StepRequest* request, bool staged) {
   const bool to_regions = request != nullptr && request->has_out_region();
   const int64_t t = result.num_rows;
   const int64_t h = result.num_heads;
@@ -396,7 +401,7 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
     sc->add_shape(h * kernels::kMxGroupsPerHead);
     if (to_regions) {
       *sc->mutable_region() = request->mx_scales_region();
-    } else {
+    } else if (!staged) {
       sc->set_inline_data(result.mx_scales.data(), result.mx_scales.size());
     }
   } else {
@@ -407,7 +412,7 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
   }
   if (to_regions) {
     *out->mutable_region() = request->out_region();
-  } else {
+  } else if (!staged) {
     out->set_inline_data(result.out.data(), result.out.size());
   }
   if (to_regions && request->want_lse()) {
@@ -416,12 +421,12 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
     lse->add_shape(t);
     lse->add_shape(h);
     *lse->mutable_region() = request->lse_region();
-  } else if (!result.lse.empty()) {
+  } else if (!result.lse.empty() || (staged && request != nullptr && request->want_lse())) {
     v1::Tensor* lse = pb->mutable_lse();
     lse->set_dtype(v1::DTYPE_F32);
     lse->add_shape(t);
     lse->add_shape(h);
-    lse->set_inline_data(result.lse.data(), result.lse.size() * sizeof(float));
+    if (!staged) lse->set_inline_data(result.lse.data(), result.lse.size() * sizeof(float));
   }
   v1::StepTimings* tm = pb->mutable_timings();
   tm->set_queued_us(absl::ToInt64Microseconds(result.timings.queued));

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "google/protobuf/arena.h"
+#include "request_reader.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
@@ -50,6 +51,9 @@ struct ParseStorage {
   // The regions this request named, each looked up once (name, mapping); holding the mapping
   // keeps the request's views valid.
   std::vector<std::pair<std::string, std::shared_ptr<ShmMapping>>> looked_up;
+  // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
+  // is read from there instead of its inline_data.
+  LandedTensors landed;
 };
 
 class RegionRegistry;
@@ -75,8 +79,10 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
 
 // Copies a result into a response (tensors, timings); code and message stay OK. Tensors the
 // request sent to its output regions (`request` may be null) are answered with those regions.
+// With `staged`, the outputs went to staging (response_writer.h): the tensors get their dtype
+// and shape only, and the serializer adds the bytes.
 void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
-                      const v1::StepRequest* request = nullptr);
+                      const v1::StepRequest* request = nullptr, bool staged = false);
 
 // Checks a whole f32 tensor of the given shape (rank and every dimension; -1 = any) and
 // returns its values, e.g. the rope table or sinks. `field` names it in errors.
