@@ -6,6 +6,7 @@
 #include "channel_auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "smla/client/tensor.h"
+#include "smla/v1/allocator.h"
 
 namespace smla::client {
 
@@ -35,9 +36,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.target.empty()) return absl::InvalidArgumentError("client: no target");
   auto c = std::unique_ptr<Client>(new Client());
   c->options_ = options;
+  if (options.keep_freed_memory) v1::KeepFreedMemoryForReuse();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  for (const auto& [name, value] : options.grpc_args) args.SetInt(name, value);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(options, args);
   if (!channel.ok()) return channel.status();
   c->channel_ = *std::move(channel);

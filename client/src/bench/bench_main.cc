@@ -44,6 +44,11 @@ ABSL_FLAG(int64_t, ring_spin_us, 30,
           "--transport ring: microseconds a wait for a response spins before it sleeps on a "
           "futex (longer trades a client core for the wake-up latency)");
 ABSL_FLAG(int32_t, connections, 1, "gRPC connections per server");
+ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
+          "Extra gRPC channel arguments NAME=INT, comma-separated (docs/operations.md)");
+ABSL_FLAG(bool, keep_freed_memory, true,
+          "Let malloc keep freed memory for reuse (ClientOptions::keep_freed_memory); false "
+          "shows what a client without it pays");
 ABSL_FLAG(std::string, concurrency, "1",
           "Workers (streams); a list (1,2,4,8) is a sweep that stops when rows/s stops "
           "growing or the SLO breaks");
@@ -175,6 +180,16 @@ int Run() {
       client::ClientOptions o;
       o.target = servers[s];
       o.max_message_bytes = (1 << 30) - c;
+      o.keep_freed_memory = absl::GetFlag(FLAGS_keep_freed_memory);
+      for (const std::string& arg : absl::GetFlag(FLAGS_grpc_arg)) {
+        const size_t eq = arg.find('=');
+        int value = 0;
+        if (eq == std::string::npos || !absl::SimpleAtoi(arg.substr(eq + 1), &value)) {
+          return Fail(absl::InvalidArgumentError(absl::StrCat("--grpc_arg: '", arg,
+                                                              "' is not NAME=INT")));
+        }
+        o.grpc_args.emplace_back(arg.substr(0, eq), value);
+      }
       auto cl = client::Client::Connect(o);
       if (!cl.ok()) return Fail(cl.status());
       connections[s].push_back(

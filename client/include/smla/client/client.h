@@ -6,6 +6,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +33,12 @@ struct ClientOptions {
   std::string tls_key;          // PEM client private key (mTLS)
   std::string tls_server_name;  // name checked in the server certificate, if not the target's
   std::string token;            // bearer token
+  // Extra gRPC channel arguments (name, integer value), e.g. the ones docs/operations.md lists.
+  std::vector<std::pair<std::string, int>> grpc_args;
+  // Connect sets glibc's malloc to keep freed memory for reuse (smla/v1/allocator.h): without
+  // it every multi-MB message maps and faults in fresh pages. Process-wide; turn it off when
+  // the frontend manages its allocator itself.
+  bool keep_freed_memory = true;
 };
 
 // A sequence created on the server: the model it lives in and its id.
