@@ -122,10 +122,36 @@ struct Pool {
   }
 };
 
+// A magnitude profile (CaseSpec::kv_exp): lane j of a written row is N(0, 1) times
+// 2^(kv_exp[j / 32] + d), d drawn per row from [-jitter, jitter], kept within the accepted
+// range |x| <= 2^kKvMaxLog2.
+struct KvProfile {
+  const std::vector<int>* kv_exp = nullptr;
+  int jitter = 0;
+};
+
+std::vector<uint16_t> ProfileRow(const KvProfile& pr, int w, std::mt19937& rng) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const int d = static_cast<int>(rng() % (2 * pr.jitter + 1)) - pr.jitter;
+  const double bound = std::ldexp(1.0, kKvMaxLog2);
+  std::vector<uint16_t> row(w);
+  for (int j = 0; j < w; ++j) {
+    const double v = nd(rng) * std::ldexp(1.0, (*pr.kv_exp)[j / 32] + d);
+    row[j] = F32ToBf16Bits(static_cast<float>(std::clamp(v, -bound, bound)));
+  }
+  return row;
+}
+
 Pool MakePool(Side& cpu, KvFormat f, Geometry g, int32_t rows_per_page, int64_t num_pages,
-              float magnitude, std::mt19937& rng, bool odd_dsmla_scales) {
+              float magnitude, std::mt19937& rng, bool odd_dsmla_scales,
+              const KvProfile& profile = {}) {
   Pool p{f, g, rows_per_page, num_pages, ServingPitch(f, g, rows_per_page), 1.0f, {}, {}};
   if (f == KvFormat::kFp8PerTensor) p.scale = magnitude / 64.0f;
+  if (f == KvFormat::kFp8PerTensor && profile.kv_exp != nullptr) {
+    // Codes up to 448 for the profile's largest lanes; no subnormal f32 cache scale.
+    const int top = *std::max_element(profile.kv_exp->begin(), profile.kv_exp->end());
+    p.scale = std::max(std::ldexp(1.0f, top - 6), std::ldexp(1.0f, -100));
+  }
   const int64_t bytes = p.pitch * num_pages;
   Buffer host = cpu.Zeros(static_cast<size_t>(bytes), 0xff);  // NaN in every format
   std::bernoulli_distribution keep(0.8);
@@ -136,6 +162,11 @@ Pool MakePool(Side& cpu, KvFormat f, Geometry g, int32_t rows_per_page, int64_t 
   const int w = QkWidth(g);
   std::vector<uint16_t> rows(p.written.size() * w);
   for (size_t i = 0; i < p.written.size(); ++i) {
+    if (profile.kv_exp != nullptr) {
+      const std::vector<uint16_t> row = ProfileRow(profile, w, rng);
+      std::copy(row.begin(), row.end(), rows.begin() + i * w);
+      continue;
+    }
     // A few rows tiny or large, to reach the ends of the fp8 and MXFP8 exponent ranges.
     const float m = i % 17 == 5 ? magnitude * 1e-30f : (i % 23 == 7 ? magnitude * 50 : magnitude);
     for (int j = 0; j < w; ++j) rows[i * w + j] = RandBf16(rng, m);
@@ -184,6 +215,10 @@ struct CaseSpec {
   int rows_per_group = 0;
   int group_mode = 0;
   bool row_pairs = false;  // every GPU run of the case pairs wherever it can (RowPairs::kAlways)
+  // Magnitude profile (empty = the default magnitudes): KV lanes of 32-lane group g scaled by
+  // 2^kv_exp[g] (KvProfile, with key_jitter), q lanes by 2^q_exp[g].
+  std::vector<int> kv_exp, q_exp;
+  int key_jitter = 0;
 };
 
 // How the rows of a group relate: independent draws (as ungrouped cases), each row a copy of
@@ -299,12 +334,13 @@ Inputs MakeInputs(Side& cpu, const CaseSpec& c) {
   in.spec = c;
   const int w = QkWidth(c.geometry);
   const float mag = 1.0f + static_cast<float>(c.seed % 4);
-  in.main_pool = MakePool(cpu, c.format, c.geometry, c.rows_per_page, 8 + c.rows / 4, mag, rng, true);
+  const KvProfile profile{c.kv_exp.empty() ? nullptr : &c.kv_exp, c.key_jitter};
+  in.main_pool =
+      MakePool(cpu, c.format, c.geometry, c.rows_per_page, 8 + c.rows / 4, mag, rng, true, profile);
   in.main = MakeSegment(in.main_pool, c, c.max_main, rng);
   if (c.max_extra > 0) {
-    in.extra_pool =
-        MakePool(cpu, c.extra_format, c.geometry, 2 * c.rows_per_page, 4 + c.rows / 8, 0.7f * mag,
-                 rng, true);
+    in.extra_pool = MakePool(cpu, c.extra_format, c.geometry, 2 * c.rows_per_page, 4 + c.rows / 8,
+                             0.7f * mag, rng, true, profile);
     CaseSpec ce = c;
     ce.sentinel_rate = c.sentinel_rate / 2;
     in.extra = MakeSegment(in.extra_pool, ce, c.max_extra, rng);
@@ -318,7 +354,8 @@ Inputs MakeInputs(Side& cpu, const CaseSpec& c) {
   } else {
     in.q.resize(qn * 2);
     for (size_t i = 0; i < qn; ++i) {
-      const uint16_t v = RandBf16(rng, 1.0f);
+      const float m = c.q_exp.empty() ? 1.0f : std::ldexp(1.0f, c.q_exp[(i % w) / 32]);
+      const uint16_t v = RandBf16(rng, m);
       std::memcpy(in.q.data() + 2 * i, &v, 2);
     }
   }
@@ -352,6 +389,7 @@ struct RunConfig {
   // The host arrays from page-locked memory, vouched for (AttendParams::arrays_pinned,
   // ids_in_range): the backend copies them where they lie instead of staging them.
   bool pinned_arrays = false;
+  bool tile_kernel = false;  // AttendParams::force_tile_kernel
 };
 
 struct Outputs {
@@ -401,6 +439,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.force_head_block = rc.force_head_block;
   p.rows_per_group = c.rows_per_group;
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
+  p.force_tile_kernel = rc.tile_kernel;
   Buffer pinned;
   if (rc.pinned_arrays) {
     // Every host array of the call, copied into one page-locked buffer.
@@ -1090,6 +1129,84 @@ TEST_F(GpuTest, WriteRowsTimeOfTheDecodeCell) {
   std::sort(us.begin(), us.end());
   std::printf("write rows: %zu fp8_dsv4 rows, device %.1f us (median of %zu)\n", slots.size(),
               us[us.size() / 2], us.size());
+}
+
+// KV magnitudes across the accepted range (|x| <= 2^64, kKvMaxLog2) with queries scaled to keep
+// the scores O(1), per 32-lane group: exponents within +-10 of 1; groups far from 1 (up to
+// 2^62, or down to 2^-124) beside groups near it, which the direct kernel's f16 Q cannot hold
+// at once (it stages such programs in bf16); all lanes tiny (2^-122) with huge queries; all
+// lanes near the bound with tiny queries. Every format in its geometries, 16 heads (the direct
+// kernel for fp8, and the tile kernel forced) and 64 (every head block), and paired rows of 8
+// and 16 heads, against the CPU reference.
+TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
+  struct Profile {
+    const char* name;
+    int even_lo, even_hi, odd_lo, odd_hi;  // exponents of even and odd 32-lane groups
+  };
+  const Profile kProfiles[] = {
+      {"near 1", -10, 10, -10, 10},    {"far huge", -2, 2, 44, 60},
+      {"far tiny", -2, 2, -122, -104}, {"all tiny", -122, -112, -122, -112},
+      {"all huge", 56, 60, 56, 60},
+  };
+  const Combo kFormats[] = {
+      {KvFormat::kBf16, Geometry::kRopeInside},
+      {KvFormat::kBf16, Geometry::kRopeAppended},
+      {KvFormat::kFp8PerTensor, Geometry::kRopeInside},
+      {KvFormat::kFp8PerTensor, Geometry::kRopeAppended},
+      {KvFormat::kFp8DsMla, Geometry::kRopeAppended},
+      {KvFormat::kFp8Dsv4, Geometry::kRopeInside},
+  };
+  uint32_t seed = 900;
+  for (const Profile& pr : kProfiles) {
+    for (const Combo& cb : kFormats) {
+      const bool direct = cb.format == KvFormat::kFp8Dsv4 || cb.format == KvFormat::kFp8PerTensor;
+      for (int heads : {16, 64, 8}) {
+        for (bool paired : {false, true}) {
+          if (paired && !(direct && heads <= 16)) continue;
+          if (heads == 8 && !paired) continue;
+          CaseSpec c;
+          c.format = cb.format;
+          c.extra_format = cb.format;
+          c.geometry = cb.geometry;
+          c.heads = heads;
+          c.rows = heads == 64 ? 4 : 8;
+          c.max_main = 200;
+          c.max_extra = heads == 64 ? 0 : 130;
+          c.sink = seed % 2 == 0;
+          c.positions = cb.geometry == Geometry::kRopeInside;
+          c.empty_every = 5;
+          c.seed = seed++;
+          std::mt19937 rng(c.seed);
+          for (int g = 0; g < QkWidth(cb.geometry) / 32; ++g) {
+            const int lo = g % 2 == 0 ? pr.even_lo : pr.odd_lo;
+            const int hi = g % 2 == 0 ? pr.even_hi : pr.odd_hi;
+            c.kv_exp.push_back(lo + static_cast<int>(rng() % (hi - lo + 1)));
+            c.q_exp.push_back(-c.kv_exp.back());
+          }
+          c.key_jitter = 2;
+          std::vector<RunConfig> configs;
+          if (paired) {
+            c.rows_per_group = 2;
+            c.group_mode = kOverlapping;
+            c.row_pairs = true;
+            configs = {{}, {OutputFormat::kBf16, true, true, 3, 0}};
+          } else if (heads == 64) {
+            configs = {{},
+                       {OutputFormat::kBf16, true, true, 1, 16},
+                       {OutputFormat::kBf16, true, true, 2, 32},
+                       {OutputFormat::kBf16, true, true, 1, 64}};
+          } else {
+            configs = {{}, {OutputFormat::kBf16, true, true, 3, 0}};
+            RunConfig tile{OutputFormat::kBf16, true, true, 1, 0};
+            tile.tile_kernel = true;
+            if (direct) configs.push_back(tile);
+          }
+          SCOPED_TRACE(pr.name);
+          CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
+        }
+      }
+    }
+  }
 }
 
 TEST_F(GpuTest, RejectsBadCallsBeforeWork) {

@@ -1,6 +1,7 @@
 // The CPU backend against the f64 oracle across operator.md section 7's matrix.
 #include "smla/kernels/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -289,6 +290,76 @@ TEST(CpuBackendTest, TinyAndLargeValues) {
       s.softmax_scale = static_cast<float>(0.05 / std::max(scale, 1.0));
       s.sink = true;
       RunAndCheck(s);
+    }
+  }
+}
+
+// The accepted range of KV values (|x| <= 2^64, formats.h kKvMaxLog2) at both ends against the
+// f64 oracle, on every format: KV near the bound with tiny queries, and KV near bf16's smallest
+// normals (2^-122) with huge queries, the scores O(1) (fp8_per_tensor's cache scale carries
+// its magnitude and stays a normal f32).
+TEST(CpuBackendTest, KvMagnitudesAtBothEndsOfTheAcceptedRange) {
+  uint64_t seed = 70;
+  for (int end : {60, -122}) {
+    for (KvFormat f :
+         {KvFormat::kBf16, KvFormat::kFp8PerTensor, KvFormat::kFp8DsMla, KvFormat::kFp8Dsv4}) {
+      CaseSpec s = Dsv4Spec(3, 16, seed++);
+      s.geometry = f == KvFormat::kFp8DsMla ? Geometry::kRopeAppended : Geometry::kRopeInside;
+      s.main.format = f;
+      s.main.lengths = {130, 64, 7};
+      const int kv = f == KvFormat::kFp8PerTensor ? std::max(end, -94) : end;
+      s.value_scale = std::ldexp(1.0, kv);
+      s.q_value_scale = std::ldexp(1.0, -kv);
+      s.main.scale = std::ldexp(1.0f, kv - 6);
+      s.sink = true;
+      RunAndCheck(s);
+    }
+  }
+}
+
+// 4096 keys at the bound (lanes of +-2^64) with equal scores: the f32 sum of P-weighted values
+// (2^76) stays finite, and every format returns the keys' values exactly.
+TEST(CpuBackendTest, ManyKeysAtTheBoundWithEqualScores) {
+  std::unique_ptr<Backend> b = MakeBackend();
+  std::unique_ptr<kernels::Stream> stream = *b->CreateStream();
+  constexpr int kKeys = 4096, kHeads = 16;
+  for (KvFormat f :
+       {KvFormat::kBf16, KvFormat::kFp8PerTensor, KvFormat::kFp8DsMla, KvFormat::kFp8Dsv4}) {
+    SCOPED_TRACE(std::string(KvFormatName(f)));
+    const Geometry g = f == KvFormat::kFp8DsMla ? Geometry::kRopeAppended : Geometry::kRopeInside;
+    const int w = kernels::QkWidth(g);
+    const uint16_t kTop = (127 + kernels::kKvMaxLog2) << 7;  // 2^64
+    kernels::MutableCacheView cache{nullptr, f, g, kKeys / 64, 64, kernels::ServingPitch(f, g, 64)};
+    if (f == KvFormat::kFp8PerTensor) cache.scale = std::ldexp(1.0f, kernels::kKvMaxLog2 - 8);
+    kernels::Buffer pool = *b->Allocate(cache.pitch_bytes * cache.num_pages);
+    cache.base = pool.data();
+    std::vector<uint16_t> rows(size_t{kKeys} * w);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = kTop | ((i % w) % 3 == 0 ? 0x8000 : 0);
+    std::vector<int64_t> slots(kKeys);
+    std::vector<int32_t> indices(kKeys);
+    for (int k = 0; k < kKeys; ++k) slots[k] = indices[k] = k;
+    kernels::WriteRowsParams wp{cache, slots, rows.data()};
+    ASSERT_TRUE(b->WriteRows(wp, *stream).ok());
+    const std::vector<uint16_t> q(size_t{kHeads} * w, 0);  // every score 0
+    const std::vector<int32_t> indptr = {0, kKeys};
+    std::vector<uint16_t> out(size_t{kHeads} * kernels::kValueWidth, 0xffff);
+    std::vector<float> lse(kHeads, NAN);
+    AttendParams p;
+    p.num_rows = 1;
+    p.num_heads = kHeads;
+    p.geometry = g;
+    p.q = q.data();
+    p.softmax_scale = 0.0625f;
+    p.main = {cache.view(), indptr, indices};
+    p.out.bf16 = out.data();
+    p.out.lse = lse.data();
+    ASSERT_TRUE(b->Attend(p, *stream).ok());
+    ASSERT_TRUE(b->Synchronize(*stream).ok());
+    for (int h = 0; h < kHeads; ++h) {
+      for (int i = 0; i < kernels::kValueWidth; ++i) {
+        ASSERT_EQ(out[h * kernels::kValueWidth + i], rows[i]) << "head " << h << " lane " << i;
+      }
+      EXPECT_NEAR(lse[h], std::log(static_cast<float>(kKeys)), 1e-5f) << "head " << h;
     }
   }
 }

@@ -486,6 +486,43 @@ TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
   StepAndCheck(*core, model, kLayer, {&next});
 }
 
+// KV values are accepted up to |x| <= 2^64 (kernels::kKvMaxLog2): past it a finite bf16 value
+// could decode to inf in an fp8 pool (3.3e38 rounds to 2^128 in fp8_dsv4) or sum past f32, so
+// a row with one is refused naming the tensor, row, column, value and bound, with nothing
+// written; values at the bound are served like any other.
+TEST_F(CoreTest, KvValuesPastTheAcceptedMagnitudeAreRefused) {
+  const std::string model = "dsv4.1-flash";
+  auto core = Start({"dsv4.1-flash:tp=8:page_rows=16:pool_pages=64"});
+  ASSERT_NE(core, nullptr);
+  constexpr int32_t kLayer = 2;  // top-k over a 1/2 cache: KV and compressed rows
+  ASSERT_TRUE(core->CreateSequence(kTenant, model, "s").ok());
+  SpanData prefill = Span(model, kLayer, "s", 0, 40);
+  StepAndCheck(*core, model, kLayer, {&prefill});
+
+  SpanData huge = Span(model, kLayer, "s", 40, 4);
+  huge.kv[1 * 512 + 300] = 0x7f78;  // 3.296e38, finite
+  absl::StatusOr<StepResult> r = testing::RunStep(*core, Request(model, kLayer, {&huge}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("spans[0].kv_rows[1][300]: 3.29649e+38 (KV values must satisfy |x| <= "
+                        "2^64 = 1.84467e+19)"));
+  SpanData past = Span(model, kLayer, "s", 40, 4);
+  ASSERT_EQ(past.compressed.size(), 2u * 512);
+  past.compressed[512 + 5] = 0xdf81;  // -(2^64 + one bf16 step)
+  r = testing::RunStep(*core, Request(model, kLayer, {&past}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("spans[0].compressed_rows[1][5]: -1.85909e+19 (KV values must satisfy"));
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "s", kLayer), 40);
+
+  SpanData edge = Span(model, kLayer, "s", 40, 4);
+  edge.kv[2 * 512 + 7] = 0x5f80;          // 2^64
+  edge.kv[3 * 512 + 500] = 0xdf80;        // -2^64, a rope lane
+  edge.compressed[0 * 512 + 9] = 0x5f80;  // 2^64
+  StepAndCheck(*core, model, kLayer, {&edge}, {.want_lse = true});
+  EXPECT_EQ(*core->SequenceLength(kTenant, model, "s", kLayer), 44);
+}
+
 TEST_F(CoreTest, PoolFilledExactlyThenOnePageMore) {
   const std::string model = "glm-5.3-flash";
   auto core = Start({"glm-5.3-flash:tp=8:page_rows=16:pool_pages=4"});  // 64 positions

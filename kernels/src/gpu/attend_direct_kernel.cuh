@@ -16,7 +16,9 @@
 // a per-head power of two, fp8_dsv4's chunk scales multiply each chunk's partial score, and its
 // per-key value scales multiply P per warp (each warp's 64 columns are one scale group), with a
 // per-warp unit for acc. The values are those of operator.md 5's bf16 staging (power-of-two
-// scales, exact codes); a tile whose scale bytes spread too far for f16 P runs bf16 operands.
+// scales, exact codes); a tile whose scale bytes spread too far for f16 P runs bf16 operands,
+// and a program whose query values do not all convert to f16 exactly (lanes more than about
+// 2^31 below their head's largest) stages Q in bf16 and runs every tile on bf16 operands.
 // gfx950 keeps the bf16 operands (its P.V product spans two scale groups).
 #pragma once
 
@@ -722,9 +724,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // Q in the permuted dim order of direct_layout.h (heads past H are zero and never stored).
+  // f16_q: the program runs f16 operands (DirectTileF16); otherwise Q is staged in bf16 and
+  // every tile takes the bf16 operands of DirectTile.
+  bool f16_q = false;
   if constexpr (direct::kF16Operands) {
     // One warp per head: f16 of q * 2^kq with kq such that the head's largest |q| lands in
-    // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-28 of that maximum is exact.
+    // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-31 of that maximum is exact.
+    // f16's 40 binades are far fewer than bf16's: a head with smaller non-zero values (lanes
+    // whose keys are as much larger, so that their products still count) would lose them, so
+    // unless every value of the block converts exactly the program stages Q in bf16 instead.
     constexpr int kUnits = C::kQkWidth / 8;
     constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
     constexpr int kHeadsPerWarp = C::kHeadBlock / C::kWarps;
@@ -755,28 +763,45 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         }
       }
     }
+    // Values k-pair i of unit k of head j.
+    auto q_pair = [&](int j, int k, int i) {
+      const uint32_t w = raw[j][k][i];
+      return p.q_fp8 ? E4m3x2ToFloat2(static_cast<uint16_t>(w))
+                     : make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    };
+    float up[kHeadsPerWarp];  // 2^kq of head j
+    bool exact = true;
 #pragma unroll
     for (int j = 0; j < kHeadsPerWarp; ++j) {
       const int h = warp + j * C::kWarps;
-      float v[kPer][8];
       float amax = 0.0f;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint32_t w = raw[j][k][i];
-          const float2 f =
-              p.q_fp8 ? E4m3x2ToFloat2(static_cast<uint16_t>(w))
-                      : make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-          v[k][2 * i] = f.x, v[k][2 * i + 1] = f.y;
+          const float2 f = q_pair(j, k, i);
           amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
         }
       }
       amax = RowGroupMax<kWarpSize>(amax);
       const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;
       const int kq = amax == 0.0f ? 0 : min(max(14 - ex, -113), 120);
-      const float up = __uint_as_float(static_cast<uint32_t>(kq + 127) << 23);
+      up[j] = __uint_as_float(static_cast<uint32_t>(kq + 127) << 23);
       if (lane == 0) qscale_s[h] = __uint_as_float(static_cast<uint32_t>(127 - kq) << 23);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = q_pair(j, k, i);
+          const float a = f.x * up[j], b = f.y * up[j];
+          exact = exact && F16BitsToF32(F32ToF16Bits(a)) == a && F16BitsToF32(F32ToF16Bits(b)) == b;
+        }
+      }
+    }
+    f16_q = __syncthreads_and(exact) != 0;
+#pragma unroll
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+      const int h = warp + j * C::kWarps;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int u = lane + k * kWarpSize;
@@ -785,12 +810,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         uint32_t w[4], r[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const float a = v[k][2 * i] * up, b = v[k][2 * i + 1] * up;
-          w[i] = uint32_t{F32ToF16Bits(a)} | (uint32_t{F32ToF16Bits(b)} << 16);
+          const float2 f = q_pair(j, k, i);
+          const float a = f.x * up[j], b = f.y * up[j];
+          w[i] = f16_q ? uint32_t{F32ToF16Bits(a)} | (uint32_t{F32ToF16Bits(b)} << 16)
+                       : PackBf16(f.x, f.y);
           r[i] = PackBf16(a, b);
         }
         *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
-        if (C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
+        if (f16_q && C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
           *reinterpret_cast<uint4*>(qrope_s + h * C::kRopeStride + (p0 - kNopeWidth)) =
               make_uint4(r[0], r[1], r[2], r[3]);
         }
@@ -836,7 +863,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int r = 0; r < kRows; ++r) m_run[gr][r] = -INFINITY, l_run[gr][r] = 0.0f;
   }
 
-  float unit = 0.0f;  // direct::kF16Operands: true acc = acc * unit (DirectTileF16)
+  // With f16 operands the true acc is acc * unit (DirectTileF16); bf16 operands keep true acc.
+  float unit = f16_q ? 0.0f : 1.0f;
   int eb = 0;
   // Stage of tile t, rolled instead of (t - t_begin) % n_stages: n_stages is a launch value, and
   // a division per tile sits on every warp's path to the tile.
@@ -866,16 +894,21 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     stage = stage + 1 == n_stages ? 0 : stage + 1;
     constexpr int kDsv4 = static_cast<int>(KvFormat::kFp8Dsv4);
     if constexpr (direct::kF16Operands) {
-      if (s.format == kDsv4) {
-        DirectTileF16<C, kDsv4>(s, st, valid, q16_s, qrope_s, qscale_s, p_s, p16_s, red_max, acc,
-                                m_run, l_run, unit, eb);
-      } else {
-        DirectTileF16<C, static_cast<int>(KvFormat::kFp8PerTensor)>(
-            s, st, valid, q16_s, qrope_s, qscale_s, p_s, p16_s, red_max, acc, m_run, l_run, unit,
-            eb);
+      if (f16_q) {
+        if (s.format == kDsv4) {
+          DirectTileF16<C, kDsv4>(s, st, valid, q16_s, qrope_s, qscale_s, p_s, p16_s, red_max, acc,
+                                  m_run, l_run, unit, eb);
+        } else {
+          DirectTileF16<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, st, valid, q16_s, qrope_s,
+                                                                      qscale_s, p_s, p16_s, red_max,
+                                                                      acc, m_run, l_run, unit, eb);
+        }
+        continue;
       }
-    } else if (s.format == kDsv4) {
-      if (p.fold_scales && DirectTileFolds<C>(st)) {
+    }
+    if (s.format == kDsv4) {
+      // CUDA's bf16 fallback (f16_q false) leaves the fold out: one variant fewer in its code.
+      if (!direct::kF16Operands && p.fold_scales && DirectTileFolds<C>(st)) {
         DirectTile<C, kDsv4, true>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);
       } else {
         DirectTile<C, kDsv4, false>(s, st, valid, q_s, p_s, red_max, acc, m_run, l_run);

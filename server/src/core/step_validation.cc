@@ -1,12 +1,14 @@
 #include "smla/server/step_validation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
 #include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/formats.h"
 
 namespace smla::server {
 namespace {
@@ -22,28 +24,35 @@ using kernels::Geometry;
 #define SMLA_VECTOR_CLONES
 #endif
 
-// Whether any bf16 value of `bytes` is non-finite: a branch-free pass over 16-bit lanes (an
-// all-ones exponent carries into bit 15, and no lane overflows).
-SMLA_VECTOR_CLONES bool AnyNonFinite(const uint8_t* bytes, int64_t n) {
+// bf16 bits (sign cleared) of the largest accepted KV magnitude, 2^kKvMaxLog2.
+constexpr uint16_t kKvMaxBits = (127 + kernels::kKvMaxLog2) << 7;
+static_assert(kKvMaxBits < 0x7f80, "the bound is finite");
+
+// Whether any bf16 value of `bytes` is outside [-2^kKvMaxLog2, 2^kKvMaxLog2] or not finite: a
+// branch-free pass over 16-bit lanes (a magnitude past the bound carries into bit 15, and no
+// lane overflows).
+SMLA_VECTOR_CLONES bool AnyOutOfRange(const uint8_t* bytes, int64_t n) {
+  constexpr uint16_t kCarry = 0x8000 - (kKvMaxBits + 1);
   uint16_t any = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes + 2 * i, 2);
-    any |= static_cast<uint16_t>((bits & 0x7f80u) + 0x80u);
+    any |= static_cast<uint16_t>((bits & 0x7fffu) + kCarry);
   }
   return (any & 0x8000u) != 0;
 }
 
-// First non-finite bf16 value of a [rows, width] tensor, as (row, column), or false.
-bool FindNonFinite(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
-                   float& value) {
+// First bf16 value of a [rows, width] tensor outside the accepted range, as (row, column), or
+// false.
+bool FindOutOfRange(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
+                    float& value) {
   const int64_t n = static_cast<int64_t>(bytes.size() / 2);
   // The position is searched only when the fast pass fails.
-  if (!AnyNonFinite(bytes.data(), n)) return false;
+  if (!AnyOutOfRange(bytes.data(), n)) return false;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
-    if ((bits & 0x7f80u) == 0x7f80u) {
+    if ((bits & 0x7fffu) > kKvMaxBits) {
       row = i / width;
       col = i % width;
       value = kernels::Bf16BitsToF32(bits);
@@ -53,9 +62,12 @@ bool FindNonFinite(std::span<const uint8_t> bytes, int width, int64_t& row, int6
   return false;
 }
 
-std::string FloatText(float v) {
-  if (v != v) return "nan";
-  return v > 0 ? "inf" : "-inf";
+// Why `v` was refused, for the message.
+std::string OutOfRangeText(float v) {
+  if (v != v) return "nan (KV rows must be finite)";
+  if (std::isinf(v)) return Cat(v > 0 ? "inf" : "-inf", " (KV rows must be finite)");
+  return Cat(v, " (KV values must satisfy |x| <= 2^", kernels::kKvMaxLog2, " = ",
+             std::ldexp(1.0, kernels::kKvMaxLog2), ")");
 }
 
 }  // namespace
@@ -214,14 +226,13 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
 absl::Status CheckRowsFinite(const SpanInput& s, size_t index, int qk_width) {
   int64_t bad_row = 0, bad_col = 0;
   float bad = 0;
-  if (FindNonFinite(s.kv_rows, qk_width, bad_row, bad_col, bad)) {
-    return absl::InvalidArgumentError(Cat("spans[", index, "].kv_rows[", bad_row, "][", bad_col,
-                                          "]: ", FloatText(bad), " (KV rows must be finite)"));
+  if (FindOutOfRange(s.kv_rows, qk_width, bad_row, bad_col, bad)) {
+    return absl::InvalidArgumentError(
+        Cat("spans[", index, "].kv_rows[", bad_row, "][", bad_col, "]: ", OutOfRangeText(bad)));
   }
-  if (FindNonFinite(s.compressed_rows, qk_width, bad_row, bad_col, bad)) {
+  if (FindOutOfRange(s.compressed_rows, qk_width, bad_row, bad_col, bad)) {
     return absl::InvalidArgumentError(Cat("spans[", index, "].compressed_rows[", bad_row, "][",
-                                          bad_col, "]: ", FloatText(bad),
-                                          " (KV rows must be finite)"));
+                                          bad_col, "]: ", OutOfRangeText(bad)));
   }
   return absl::OkStatus();
 }

@@ -42,6 +42,15 @@ inline constexpr int kDsMlaRowBytes = 656;     // 512 e4m3 + 4 f32 + 64 bf16
 inline constexpr int kDsMlaGroups = 4;         // one scale per 128 latent values
 inline constexpr int kMaxHeads = 128;
 
+// The accepted range of KV values (docs/promises.md, "Numerical range of the inputs"): every
+// bf16 value a caller writes into a pool has |x| <= 2^kKvMaxLog2 (the service refuses rows past
+// it at admission). Within it every backend's staged values and accumulators are finite: the
+// fp8 group scales are at most 2^56 (fp8_dsv4 bytes <= 183), staged values at most 2^64 (times
+// the cache scale for fp8_per_tensor), and a row's sum of P-weighted values (P <= 1) over up
+// to 2^31 keys stays below 2^96. Past it a backend's result is not defined (a value near
+// 3.4e38 can decode to 2^128 in fp8_dsv4, and near-equal weights sum past f32's range).
+inline constexpr int kKvMaxLog2 = 64;
+
 // Width of a KV row and of q for a geometry (576 for rope_appended, else 512).
 SMLA_HD_INLINE constexpr int QkWidth(Geometry g) {
   return g == Geometry::kRopeAppended ? 576 : 512;

@@ -1,11 +1,11 @@
 // Checks of a step that need no stored state, run at admission: layer known, shapes and byte
 // sizes, positions and roles, sink and RoPE table present. Checks against stored state
 // (sequence exists, no position gap, window kept, pool capacity) run when the step is launched,
-// in queue order (KvStore::Prepare). The checks of the inputs' contents (finite KV rows, chosen
-// entries visible at their rows) run in the launch too, while the device copies the inputs:
-// the slot build checks each chosen entry as it translates it (segment_builder.h), reading it
-// once, so ids in a client's shared memory need no copy; CheckRowsFinite and
-// ExplainChosenEntries below give the launch its verdict and its message.
+// in queue order (KvStore::Prepare). The checks of the inputs' contents (KV rows finite and
+// within the accepted magnitude, chosen entries visible at their rows) run in the launch too,
+// while the device copies the inputs: the slot build checks each chosen entry as it translates
+// it (segment_builder.h), reading it once, so ids in a client's shared memory need no copy;
+// CheckRowsFinite and ExplainChosenEntries below give the launch its verdict and its message.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,9 @@ struct StepContext {
 // FAILED_PRECONDITION when the model's sinks or the RoPE table a step needs are missing.
 absl::Status ValidateStep(const StepRequest& request, const StepContext& context);
 
-// INVALID_ARGUMENT naming the first non-finite value of the span's KV or compressed rows
-// (spans[index]), else OK.
+// INVALID_ARGUMENT naming the first value of the span's KV or compressed rows (spans[index])
+// that is not finite or past the accepted magnitude 2^kKvMaxLog2 (kernels/formats.h), with
+// its row, column and the bound, else OK.
 absl::Status CheckRowsFinite(const SpanInput& span, size_t index, int qk_width);
 
 // The error for a span whose build found a chosen entry its row may not see: INVALID_ARGUMENT

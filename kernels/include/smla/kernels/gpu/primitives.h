@@ -277,6 +277,10 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint16_t F32ToF16Bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
+// The f16 value of 16 bits, exact as f32.
+__device__ __forceinline__ float F16BitsToF32(uint16_t bits) {
+  return __half2float(__ushort_as_half(bits));
+}
 
 // Bytes of (a, b) chosen by `selector` (four 4-bit byte indices, a = 0-3, b = 4-7).
 __device__ __forceinline__ uint32_t PermuteBytes(uint32_t a, uint32_t b, uint32_t selector) {

@@ -293,6 +293,9 @@ inline constexpr int kF16CodeExp = 0;
 __device__ __forceinline__ uint16_t F32ToF16Bits(float x) {
   return __builtin_bit_cast(uint16_t, static_cast<_Float16>(x));
 }
+__device__ __forceinline__ float F16BitsToF32(uint16_t bits) {
+  return static_cast<float>(__builtin_bit_cast(_Float16, bits));
+}
 
 // The scales dequantised KV values are multiplied by, one per half of a packed pair (a power
 // of two for fp8_dsv4, 1 for fp8_per_tensor tiles): two f32 here, a bf16 pair on CUDA. The
