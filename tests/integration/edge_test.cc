@@ -1,5 +1,6 @@
 // Unit tests of the edge's pieces that need no server: the metrics registry and its text
-// exposition, wire parsing of steps, the status mapping, HOST:PORT parsing.
+// exposition, wire parsing of steps, the status mapping, id limits, region-name errors,
+// HOST:PORT parsing.
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -7,7 +8,9 @@
 #include <thread>
 
 #include "edge/edge_metrics.h"
+#include "edge/id_limits.h"
 #include "edge/metrics.h"
+#include "edge/shm_region.h"
 #include "edge/status_map.h"
 #include "edge/wire.h"
 #include "gmock/gmock.h"
@@ -73,6 +76,49 @@ TEST(StatusMapTest, KeepsCodeAndMessage) {
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("draining")).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+// A message past kMaxStatusMessageBytes is cut (gRPC's trailer limit), saying how much was.
+TEST(StatusMapTest, BoundsTheMessage) {
+  const grpc::Status s = ToGrpcStatus(absl::NotFoundError(std::string(100 << 10, 'm')));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string& m = s.error_message();
+  const std::string cut = "...(+101376 bytes)";
+  EXPECT_EQ(m.find(cut), kMaxStatusMessageBytes);
+  EXPECT_EQ(m.size(), kMaxStatusMessageBytes + cut.size());
+}
+
+TEST(IdLimitsTest, LongIdsAreRefusedNamingTheFieldAndLength) {
+  EXPECT_TRUE(CheckIdLength("model", std::string(kMaxIdBytes, 'm')).ok());
+  const absl::Status st = CheckIdLength("model", std::string(kMaxIdBytes + 1, 'm'));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "model: 257 bytes, at most 256");
+  v1::StepRequest r;
+  r.set_request_id(std::string(256, 'r'));
+  r.set_model("m");
+  r.add_spans()->set_sequence_id("a");
+  r.add_spans()->set_sequence_id(std::string(10 << 20, 's'));
+  EXPECT_EQ(CheckStepIds(r).message(), "spans[1].sequence_id: 10485760 bytes, at most 256");
+  r.mutable_spans(1)->set_sequence_id("b");
+  EXPECT_TRUE(CheckStepIds(r).ok());
+  r.set_request_id(std::string(300, 'r'));
+  EXPECT_EQ(CheckStepIds(r).message(), "request_id: 300 bytes, at most 256");
+}
+
+// A region name that fails the rules, or names no region, is echoed escaped and bounded.
+TEST(RegionNameTest, ErrorsEscapeAndBoundTheName) {
+  const std::string forged = "/smla-x\n2030-01-01 forged line" + std::string(100 << 10, 'n');
+  const absl::Status bad = CheckRegionName(forged);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  const RegionRegistry registry;
+  const absl::Status missing = registry.Lookup("t", "q.region", forged).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  for (const absl::Status& st : {bad, missing}) {
+    const std::string m(st.message());
+    EXPECT_THAT(m, HasSubstr("/smla-x\\n2030-01-01 forged line")) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_LT(m.size(), 1024u);
+  }
 }
 
 TEST(SplitHostPortTest, AcceptsHostPortAndRejectsTheRest) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "internal.h"
 #include "smla/kernels/codec/bf16.h"
+#include "smla/server/log_field.h"
 
 namespace smla::server {
 namespace {
@@ -129,8 +130,8 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     }
     auto [it, inserted] = seen.emplace(s.sequence_id, i);
     if (!inserted) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".sequence_id '", s.sequence_id, "' repeats spans[", it->second, "]"));
+      return absl::InvalidArgumentError(Cat(field, ".sequence_id '", LogField(s.sequence_id),
+                                            "' repeats spans[", it->second, "]"));
     }
     if (s.num_rows < 1) {
       return absl::InvalidArgumentError(Cat(field, ".num_rows: ", s.num_rows, " (at least 1)"));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
+#include "smla/server/log_field.h"
 #include "smla/server/step_validation.h"
 
 namespace smla::server::edge {
@@ -49,9 +50,9 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
                                               ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);
   if (ref.size() != static_cast<uint64_t>(want)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", ref.region(), "' size ",
-                                                   ref.size(), ", the tensor needs ", want,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
+                                                   "' size ", ref.size(), ", the tensor needs ",
+                                                   want, " bytes"));
   }
   const ShmMapping* mapping = nullptr;
   for (const auto& [name, m] : storage->looked_up) {
