@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -222,6 +223,43 @@ TEST_F(WireTest, ErrorsNameTheFieldAndValue) {
     for (int i = 0; i < 4; ++i) *r.add_spans() = r.spans(0);
     EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans: 5 spans, the limit is 4"));
   }
+}
+
+// Element counts are bounded before they are multiplied: [2^40, 2^40] would wrap to 0 elements,
+// which an empty payload matches.
+TEST_F(WireTest, ShapesWhoseCountWouldOverflowAreRefused) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_F32);
+  t.add_shape(int64_t{1} << 40);
+  t.add_shape(int64_t{1} << 40);
+  const absl::Status st = ParseF32Tensor(t, "sinks", {-1, -1}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("sinks: shape [1099511627776, 1099511627776] is too large"));
+  // A step's q for an unknown model (no extents to compare with).
+  v1::StepRequest r = Valid(1);
+  v1::Tensor* q = r.mutable_spans(0)->mutable_q();
+  q->clear_shape();
+  q->add_shape(1);
+  q->add_shape(int64_t{1} << 40);
+  q->add_shape(int64_t{1} << 40);
+  q->clear_inline_data();
+  out_ = StepRequest();
+  EXPECT_THAT(std::string(ParseStepRequest(r, nullptr, 100, 4, &out_, &storage_).message()),
+              HasSubstr("spans[0].q: shape [1, 1099511627776, 1099511627776] is too large"));
+}
+
+// first_position + num_rows must fit in int64: the positions of the span's compressed entries
+// are computed from it.
+TEST_F(WireTest, PositionsPastTheLargestAreRefused) {
+  v1::StepRequest r = Valid(2);
+  r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 1);
+  const absl::Status st = Parse(r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("spans[0].first_position: 9223372036854775806 + 2 rows"));
+  r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 2);
+  EXPECT_TRUE(Parse(r).ok());  // the core bounds it by the longest context
 }
 
 TEST_F(WireTest, UnalignedInt32DataIsCopied) {

@@ -145,12 +145,14 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       return absl::InvalidArgumentError(
           Cat(field, ".first_position: ", s.first_position, " is negative"));
     }
-    const int64_t end = s.first_position + s.num_rows;
-    if (end > limits.max_context) {
-      return absl::InvalidArgumentError(Cat(field, ": positions up to ", end - 1,
-                                            " exceed the longest context (", limits.max_context,
-                                            ")"));
+    // Compared so that it cannot wrap (num_rows >= 1 and 0 <= first_position here): past this
+    // check first_position + num_rows fits, and every position below is computed from it.
+    if (s.first_position > limits.max_context - s.num_rows) {
+      return absl::InvalidArgumentError(Cat(field, ": ", s.num_rows, " rows from position ",
+                                            s.first_position, " exceed the longest context (",
+                                            limits.max_context, " positions)"));
     }
+    const int64_t end = s.first_position + s.num_rows;
     if (!s.roles.empty() && static_cast<int64_t>(s.roles.size()) != s.num_rows) {
       return absl::InvalidArgumentError(
           Cat(field, ".roles: ", s.roles.size(), " roles for ", s.num_rows, " rows"));
