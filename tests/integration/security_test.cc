@@ -236,7 +236,8 @@ TEST(SecurityTest, IdleSequencesAreReleased) {
 }
 
 // Certificates: a CA, a server certificate for 127.0.0.1 / localhost, a client certificate
-// with CN=carol, and one from another CA.
+// with CN=carol, one from another CA, and two of the CA without a common name (anon-o: only
+// O=acme; anon-empty: an empty subject).
 void MakeCerts(const std::string& d) {
   const std::string cmd =
       "set -e; cd " + d +
@@ -252,7 +253,11 @@ void MakeCerts(const std::string& d) {
       "; openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
       "-out client.pem 2>/dev/null"
       "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=mallory -keyout rogue.key "
-      "-out rogue.pem 2>/dev/null";
+      "-out rogue.pem 2>/dev/null"
+      "; for c in anon-o:/O=acme anon-empty:/; do n=${c%%:*}"
+      "; openssl req -newkey rsa:2048 -nodes -subj ${c#*:} -keyout $n.key -out $n.csr 2>/dev/null"
+      "; openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-out $n.pem 2>/dev/null; done";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl failed (is it installed?)";
 }
 
@@ -284,6 +289,31 @@ TEST(SecurityTest, MutualTls) {
   rogue.tls_key = d + "/rogue.key";
   EXPECT_FALSE(ConnectAs(**s, "", rogue)->Info().ok());
   EXPECT_TRUE(carol->Length({model, "c"}, 0).ok());
+}
+
+// mTLS without tokens: a certificate of the CA without a common name names no tenant. It is
+// refused, so such certificates cannot share one tenant (and its sequences).
+TEST(SecurityTest, MutualTlsRefusesCertificatesWithoutCommonName) {
+  const std::string d = TempDir();
+  ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
+  auto s =
+      ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                            "--tls_key=" + d + "/server.key", "--tls_client_ca=" + d + "/ca.pem"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string model = "dsv4.1-flash";
+  for (const std::string name : {"anon-o", "anon-empty"}) {
+    SCOPED_TRACE(name);
+    client::ClientOptions o;
+    o.tls_ca = d + "/ca.pem";
+    o.tls_cert = d + "/" + name + ".pem";
+    o.tls_key = d + "/" + name + ".key";
+    o.timeout = absl::Seconds(10);
+    auto anon = ConnectAs(**s, "", o);
+    const absl::Status created = anon->CreateSequence(model, "shared").status();
+    EXPECT_EQ(created.code(), absl::StatusCode::kUnauthenticated) << created;
+    EXPECT_THAT(std::string(created.message()), ::testing::HasSubstr("no common name"));
+    EXPECT_EQ(anon->Info().status().code(), absl::StatusCode::kUnauthenticated);
+  }
 }
 
 TEST(SecurityTest, TlsWithTokens) {
