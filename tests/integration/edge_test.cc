@@ -1,13 +1,17 @@
 // Unit tests of the edge's pieces that need no server: the metrics registry and its text
-// exposition, wire parsing of steps, the status mapping, HOST:PORT parsing.
+// exposition, wire parsing of steps, the status mapping, id limits, region-name errors,
+// HOST:PORT parsing.
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <thread>
 
 #include "edge/edge_metrics.h"
+#include "edge/id_limits.h"
 #include "edge/metrics.h"
+#include "edge/shm_region.h"
 #include "edge/status_map.h"
 #include "edge/wire.h"
 #include "gmock/gmock.h"
@@ -73,6 +77,49 @@ TEST(StatusMapTest, KeepsCodeAndMessage) {
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("draining")).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+// A message past kMaxStatusMessageBytes is cut (gRPC's trailer limit), saying how much was.
+TEST(StatusMapTest, BoundsTheMessage) {
+  const grpc::Status s = ToGrpcStatus(absl::NotFoundError(std::string(100 << 10, 'm')));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string& m = s.error_message();
+  const std::string cut = "...(+101376 bytes)";
+  EXPECT_EQ(m.find(cut), kMaxStatusMessageBytes);
+  EXPECT_EQ(m.size(), kMaxStatusMessageBytes + cut.size());
+}
+
+TEST(IdLimitsTest, LongIdsAreRefusedNamingTheFieldAndLength) {
+  EXPECT_TRUE(CheckIdLength("model", std::string(kMaxIdBytes, 'm')).ok());
+  const absl::Status st = CheckIdLength("model", std::string(kMaxIdBytes + 1, 'm'));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "model: 257 bytes, at most 256");
+  v1::StepRequest r;
+  r.set_request_id(std::string(256, 'r'));
+  r.set_model("m");
+  r.add_spans()->set_sequence_id("a");
+  r.add_spans()->set_sequence_id(std::string(10 << 20, 's'));
+  EXPECT_EQ(CheckStepIds(r).message(), "spans[1].sequence_id: 10485760 bytes, at most 256");
+  r.mutable_spans(1)->set_sequence_id("b");
+  EXPECT_TRUE(CheckStepIds(r).ok());
+  r.set_request_id(std::string(300, 'r'));
+  EXPECT_EQ(CheckStepIds(r).message(), "request_id: 300 bytes, at most 256");
+}
+
+// A region name that fails the rules, or names no region, is echoed escaped and bounded.
+TEST(RegionNameTest, ErrorsEscapeAndBoundTheName) {
+  const std::string forged = "/smla-x\n2030-01-01 forged line" + std::string(100 << 10, 'n');
+  const absl::Status bad = CheckRegionName(forged);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  const RegionRegistry registry;
+  const absl::Status missing = registry.Lookup("t", "q.region", forged).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  for (const absl::Status& st : {bad, missing}) {
+    const std::string m(st.message());
+    EXPECT_THAT(m, HasSubstr("/smla-x\\n2030-01-01 forged line")) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_LT(m.size(), 1024u);
+  }
 }
 
 TEST(SplitHostPortTest, AcceptsHostPortAndRejectsTheRest) {
@@ -176,6 +223,43 @@ TEST_F(WireTest, ErrorsNameTheFieldAndValue) {
     for (int i = 0; i < 4; ++i) *r.add_spans() = r.spans(0);
     EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans: 5 spans, the limit is 4"));
   }
+}
+
+// Element counts are bounded before they are multiplied: [2^40, 2^40] would wrap to 0 elements,
+// which an empty payload matches.
+TEST_F(WireTest, ShapesWhoseCountWouldOverflowAreRefused) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_F32);
+  t.add_shape(int64_t{1} << 40);
+  t.add_shape(int64_t{1} << 40);
+  const absl::Status st = ParseF32Tensor(t, "sinks", {-1, -1}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("sinks: shape [1099511627776, 1099511627776] is too large"));
+  // A step's q for an unknown model (no extents to compare with).
+  v1::StepRequest r = Valid(1);
+  v1::Tensor* q = r.mutable_spans(0)->mutable_q();
+  q->clear_shape();
+  q->add_shape(1);
+  q->add_shape(int64_t{1} << 40);
+  q->add_shape(int64_t{1} << 40);
+  q->clear_inline_data();
+  out_ = StepRequest();
+  EXPECT_THAT(std::string(ParseStepRequest(r, nullptr, 100, 4, &out_, &storage_).message()),
+              HasSubstr("spans[0].q: shape [1, 1099511627776, 1099511627776] is too large"));
+}
+
+// first_position + num_rows must fit in int64: the positions of the span's compressed entries
+// are computed from it.
+TEST_F(WireTest, PositionsPastTheLargestAreRefused) {
+  v1::StepRequest r = Valid(2);
+  r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 1);
+  const absl::Status st = Parse(r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("spans[0].first_position: 9223372036854775806 + 2 rows"));
+  r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 2);
+  EXPECT_TRUE(Parse(r).ok());  // the core bounds it by the longest context
 }
 
 TEST_F(WireTest, UnalignedInt32DataIsCopied) {

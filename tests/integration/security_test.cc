@@ -13,9 +13,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "harness.h"
+#include "smla/v1/service.grpc.pb.h"
 
 namespace smla::testing {
 namespace {
@@ -232,7 +236,8 @@ TEST(SecurityTest, IdleSequencesAreReleased) {
 }
 
 // Certificates: a CA, a server certificate for 127.0.0.1 / localhost, a client certificate
-// with CN=carol, and one from another CA.
+// with CN=carol, one from another CA, and two of the CA without a common name (anon-o: only
+// O=acme; anon-empty: an empty subject).
 void MakeCerts(const std::string& d) {
   const std::string cmd =
       "set -e; cd " + d +
@@ -248,7 +253,11 @@ void MakeCerts(const std::string& d) {
       "; openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
       "-out client.pem 2>/dev/null"
       "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=mallory -keyout rogue.key "
-      "-out rogue.pem 2>/dev/null";
+      "-out rogue.pem 2>/dev/null"
+      "; for c in anon-o:/O=acme anon-empty:/; do n=${c%%:*}"
+      "; openssl req -newkey rsa:2048 -nodes -subj ${c#*:} -keyout $n.key -out $n.csr 2>/dev/null"
+      "; openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-out $n.pem 2>/dev/null; done";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl failed (is it installed?)";
 }
 
@@ -280,6 +289,31 @@ TEST(SecurityTest, MutualTls) {
   rogue.tls_key = d + "/rogue.key";
   EXPECT_FALSE(ConnectAs(**s, "", rogue)->Info().ok());
   EXPECT_TRUE(carol->Length({model, "c"}, 0).ok());
+}
+
+// mTLS without tokens: a certificate of the CA without a common name names no tenant. It is
+// refused, so such certificates cannot share one tenant (and its sequences).
+TEST(SecurityTest, MutualTlsRefusesCertificatesWithoutCommonName) {
+  const std::string d = TempDir();
+  ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
+  auto s =
+      ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                            "--tls_key=" + d + "/server.key", "--tls_client_ca=" + d + "/ca.pem"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string model = "dsv4.1-flash";
+  for (const std::string name : {"anon-o", "anon-empty"}) {
+    SCOPED_TRACE(name);
+    client::ClientOptions o;
+    o.tls_ca = d + "/ca.pem";
+    o.tls_cert = d + "/" + name + ".pem";
+    o.tls_key = d + "/" + name + ".key";
+    o.timeout = absl::Seconds(10);
+    auto anon = ConnectAs(**s, "", o);
+    const absl::Status created = anon->CreateSequence(model, "shared").status();
+    EXPECT_EQ(created.code(), absl::StatusCode::kUnauthenticated) << created;
+    EXPECT_THAT(std::string(created.message()), ::testing::HasSubstr("no common name"));
+    EXPECT_EQ(anon->Info().status().code(), absl::StatusCode::kUnauthenticated);
+  }
 }
 
 TEST(SecurityTest, TlsWithTokens) {
@@ -390,6 +424,108 @@ TEST(SecurityTest, CrossTenantIsolation) {
     b.StepAndCheck(b.Make(layer, {{"s", 27, 1, 0}}));
     a.StepAndCheck(a.Make(layer, {{"s", 403, 1, 0}}));
   }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// What a call's request id and a sequence id that carry a log line of their own would forge.
+constexpr char kForged[] = "\n2030-01-01T00:00:00.000 info [1] rpc=Step req=\"forged\" code=OK";
+
+// Client strings reach the log escaped and bounded: a newline in a request id or in a sequence
+// id (echoed in a NOT_FOUND message) cannot start a line of its own, and calls with 1 MiB
+// request ids are refused naming the length and add a few short lines.
+TEST(SecurityTest, ClientStringsReachTheLogEscapedAndBounded) {
+  const std::string log = TempDir() + "/server.log";
+  auto s = ServerProcess::Start({kDsv41}, log);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto c = (*s)->Connect();
+  auto stub = v1::Smla::NewStub(c->channel());
+  {
+    grpc::ClientContext ctx;
+    v1::StepRequest req;
+    req.set_request_id(std::string("r1") + kForged);
+    req.set_model("dsv4.1-flash");  // no spans: INVALID_ARGUMENT, logged with the request id
+    v1::StepResponse resp;
+    EXPECT_EQ(stub->Step(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetSequenceRequest req;
+    req.set_model("dsv4.1-flash");
+    req.set_sequence_id(std::string("nobody") + kForged);
+    v1::GetSequenceResponse resp;
+    EXPECT_EQ(stub->GetSequence(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  const std::string huge(1 << 20, 'x');
+  for (int i = 0; i < 10; ++i) {
+    grpc::ClientContext ctx;
+    v1::StepRequest req;
+    req.set_request_id(huge);
+    req.set_model("dsv4.1-flash");
+    v1::StepResponse resp;
+    const grpc::Status st = stub->Step(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(st.error_message(), "request_id: 1048576 bytes, at most 256");
+  }
+  ASSERT_EQ((*s)->Terminate(), 0);
+  const std::string text = ReadFile(log);
+  EXPECT_LT(text.size(), 64u << 10) << "ten 1 MiB request ids reached the log";
+  EXPECT_NE(text.find("req=\"r1\\n2030-01-01"), std::string::npos) << "escaped request id";
+  EXPECT_NE(text.find("sequence 'nobody\\\\n2030-01-01"), std::string::npos)
+      << "escaped sequence id";
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    EXPECT_FALSE(absl::StartsWith(line, "2030-01-01"))
+        << "forged log line: " << line.substr(0, 200);
+  }
+}
+
+// Names far past any real one are refused at the edge naming the field and its length; the
+// status stays small, so the client sees the real code rather than RESOURCE_EXHAUSTED for an
+// oversized trailer.
+TEST(SecurityTest, OverlongNamesAreRefusedWithoutEcho) {
+  auto s = ServerProcess::Start({kDsv41});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto c = (*s)->Connect();
+  auto stub = v1::Smla::NewStub(c->channel());
+  const std::string name(100 << 10, 'm');
+  const std::string want_model = "model: 102400 bytes, at most 256";
+  auto get_sequence = [&](const std::string& model) {
+    grpc::ClientContext ctx;
+    v1::GetSequenceRequest req;
+    req.set_model(model);
+    req.set_sequence_id("s");
+    v1::GetSequenceResponse resp;
+    return stub->GetSequence(&ctx, req, &resp);
+  };
+  auto expect_refused = [](const grpc::Status& st, const std::string& want) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << st.error_message().substr(0, 200);
+    EXPECT_EQ(st.error_message(), want);
+  };
+  expect_refused(get_sequence(name), want_model);
+  {
+    grpc::ClientContext ctx;
+    v1::CreateSequenceRequest req;
+    req.set_model("dsv4.1-flash");
+    req.set_sequence_id(name);
+    v1::CreateSequenceResponse resp;
+    expect_refused(stub->CreateSequence(&ctx, req, &resp),
+                   "sequence_id: 102400 bytes, at most 256");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::StepRequest req;
+    req.set_model(name);
+    req.add_spans()->set_sequence_id("s");
+    v1::StepResponse resp;
+    expect_refused(stub->Step(&ctx, req, &resp), want_model);
+  }
+  // The longest accepted id is an ordinary one: an unknown 256-byte model is NOT_FOUND.
+  const grpc::Status st = get_sequence(std::string(256, 'm'));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message().substr(0, 200);
 }
 
 }  // namespace

@@ -33,9 +33,18 @@ std::string ToolBinary(const char* built) {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& args) {
+    const std::vector<std::string>& args, const std::string& log_path) {
+  const int log_fd = log_path.empty()
+                         ? -1
+                         : open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (!log_path.empty() && log_fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open ", log_path));
+  }
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    if (log_fd >= 0) close(log_fd);
+    return absl::InternalError("pipe failed");
+  }
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
   std::vector<std::string> argv_s = {
       ServerBinary(), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
@@ -48,12 +57,14 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(out[1], STDOUT_FILENO);
+    if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
     close(out[0]);
     close(out[1]);
     execv(argv[0], argv.data());
     _exit(127);
   }
   close(out[1]);
+  if (log_fd >= 0) close(log_fd);
   std::unique_ptr<ServerProcess> p(new ServerProcess());
   p->pid_ = pid;
   // The first stdout line says where it listens; the rest of stdout is drained by a thread.

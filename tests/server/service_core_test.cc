@@ -4,6 +4,7 @@
 #include "smla/server/service_core.h"
 
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -368,6 +369,15 @@ TEST_F(CoreTest, InvalidStepsChangeNothing) {
        "spans[0].first_position 141 leaves a gap after stored length 140"},
       {"negative position", [](StepRequest& r, SpanData&) { r.spans[0].first_position = -1; },
        absl::StatusCode::kInvalidArgument, "spans[0].first_position: -1 is negative"},
+      {"past the longest context",
+       [](StepRequest& r, SpanData&) { r.spans[0].first_position = Limits{}.max_context - 5; },
+       absl::StatusCode::kInvalidArgument, "exceed the longest context"},
+      // first_position + num_rows does not fit in int64: the check must not wrap.
+      {"position at the int64 limit",
+       [](StepRequest& r, SpanData&) {
+         r.spans[0].first_position = std::numeric_limits<int64_t>::max();
+       },
+       absl::StatusCode::kInvalidArgument, "exceed the longest context"},
       {"unknown sequence", [](StepRequest& r, SpanData&) { r.spans[0].sequence_id = "zz"; },
        absl::StatusCode::kNotFound, "spans[0].sequence_id: sequence 'zz'"},
       {"other tenant's sequence", [](StepRequest& r, SpanData&) { r.spans[0].sequence_id = "b"; },

@@ -4,9 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/server/log_field.h"
 
 namespace smla::server {
 namespace {
+
+// Another tenant's sequence gets the same answer as a missing one (docs/promises.md).
+absl::Status SequenceNotFound(std::string_view id, const std::string& model) {
+  return absl::NotFoundError(Cat("sequence '", LogField(id), "' of model ", model, " not found"));
+}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -115,7 +121,7 @@ absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view i
   absl::MutexLock lock(&mu_);
   if (Find(tenant, id) != nullptr) {
     return absl::AlreadyExistsError(
-        Cat("sequence '", id, "' of model ", config_.profile, " already exists"));
+        Cat("sequence '", LogField(id), "' of model ", config_.profile, " already exists"));
   }
   if (static_cast<int64_t>(sequences_.size()) >= max_sequences_) {
     return absl::ResourceExhaustedError(
@@ -170,8 +176,7 @@ absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view 
   absl::Status status;
   auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
   if (it == sequences_.end()) {
-    status =
-        absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    status = SequenceNotFound(id, config_.profile);
   } else {
     for (LayerPages& layer : it->second->layers) FreeLayer(tenant, layer);
     sequences_.erase(it);
@@ -192,8 +197,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
   Sequence* seq = Find(tenant, id);
   const int32_t B = config_.page_rows;
   if (seq == nullptr) {
-    status =
-        absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    status = SequenceNotFound(id, config_.profile);
   }
   // Check every layer first, so that a refusal changes nothing.
   for (int32_t l = 0; status.ok() && l < profile_->num_layers(); ++l) {
@@ -244,7 +248,7 @@ absl::StatusOr<const KvStore::Sequence*> KvStore::FindForRead(std::string_view t
   }
   const Sequence* seq = Find(tenant, id);
   if (seq == nullptr) {
-    return absl::NotFoundError(Cat("sequence '", id, "' of model ", config_.profile, " not found"));
+    return SequenceNotFound(id, config_.profile);
   }
   return seq;
 }
@@ -314,8 +318,9 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
     const SpanWrite& s = spans[i];
     Sequence* seq = Find(tenant, s.sequence_id);
     if (seq == nullptr) {
-      return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '", s.sequence_id,
-                                     "' of model ", config_.profile, " not found"));
+      return absl::NotFoundError(Cat("spans[", i, "].sequence_id: sequence '",
+                                     LogField(s.sequence_id), "' of model ", config_.profile,
+                                     " not found"));
     }
     SMLA_CHECK(seq->pending[layer] == nullptr, "two steps of one (sequence, layer) in one batch");
     const LayerPages& cur = seq->layers[layer];

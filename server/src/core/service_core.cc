@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "internal.h"
 #include "smla/server/kv_store.h"
+#include "smla/server/log_field.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/scheduler.h"
 #include "smla/server/step_executor.h"
@@ -77,8 +78,9 @@ class ServiceCoreImpl : public ServiceCore {
       const absl::Time cutoff = absl::Now() - idle;
       for (ModelRuntime* m : order_) {
         for (const auto& [tenant, id] : m->store().ReleaseIdle(cutoff)) {
-          spdlog::info("lease: released sequence '{}' of tenant '{}', model {} ({} idle)", id,
-                       tenant, m->config().profile, absl::FormatDuration(idle));
+          spdlog::info("lease: released sequence '{}' of tenant '{}', model {} ({} idle)",
+                       LogField(id), LogField(tenant), m->config().profile,
+                       absl::FormatDuration(idle));
         }
       }
     }
@@ -189,7 +191,8 @@ class ServiceCoreImpl : public ServiceCore {
       for (const ModelRuntime* m : order_) {
         absl::StrAppend(&served, served.empty() ? "" : ", ", m->config().profile);
       }
-      return absl::NotFoundError(Cat("model '", model, "' not found (served: ", served, ")"));
+      return absl::NotFoundError(
+          Cat("model '", LogField(model), "' not found (served: ", served, ")"));
     }
     return it->second.get();
   }

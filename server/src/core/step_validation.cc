@@ -9,6 +9,7 @@
 #include "internal.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/formats.h"
+#include "smla/server/log_field.h"
 
 namespace smla::server {
 namespace {
@@ -141,8 +142,8 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     }
     auto [it, inserted] = seen.emplace(s.sequence_id, i);
     if (!inserted) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".sequence_id '", s.sequence_id, "' repeats spans[", it->second, "]"));
+      return absl::InvalidArgumentError(Cat(field, ".sequence_id '", LogField(s.sequence_id),
+                                            "' repeats spans[", it->second, "]"));
     }
     if (s.num_rows < 1) {
       return absl::InvalidArgumentError(Cat(field, ".num_rows: ", s.num_rows, " (at least 1)"));
@@ -156,12 +157,14 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       return absl::InvalidArgumentError(
           Cat(field, ".first_position: ", s.first_position, " is negative"));
     }
-    const int64_t end = s.first_position + s.num_rows;
-    if (end > limits.max_context) {
-      return absl::InvalidArgumentError(Cat(field, ": positions up to ", end - 1,
-                                            " exceed the longest context (", limits.max_context,
-                                            ")"));
+    // Compared so that it cannot wrap (num_rows >= 1 and 0 <= first_position here): past this
+    // check first_position + num_rows fits, and every position below is computed from it.
+    if (s.first_position > limits.max_context - s.num_rows) {
+      return absl::InvalidArgumentError(Cat(field, ": ", s.num_rows, " rows from position ",
+                                            s.first_position, " exceed the longest context (",
+                                            limits.max_context, " positions)"));
     }
+    const int64_t end = s.first_position + s.num_rows;
     if (!s.roles.empty() && static_cast<int64_t>(s.roles.size()) != s.num_rows) {
       return absl::InvalidArgumentError(
           Cat(field, ".roles: ", s.roles.size(), " roles for ", s.num_rows, " rows"));

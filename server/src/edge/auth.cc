@@ -106,8 +106,8 @@ bool IsLoopbackHost(std::string_view host) {
   return false;
 }
 
-Authenticator::Authenticator(std::shared_ptr<const TokenTable> tokens, std::string default_tenant)
-    : tokens_(std::move(tokens)), default_tenant_(std::move(default_tenant)) {}
+Authenticator::Authenticator(std::shared_ptr<const TokenTable> tokens)
+    : tokens_(std::move(tokens)) {}
 
 absl::StatusOr<std::string> Authenticator::TenantOf(const grpc::CallbackServerContext& ctx) const {
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
@@ -126,11 +126,15 @@ absl::StatusOr<std::string> Authenticator::TenantOf(const grpc::CallbackServerCo
     if (tenant == nullptr) return absl::UnauthenticatedError("invalid bearer token");
     return *tenant;
   }
-  if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    std::vector<grpc::string_ref> cn = auth->FindPropertyValues("x509_common_name");
-    if (!cn.empty()) return std::string(cn.front().data(), cn.front().size());
+  // mTLS: gRPC has verified the certificate against --tls_client_ca before the call arrives.
+  std::vector<grpc::string_ref> cn;
+  if (auth != nullptr) cn = auth->FindPropertyValues("x509_common_name");
+  if (cn.empty() || cn.front().empty()) {
+    return absl::UnauthenticatedError(
+        "client certificate has no common name (CN): without --token_file the CN names the "
+        "tenant");
   }
-  return default_tenant_;
+  return std::string(cn.front().data(), cn.front().size());
 }
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,

@@ -50,18 +50,19 @@ class TokenTable {
 // The tenant a call acts for.
 class Authenticator {
  public:
-  // `tokens` may be null: then every call acts for the mTLS client certificate's common name
-  // when there is one, else for `default_tenant`.
-  Authenticator(std::shared_ptr<const TokenTable> tokens, std::string default_tenant);
+  // `tokens` may be null (mTLS without tokens): then every call acts for its verified client
+  // certificate's common name.
+  explicit Authenticator(std::shared_ptr<const TokenTable> tokens);
 
-  // UNAUTHENTICATED when tokens are configured and the call has none or a wrong one.
+  // UNAUTHENTICATED when tokens are configured and the call has none or a wrong one, or, without
+  // tokens, when the client certificate has no common name or an empty one (such certificates
+  // name no tenant; they must not share one).
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& ctx) const;
 
   const std::shared_ptr<const TokenTable>& tokens() const { return tokens_; }
 
  private:
   std::shared_ptr<const TokenTable> tokens_;
-  std::string default_tenant_;
 };
 
 // The auth-context property the processor sets to the call's tenant.

@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
     tokens = *std::move(t);
   }
   if (tokens != nullptr || !options.auth.tls_client_ca.empty()) {
-    eo.auth = std::make_shared<Authenticator>(tokens, eo.tenant);
+    eo.auth = std::make_shared<Authenticator>(tokens);
   }
   s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
 

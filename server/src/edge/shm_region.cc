@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "smla/server/log_field.h"
 #include "spdlog/spdlog.h"
 
 namespace smla::server::edge {
@@ -27,16 +28,17 @@ absl::Status CheckRegionName(const std::string& name) {
   const size_t prefix = sizeof(kPrefix) - 1;
   if (name.size() <= prefix || name.compare(0, prefix, kPrefix) != 0 ||
       name.size() - prefix > kMaxNameChars) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region name '", name, "': must be \"/smla-\" followed by 1..200 of [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region name '", LogField(name),
+                     "': must be \"/smla-\" followed by 1..200 of [A-Za-z0-9._-]"));
   }
   for (size_t i = prefix; i < name.size(); ++i) {
     const char c = name[i];
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region name '", name, "': character ", i, " is not [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(absl::StrCat("region name '", LogField(name),
+                                                     "': character ", i, " is not [A-Za-z0-9._-]"));
     }
   }
   return absl::OkStatus();
@@ -167,7 +169,7 @@ absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::st
     absl::MutexLock lock(&mu_);
     auto it = regions_.find(name);
     if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("region ", name, ": not registered"));
+      return absl::NotFoundError(absl::StrCat("region ", LogField(name), ": not registered"));
     }
     if (it->second.tenant != tenant) {
       return absl::PermissionDeniedError(
@@ -218,7 +220,8 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::st
     absl::MutexLock lock(&mu_);
     auto it = regions_.find(name);
     if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat(field, ": region '", name, "' is not registered"));
+      return absl::NotFoundError(
+          absl::StrCat(field, ": region '", LogField(name), "' is not registered"));
     }
     if (it->second.tenant != tenant) {
       return absl::PermissionDeniedError(

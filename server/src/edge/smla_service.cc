@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
+#include "id_limits.h"
+#include "smla/server/log_field.h"
 #include "smla/server/model_profile.h"
 #include "spdlog/spdlog.h"
 #include "status_map.h"
@@ -31,6 +33,13 @@ v1::LayerKind ToWire(LayerKind kind) {
       return v1::LAYER_KIND_TOPK;
   }
   return v1::LAYER_KIND_UNSPECIFIED;
+}
+
+// The model and sequence id of a sequence call, bounded (id_limits.h).
+absl::Status CheckSequenceNames(const std::string& model, const std::string& sequence_id) {
+  absl::Status st = CheckIdLength("model", model);
+  if (st.ok()) st = CheckIdLength("sequence_id", sequence_id);
+  return st;
 }
 
 // How much earlier than the server a client may see the call's deadline (the request's time in
@@ -153,8 +162,13 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
   const RegionContext regions{regions_.get(), tenant};
-  absl::Status st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
-                                     options_.limits.max_spans_per_step, out, storage, &regions);
+  // Over-long ids are refused before they are copied anywhere; the call is then logged and
+  // answered under a request id of the server's.
+  absl::Status st = CheckStepIds(pb);
+  if (st.ok()) {
+    st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
+                          options_.limits.max_spans_per_step, out, storage, &regions);
+  }
   if (out->request_id.empty()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
   }
@@ -245,11 +259,16 @@ void SmlaService::AnswerStreamStep(const std::string& request_id, absl::Time sta
 grpc::Status SmlaService::Finished(std::string_view method, const std::string& request_id,
                                    const absl::Status& status) {
   metrics_->CountRequest(method, status.code());
+  // The request id and the message may carry client text: escaped and bounded (log_field.h).
   if (status.ok()) {
-    spdlog::debug("rpc={} req={} code=OK", method, request_id);
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("rpc={} req=\"{}\" code=OK", method, LogField(request_id));
+    }
   } else {
-    spdlog::info("rpc={} req={} code={} msg=\"{}\"", method, request_id,
-                 absl::StatusCodeToString(status.code()), std::string(status.message()));
+    spdlog::info(
+        "rpc={} req=\"{}\" code={} msg=\"{}\"", method, LogField(request_id),
+        absl::StatusCodeToString(status.code()),
+        LogField({status.message().data(), status.message().size()}, kMaxStatusMessageBytes));
   }
   return ToGrpcStatus(status);
 }
@@ -276,9 +295,11 @@ grpc::ServerUnaryReactor* SmlaService::CreateSequence(grpc::CallbackServerContex
                                                       v1::CreateSequenceResponse*) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "CreateSequence", tenant.status());
-  absl::Status st = request->sequence_id().empty()
-                        ? absl::InvalidArgumentError("sequence_id: empty")
-                        : core_->CreateSequence(*tenant, request->model(), request->sequence_id());
+  absl::Status st = CheckSequenceNames(request->model(), request->sequence_id());
+  if (st.ok() && request->sequence_id().empty()) {
+    st = absl::InvalidArgumentError("sequence_id: empty");
+  }
+  if (st.ok()) st = core_->CreateSequence(*tenant, request->model(), request->sequence_id());
   return Reply(ctx, "CreateSequence", st);
 }
 
@@ -287,8 +308,9 @@ grpc::ServerUnaryReactor* SmlaService::ReleaseSequence(grpc::CallbackServerConte
                                                        v1::ReleaseSequenceResponse*) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "ReleaseSequence", tenant.status());
-  return Reply(ctx, "ReleaseSequence",
-               core_->ReleaseSequence(*tenant, request->model(), request->sequence_id()));
+  absl::Status st = CheckSequenceNames(request->model(), request->sequence_id());
+  if (st.ok()) st = core_->ReleaseSequence(*tenant, request->model(), request->sequence_id());
+  return Reply(ctx, "ReleaseSequence", st);
 }
 
 grpc::ServerUnaryReactor* SmlaService::TruncateSequence(grpc::CallbackServerContext* ctx,
@@ -296,11 +318,14 @@ grpc::ServerUnaryReactor* SmlaService::TruncateSequence(grpc::CallbackServerCont
                                                         v1::TruncateSequenceResponse*) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "TruncateSequence", tenant.status());
-  absl::Status st =
-      request->length() < 0
-          ? absl::InvalidArgumentError(absl::StrCat("length: ", request->length(), " is negative"))
-          : core_->TruncateSequence(*tenant, request->model(), request->sequence_id(),
-                                    request->length());
+  absl::Status st = CheckSequenceNames(request->model(), request->sequence_id());
+  if (st.ok() && request->length() < 0) {
+    st = absl::InvalidArgumentError(absl::StrCat("length: ", request->length(), " is negative"));
+  }
+  if (st.ok()) {
+    st = core_->TruncateSequence(*tenant, request->model(), request->sequence_id(),
+                                 request->length());
+  }
   return Reply(ctx, "TruncateSequence", st);
 }
 
@@ -309,6 +334,9 @@ grpc::ServerUnaryReactor* SmlaService::GetSequence(grpc::CallbackServerContext* 
                                                    v1::GetSequenceResponse* response) {
   absl::StatusOr<std::string> tenant = TenantOf(*ctx);
   if (!tenant.ok()) return Reply(ctx, "GetSequence", tenant.status());
+  if (absl::Status st = CheckSequenceNames(request->model(), request->sequence_id()); !st.ok()) {
+    return Reply(ctx, "GetSequence", st);
+  }
   auto len =
       core_->SequenceLength(*tenant, request->model(), request->sequence_id(), request->layer());
   if (len.ok()) response->set_length(*len);
@@ -320,6 +348,9 @@ grpc::ServerUnaryReactor* SmlaService::SetRopeTable(grpc::CallbackServerContext*
                                                     v1::SetRopeTableResponse*) {
   if (absl::StatusOr<std::string> t = TenantOf(*ctx); !t.ok()) {
     return Reply(ctx, "SetRopeTable", t.status());
+  }
+  if (absl::Status st = CheckIdLength("model", request->model()); !st.ok()) {
+    return Reply(ctx, "SetRopeTable", st);
   }
   auto table = ParseF32Tensor(request->cos_sin(), "cos_sin", {-1, 64});
   absl::Status st = table.status();
@@ -335,6 +366,9 @@ grpc::ServerUnaryReactor* SmlaService::SetSinks(grpc::CallbackServerContext* ctx
                                                 v1::SetSinksResponse*) {
   if (absl::StatusOr<std::string> t = TenantOf(*ctx); !t.ok()) {
     return Reply(ctx, "SetSinks", t.status());
+  }
+  if (absl::Status st = CheckIdLength("model", request->model()); !st.ok()) {
+    return Reply(ctx, "SetSinks", st);
   }
   std::vector<int64_t> shape = {-1, -1};
   const auto it = models_.find(request->model());

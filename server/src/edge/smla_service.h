@@ -25,7 +25,7 @@ struct EdgeOptions {
   // Requests of one StepStream read but not yet answered; reading pauses at this bound, so a
   // client that does not read its responses holds at most this many in server memory.
   int32_t stream_max_inflight = 16;
-  // Every call acts for this tenant until authentication exists.
+  // The tenant of every call when there is no authentication (`auth` null).
   std::string tenant = "default";
   // Who a call acts for (tokens, mTLS); null: every call acts for `tenant`.
   std::shared_ptr<const Authenticator> auth;

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
+#include "smla/server/log_field.h"
 #include "smla/server/step_validation.h"
 
 namespace smla::server::edge {
@@ -49,9 +51,9 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
                                               ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);
   if (ref.size() != static_cast<uint64_t>(want)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", ref.region(), "' size ",
-                                                   ref.size(), ", the tensor needs ", want,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
+                                                   "' size ", ref.size(), ", the tensor needs ",
+                                                   want, " bytes"));
   }
   const ShmMapping* mapping = nullptr;
   for (const auto& [name, m] : storage->looked_up) {
@@ -86,10 +88,13 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
                                                    " has rank ", t.shape_size(), ", expected ",
                                                    shape.size()));
   }
+  // Each dimension and the running product stay within kMaxElements, checked before each
+  // multiplication so the count cannot wrap (a wrapped count could match a short payload).
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
   int64_t elements = 1;
   for (int i = 0; i < t.shape_size(); ++i) {
     const int64_t d = t.shape(i);
-    if (d < 0 || d > (int64_t{1} << 40)) {
+    if (d < 0 || d > kMaxElements) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", ShapeText(t.shape()), " dimension ", i, " is ", d));
     }
@@ -98,11 +103,11 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
                                                      " dimension ", i, " is ", d, ", expected ",
                                                      shape[i]));
     }
-    elements *= d;
-    if (elements > (int64_t{1} << 40)) {
+    if (d != 0 && elements > kMaxElements / d) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", ShapeText(t.shape()), " is too large"));
     }
+    elements *= d;
   }
   const int64_t want = elements * DTypeBytes(dtype);
   if (t.data_case() == v1::Tensor::kRegion) {
@@ -319,6 +324,13 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
     if (span.num_rows <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(f, ".num_rows: ", span.num_rows, ", must be positive"));
+    }
+    // The span's positions are computed from first_position + num_rows (its compressed entries
+    // below): that sum must not wrap. The core bounds it by the longest context.
+    if (span.first_position > std::numeric_limits<int64_t>::max() - span.num_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ".first_position: ", span.first_position,
+                                                     " + ", span.num_rows,
+                                                     " rows is past the largest position"));
     }
     total_rows += span.num_rows;
     if (total_rows > max_rows_per_step) {

@@ -1,0 +1,29 @@
+#include "id_limits.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace smla::server::edge {
+
+absl::Status CheckIdLength(std::string_view field, std::string_view value) {
+  if (value.size() <= kMaxIdBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(absl::string_view(field.data(), field.size()),
+                                                 ": ", value.size(), " bytes, at most ",
+                                                 kMaxIdBytes));
+}
+
+absl::Status CheckStepIds(const v1::StepRequest& request) {
+  if (absl::Status st = CheckIdLength("request_id", request.request_id()); !st.ok()) return st;
+  if (absl::Status st = CheckIdLength("model", request.model()); !st.ok()) return st;
+  for (int i = 0; i < request.spans_size(); ++i) {
+    const std::string& id = request.spans(i).sequence_id();
+    // The field's name is built only for the error: this runs on every step.
+    if (id.size() > kMaxIdBytes) {
+      return CheckIdLength(absl::StrCat("spans[", i, "].sequence_id"), id);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace smla::server::edge
