@@ -1,12 +1,15 @@
 // The step ring (smla/v1/step_ring.h) on the real smla-server: ring steps equal the inline
 // call bit for bit; misuse (no --allow_shm, a foreign region, bad bounds or header, a second
 // ring, garbage in a slot) is refused with a clear error, changes nothing and never takes the
-// server down; the stream's end stops the ring; the metrics count ring steps exactly.
+// server down; the stream's end stops the ring; the metrics count ring steps exactly; resizing
+// the region cannot fault the server.
 #include "smla/client/step_ring.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -598,6 +601,53 @@ TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
     ASSERT_EQ(resp.code(), 0) << resp.message();
   }
   EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 2 * 6);
+  rs.Finish();
+}
+
+// A client cannot resize its region under the server: the memfd's size is sealed, so the
+// server, which would die of SIGBUS touching a shrunk mapping, never sees one. Tried with the
+// ring attached and idle, and over and over while ring steps read their inputs and write their
+// outputs (punching holes in the outputs is allowed: the pages read back as zeros, no fault).
+TEST(StepRingServerTest, ResizingTheRegionCannotFaultTheServer) {
+  RingServer rs;
+  ASSERT_NO_FATAL_FAILURE(rs.Start({}, "resize"));
+  const int fd = rs.region->fd();
+  errno = 0;
+  EXPECT_EQ(ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  absl::SleepFor(absl::Milliseconds(300));  // the old server died within this, idle
+  ASSERT_TRUE(rs.h.client->Info().ok()) << "the server died";
+  const v1::RegionRef out = rs.Next(64).out_region();
+  std::atomic<bool> done{false};
+  std::atomic<int> tries{0}, resized{0}, punched{0};
+  std::thread attacker([&] {
+    while (!done.load() && tries.load() < 1000000) {
+      ++tries;
+      for (off_t size : {off_t{0}, off_t{4096}, static_cast<off_t>(2 * kRegionBytes)}) {
+        if (ftruncate(fd, size) == 0) ++resized;
+      }
+      if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(out.offset()), static_cast<off_t>(out.size())) == 0) {
+        ++punched;
+      }
+    }
+  });
+  v1::StepResponse resp;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(rs.ring->Call(rs.Next(64 + 6 * i), &resp).ok());
+    EXPECT_EQ(resp.code(), 0) << resp.message();
+  }
+  done = true;
+  attacker.join();
+  EXPECT_GT(tries.load(), 0);
+  EXPECT_EQ(resized.load(), 0);
+  EXPECT_GT(punched.load(), 0);
+  // Alive, and serving: the ring's sequence holds its 8 steps, and a fresh sequence's inline
+  // step (another client) matches the reference.
+  EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 8 * 6);
+  auto other = rs.h.server->Connect();
+  ASSERT_TRUE(other->CreateSequence(rs.h.ModelName(), "other").ok());
+  rs.h.StepAndCheck(rs.h.Make(kLayer, {{"other", 0, 64, 0}}));
   rs.Finish();
 }
 

@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
   eo.allow_shm = options.allow_shm;
   eo.max_pinned_bytes = options.max_pinned_bytes;
+  eo.shm_socket = options.shm_socket;
   std::shared_ptr<const TokenTable> tokens;
   if (!options.auth.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);
@@ -68,6 +69,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
     eo.auth = std::make_shared<Authenticator>(tokens, eo.tenant);
   }
   s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
+  if (absl::Status st = s->service_->StartHandover(); !st.ok()) return st;
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -31,6 +31,9 @@ struct EdgeServerOptions {
   bool allow_shm = false;
   // Bytes of regions page-locked at once; regions past it are served unpinned.
   uint64_t max_pinned_bytes = 0;
+  // Where clients hand region memory over: "@name" (abstract) or a path; empty: an abstract
+  // name of the process's own (ServerInfo.shm_socket tells clients).
+  std::string shm_socket;
 };
 
 // The largest request or response a legal step (or rope/sink upload) can need, in bytes,

@@ -12,6 +12,7 @@
 
 #include "auth.h"
 #include "edge_metrics.h"
+#include "shm_handover.h"
 #include "shm_region.h"
 #include "smla/server/service_core.h"
 #include "smla/v1/service.grpc.pb.h"
@@ -33,11 +34,15 @@ struct EdgeOptions {
   bool allow_shm = false;
   // Bytes of regions page-locked at once (BudgetedPinning).
   uint64_t max_pinned_bytes = 0;
+  // The region handover socket's address (HandoverSocket::Start; empty: an abstract name).
+  std::string shm_socket;
 };
 
 class SmlaService final : public v1::Smla::CallbackService {
  public:
   SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options);
+  // With allow_shm, binds the region handover socket (before the gRPC server starts).
+  absl::Status StartHandover();
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::ServerInfoRequest* request,
@@ -75,6 +80,7 @@ class SmlaService final : public v1::Smla::CallbackService {
     if (regions_) regions_->CloseAll();
   }
   RegionRegistry* regions() const { return regions_.get(); }
+  HandoverBox* handover() const { return handover_box_.get(); }
 
   // The tenant a call acts for, or UNAUTHENTICATED.
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& ctx) const;
@@ -109,7 +115,9 @@ class SmlaService final : public v1::Smla::CallbackService {
   std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
   std::atomic<uint64_t> next_request_{1};
   TenantStreams streams_;
-  std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
+  std::unique_ptr<RegionRegistry> regions_;          // null unless allow_shm
+  std::unique_ptr<HandoverBox> handover_box_;        // null unless allow_shm
+  std::unique_ptr<HandoverSocket> handover_socket_;  // set by Start with allow_shm
 };
 
 // Fills a ServerInfo message from the core (versions, device, models with layer plans and
