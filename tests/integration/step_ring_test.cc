@@ -2,7 +2,7 @@
 // call bit for bit; misuse (no --allow_shm, a foreign region, bad bounds or header, a second
 // ring, garbage in a slot) is refused with a clear error, changes nothing and never takes the
 // server down; the stream's end stops the ring; the metrics count ring steps exactly; resizing
-// the region cannot fault the server.
+// the region cannot fault the server, and a ring costs the server what it holds.
 #include "smla/client/step_ring.h"
 
 #include <fcntl.h>
@@ -649,6 +649,45 @@ TEST(StepRingServerTest, ResizingTheRegionCannotFaultTheServer) {
   ASSERT_TRUE(other->CreateSequence(rs.h.ModelName(), "other").ok());
   rs.h.StepAndCheck(rs.h.Make(kLayer, {{"other", 0, 64, 0}}));
   rs.Finish();
+}
+
+// A ring's server memory follows what the ring holds, not its size: attaching the largest
+// ring (256 slots of 1 MiB) and serving steps through it adds a few MiB of RSS at most.
+TEST(StepRingServerTest, LargeRingCostsTheServerWhatItHolds) {
+  if (!kRssMeaningful) GTEST_SKIP() << "RSS does not follow live memory under AddressSanitizer";
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kDsv41, "--allow_shm"}, "dsv4.1-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
+  h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
+  constexpr uint64_t kRingAt = 2 << 20;  // inputs and outputs below
+  const uint64_t ring_bytes = ring::RingBytes(ring::kMaxSlots, ring::kMaxSlotBytes);
+  auto region = client::ShmRegion::Create(h.client.get(), Unique("big-ring"), kRingAt + ring_bytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto next = [&](int64_t position) {
+    v1::StepRequest q = h.Make(kLayer, Spans({"s"}, position));
+    EXPECT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
+    return q;
+  };
+  // One step through the region first, so the baseline holds what any region step costs.
+  ASSERT_TRUE(h.client->Step(next(64)).ok());
+  auto stream = h.client->OpenStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int64_t before = RssBytes(h.server->pid());
+  auto r = client::StepRing::Attach(stream->get(), region->get(), kRingAt, ring::kMaxSlots,
+                                    ring::kMaxSlotBytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::StepResponse resp;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*r)->Call(next(70 + 6 * i), &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  const int64_t after = RssBytes(h.server->pid());
+  ASSERT_GT(before, 0);
+  EXPECT_LT(after - before, int64_t{16} << 20)
+      << "RSS " << before / 1024 << " KiB before the attach, " << after / 1024 << " KiB after";
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
 }
 
 TEST(StepRingServerTest, WithoutAllowShmAttachIsRefused) {

@@ -87,10 +87,9 @@ StepRing::StepRing(SmlaService* service, std::string tenant, absl::Time call_dea
       slots_(slots),
       slot_bytes_(slot_bytes),
       on_idle_(std::move(on_idle)) {
-  for (uint32_t i = 0; i < slots_; ++i) {
-    work_.push_back(std::make_unique<Work>());
-    work_.back()->bytes.resize(slot_bytes_);
-  }
+  // Nothing sized by slot_bytes is allocated here: a slot's memory follows what its requests
+  // really hold (the arena grows with a request and is reset once it is answered).
+  for (uint32_t i = 0; i < slots_; ++i) work_.push_back(std::make_unique<Work>());
 }
 
 StepRing::~StepRing() {
@@ -199,12 +198,15 @@ void StepRing::Serve(uint64_t n) {
     st = absl::InvalidArgumentError(absl::StrCat("ring slot ", index, ": request_bytes ", len,
                                                  " exceeds slot_bytes ", slot_bytes_));
   } else {
-    std::memcpy(w.bytes.data(), ring::SlotData(s), len);
+    // One copy buffer for the ring (only the poller serves): sized by the longest request seen,
+    // at most slot_bytes. Parsing copies what the step keeps into the slot's arena.
+    if (copy_.size() < len) copy_.resize(len);
+    std::memcpy(copy_.data(), ring::SlotData(s), len);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (ring::Load(s->request_seq) != seq) {
       st = absl::InvalidArgumentError(
           absl::StrCat("ring slot ", index, ": request ", seq, " was rewritten while being read"));
-    } else if (!w.request->ParseFromArray(w.bytes.data(), static_cast<int>(len))) {
+    } else if (!w.request->ParseFromArray(copy_.data(), static_cast<int>(len))) {
       st = absl::InvalidArgumentError(
           absl::StrCat("ring slot ", index, ": request ", seq, " is not a StepRequest"));
     } else if (w.request->has_ring_attach()) {
@@ -237,6 +239,10 @@ void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result
   // Counted as the stream's steps: the ring is the stream's transport.
   service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, w.request, w.response);
   Answer(index, w.seq, w.response);
+  // Free what the step grew the arena by (all but its first block) while the slot is idle.
+  w.request = nullptr;
+  w.response = nullptr;
+  w.arena.Reset();
   // The slot's work may be reused from here on.
   w.busy.store(false, std::memory_order_seq_cst);
   if (poller_sleeping_.load()) RingDoorbell();
