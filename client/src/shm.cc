@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +12,12 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "smla/kernels/formats.h"
+#include "smla/v1/shm_handover.h"
 
 namespace smla::client {
 namespace {
@@ -52,30 +58,97 @@ OutputBytes OutputsOf(const v1::StepRequest& r) {
 
 }  // namespace
 
+absl::StatusOr<int> SealedMemfd(const std::string& label, uint64_t size) {
+  const std::string name = "smla-" + label;
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("memfd_create ", name, ": ", std::strerror(errno)));
+  }
+  // The server maps the memfd only once its size can never change (it could fault otherwise).
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(
+        absl::StrCat("sizing and sealing memfd ", name, ": ", std::strerror(err)));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> HandOver(const std::string& socket, int fd) {
+  sockaddr_un to{};
+  socklen_t to_len = 0;
+  if (!v1::handover::ToSockaddr(socket, &to, &to_len)) {
+    return absl::InvalidArgumentError(absl::StrCat("handover socket '", socket, "': bad address"));
+  }
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  absl::Cleanup close_s = [s] { close(s); };
+  // Autobind: an abstract address of our own for the server's answer.
+  sockaddr_un self{};
+  self.sun_family = AF_UNIX;
+  const timeval timeout{10, 0};
+  if (bind(s, reinterpret_cast<sockaddr*>(&self), sizeof(sa_family_t)) != 0 ||
+      setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0) {
+    return absl::InternalError(absl::StrCat("handover socket: ", std::strerror(errno)));
+  }
+  iovec iov{const_cast<char*>(v1::handover::kRequest), sizeof v1::handover::kRequest - 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_name = &to;
+  msg.msg_namelen = to_len;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (sendmsg(s, &msg, MSG_NOSIGNAL) < 0) {
+    return absl::UnavailableError(absl::StrCat("handover to ", socket, ": ", std::strerror(errno)));
+  }
+  char reply[v1::handover::kMaxReplyBytes];
+  const ssize_t n = recv(s, reply, sizeof reply, 0);
+  if (n < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("handover to ", socket, ": no answer: ", std::strerror(errno)));
+  }
+  const absl::string_view answer(reply, static_cast<size_t>(n));
+  if (absl::StartsWith(answer, "OK ")) return std::string(answer.substr(3));
+  absl::string_view why = answer;
+  absl::ConsumePrefix(&why, "ERR ");
+  return absl::FailedPreconditionError(std::string(why));
+}
+
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
-                                                             const std::string& name_suffix,
+                                                             const std::string& label,
                                                              uint64_t size) {
+  absl::StatusOr<v1::ServerInfo> info = client->Info();
+  if (!info.ok()) return info.status();
+  if (info->shm_socket().empty()) {
+    return absl::FailedPreconditionError(
+        "shared-memory regions are not enabled on this server (start it with --allow_shm)");
+  }
   std::unique_ptr<ShmRegion> r(new ShmRegion());
   r->client_ = client;
-  r->name_ = "/smla-" + name_suffix;
-  r->fd_ = shm_open(r->name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (r->fd_ < 0) {
-    return absl::InternalError(absl::StrCat("shm_open ", r->name_, ": ", std::strerror(errno)));
-  }
-  if (ftruncate(r->fd_, static_cast<off_t>(size)) != 0) {
-    return absl::InternalError(absl::StrCat("ftruncate ", r->name_, ": ", std::strerror(errno)));
-  }
+  absl::StatusOr<int> fd = SealedMemfd(label, size);
+  if (!fd.ok()) return fd.status();
+  r->fd_ = *fd;
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("mmap ", r->name_, ": ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("mmap smla-", label, ": ", std::strerror(errno)));
   }
   r->data_ = static_cast<uint8_t*>(p);
   r->size_ = size;
+  absl::StatusOr<std::string> token = HandOver(info->shm_socket(), r->fd_);
+  if (!token.ok()) return token.status();
   // The registration is a server-streaming call held open; its first message is the ack.
   r->lease_context_ = std::make_unique<grpc::ClientContext>();
   v1::RegisterRegionRequest req;
-  req.set_name(r->name_);
   req.set_size(size);
+  req.set_handover(*token);
   r->lease_ = client->stub()->RegisterRegion(r->lease_context_.get(), req);
   v1::RegisterRegionResponse ack;
   if (!r->lease_->Read(&ack)) {
@@ -83,8 +156,7 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
     r->lease_.reset();
     return st.ok() ? absl::UnavailableError("RegisterRegion ended without an answer") : st;
   }
-  shm_unlink(r->name_.c_str());
-  r->unlinked_ = true;
+  r->name_ = ack.name();
   return r;
 }
 
@@ -113,10 +185,7 @@ ShmRegion::~ShmRegion() {
     lease_->Finish().ok();
   }
   if (data_ != nullptr) munmap(data_, size_);
-  if (fd_ >= 0) {
-    close(fd_);
-    if (!unlinked_) shm_unlink(name_.c_str());
-  }
+  if (fd_ >= 0) close(fd_);
 }
 
 uint64_t ShmRegion::BytesFor(const v1::StepRequest& request) {

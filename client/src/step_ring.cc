@@ -31,7 +31,12 @@ absl::StatusOr<std::unique_ptr<StepRing>> StepRing::AttachAt(StepStream* stream,
                                                              uint32_t slot_bytes) {
   uint8_t* at = data + offset;
   const uint64_t bytes = BytesFor(slots, slot_bytes);
-  std::memset(at, 0, bytes);
+  // Only the headers need zeros; slot data is written before it is read, so a large ring's
+  // memory is only touched as its slots are used.
+  std::memset(at, 0, sizeof(ring::Header));
+  for (uint32_t i = 0; i < slots; ++i) {
+    std::memset(ring::SlotAt(at, slot_bytes, i), 0, sizeof(ring::SlotHeader));
+  }
   ring::Header* h = ring::HeaderAt(at);
   h->magic = ring::kMagic;
   h->version = ring::kVersion;

@@ -84,6 +84,10 @@ ABSL_FLAG(std::optional<int64_t>, tenant_max_streams, std::nullopt,
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
+ABSL_FLAG(std::string, shm_socket, "",
+          "With --allow_shm: the Unix datagram socket on which clients hand region memory "
+          "(sealed memfds) over, a path or @abstract-name; default an abstract name of this "
+          "process (clients read it from GetServerInfo)");
 ABSL_FLAG(std::string, max_pinned_bytes, "",
           "Bytes of shared-memory regions page-locked at once for faster GPU copies, e.g. 32GiB "
           "(regions past it work unpinned); default a quarter of physical memory");
@@ -278,6 +282,7 @@ int Run() {
   options.auth.token_file = absl::GetFlag(FLAGS_token_file);
   options.auth.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   options.allow_shm = absl::GetFlag(FLAGS_allow_shm);
+  options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
   if (absl::GetFlag(FLAGS_max_pinned_bytes).empty()) {
     options.max_pinned_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                                static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 4;

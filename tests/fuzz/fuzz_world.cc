@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -18,6 +18,7 @@
 #include "edge/request_reader.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/stubs/logging.h"
+#include "smla/client/shm.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
 
@@ -121,28 +122,23 @@ FuzzWorld& FuzzWorld::Get() {
       }
       if (auto st = w->core_->SetRopeTable(m.profile, rope, positions); !st.ok()) Die(st);
     }
-    // The regions: created, registered (the registry maps them itself), then unlinked so that
-    // a crashing fuzzer leaves nothing behind in /dev/shm.
+    // The regions: sealed memfds, as clients hand them over; the registry names them.
     w->regions_ = std::make_unique<server::edge::RegionRegistry>();
     for (const auto& [name, tenant, bytes] :
          {std::tuple{&w->region_name_, kTenant, kRegionBytes},
           std::tuple{&w->foreign_region_name_, "other", uint64_t{4096}}}) {
-      *name = "/smla-fuzz-" + std::string(tenant) + "-" + std::to_string(getpid());
-      const int fd = shm_open(name->c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-        Die(absl::InternalError("fuzz world: cannot create " + *name));
-      }
+      absl::StatusOr<int> fd = client::SealedMemfd("fuzz", bytes);
+      if (!fd.ok()) Die(fd.status());
+      server::edge::OwnedFd object(*fd);
       if (name == &w->region_name_) {
-        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) Die(absl::InternalError("fuzz world: cannot map " + *name));
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, object.get(), 0);
+        if (p == MAP_FAILED) Die(absl::InternalError("fuzz world: cannot map the region"));
         w->region_data_ = static_cast<uint8_t*>(p);
       }
-      close(fd);
-      if (auto st = w->regions_->Register(tenant, w->regions_->NewSession(), *name, bytes, {});
-          !st.ok()) {
-        Die(st);
-      }
-      shm_unlink(name->c_str());
+      absl::StatusOr<std::string> registered =
+          w->regions_->Register(tenant, w->regions_->NewSession(), std::move(object), bytes, {});
+      if (!registered.ok()) Die(registered.status());
+      *name = *registered;
     }
     w->staging_ = std::make_unique<server::edge::StagingPool>(server::edge::HostPinning{},
                                                                server::edge::StagingPool::Options{});

@@ -21,29 +21,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Under AddressSanitizer freed memory sits in a quarantine, so the server's RSS does not follow
-// its live memory: the RSS bounds are checked only in normal builds (the test binary is built
-// like the server).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kRssMeaningful = false;
-#else
-constexpr bool kRssMeaningful = true;
-#endif
-
-int64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      in >> kb;
-      return kb * 1024;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return -1;
-}
-
 std::string Seq(int i) { return absl::StrCat("s", i); }
 
 // The child side of KilledClientMidStream: steps its own sequence through a stream until

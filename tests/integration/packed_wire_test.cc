@@ -71,20 +71,20 @@ class PackedWireTest : public ::testing::Test {
     ASSERT_NE(profile_, nullptr);
     info_ = Describe(*profile_, 8);
     model_ = MakeWireModel(8, *profile_);
-    name_ = absl::StrCat("/smla-wiretest-", getpid());
-    const int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(ftruncate(fd, kRegionBytes), 0);
-    void* p = mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    absl::StatusOr<int> fd = client::SealedMemfd("wiretest", kRegionBytes);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    void* p = mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    OwnedFd object(*fd);
     ASSERT_NE(p, MAP_FAILED);
     data_ = static_cast<uint8_t*>(p);
-    ASSERT_TRUE(registry_.Register("t", registry_.NewSession(), name_, kRegionBytes, {}).ok());
+    absl::StatusOr<std::string> name =
+        registry_.Register("t", registry_.NewSession(), std::move(object), kRegionBytes, {});
+    ASSERT_TRUE(name.ok()) << name.status();
+    name_ = *name;
   }
   void TearDown() override {
     registry_.CloseAll();
     if (data_ != nullptr) munmap(data_, kRegionBytes);
-    shm_unlink(name_.c_str());
   }
 
   // An inline step of three spans at different positions (different compressed counts).

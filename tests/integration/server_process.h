@@ -19,6 +19,18 @@ std::string ServerBinary();
 // The smla tool the tests run: $SMLA_TOOL_BINARY or `built` (the build's own, from CMake).
 std::string ToolBinary(const char* built);
 
+// Under AddressSanitizer freed memory sits in a quarantine, so the server's RSS does not follow
+// its live memory: RSS bounds are checked only in normal builds (the test binary is built like
+// the server).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kRssMeaningful = false;
+#else
+inline constexpr bool kRssMeaningful = true;
+#endif
+
+// The resident memory of process `pid` (VmRSS), or -1.
+int64_t RssBytes(pid_t pid);
+
 class ServerProcess {
  public:
   // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` (the

@@ -11,6 +11,7 @@
 #include "edge/shm_region.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sealed_fd.h"
 
 namespace smla::server::edge {
 namespace {
@@ -19,22 +20,13 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kBytes = 8192;
 
-// A POSIX shared-memory object of kBytes, removed at the end of the test.
-class ShmObject {
- public:
-  explicit ShmObject(const std::string& tag)
-      : name_(absl::StrCat("/smla-pin-test-", getpid(), "-", tag)) {
-    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, kBytes), 0);
-    close(fd);
-  }
-  ~ShmObject() { shm_unlink(name_.c_str()); }
-  const std::string& name() const { return name_; }
-
- private:
-  std::string name_;
-};
+// Registers a fresh memfd for `tenant` and returns the region's name.
+std::string Register(RegionRegistry& registry, const std::string& tenant) {
+  absl::StatusOr<std::string> name =
+      registry.Register(tenant, registry.NewSession(), SealedFd(kBytes), kBytes, nullptr);
+  EXPECT_TRUE(name.ok()) << name.status();
+  return name.value_or("");
+}
 
 struct PinLog {
   std::vector<std::pair<void*, size_t>> pinned;
@@ -50,19 +42,18 @@ struct PinLog {
 };
 
 TEST(ShmPinningTest, PinsOnRegisterAndUnpinsWhenTheLastUserLetsGo) {
-  ShmObject obj("a");
   PinLog log;
   RegionRegistry registry(log.Hooks());
-  ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
+  const std::string name = Register(registry, "t1");
   ASSERT_EQ(log.pinned.size(), 1u);
   EXPECT_NE(log.pinned[0].first, nullptr);
   EXPECT_EQ(log.pinned[0].second, kBytes);
 
   // A step's reference keeps the mapping (and its pin) past the unregistration.
-  absl::StatusOr<RegionBytes> held = registry.Resolve("t1", "q", obj.name(), 64, 128, 2);
+  absl::StatusOr<RegionBytes> held = registry.Resolve("t1", "q", name, 64, 128, 2);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(held->bytes.data(), static_cast<uint8_t*>(log.pinned[0].first) + 64);
-  ASSERT_TRUE(registry.Unregister("t1", obj.name()).ok());
+  ASSERT_TRUE(registry.Unregister("t1", name).ok());
   EXPECT_TRUE(log.unpinned.empty());
   held->keep_alive.reset();
   ASSERT_EQ(log.unpinned.size(), 1u);
@@ -70,35 +61,31 @@ TEST(ShmPinningTest, PinsOnRegisterAndUnpinsWhenTheLastUserLetsGo) {
 }
 
 TEST(ShmPinningTest, AFailedPinStillRegistersAndNeverUnpins) {
-  ShmObject obj("b");
   PinLog log;
   log.answer = absl::InternalError("no page-locking here");
   {
     RegionRegistry registry(log.Hooks());
-    ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
+    const std::string name = Register(registry, "t1");
     EXPECT_EQ(log.pinned.size(), 1u);
-    EXPECT_TRUE(registry.Resolve("t1", "q", obj.name(), 0, kBytes, 1).ok());
+    EXPECT_TRUE(registry.Resolve("t1", "q", name, 0, kBytes, 1).ok());
   }
   EXPECT_TRUE(log.unpinned.empty());
 }
 
 TEST(ShmPinningTest, LookupChecksOwnerAndSliceChecksBounds) {
-  ShmObject obj("c");
   RegionRegistry registry;
-  ASSERT_TRUE(registry.Register("t1", registry.NewSession(), obj.name(), kBytes, nullptr).ok());
-  EXPECT_EQ(registry.Lookup("t2", "q", obj.name()).status().code(),
-            absl::StatusCode::kPermissionDenied);
+  const std::string name = Register(registry, "t1");
+  EXPECT_EQ(registry.Lookup("t2", "q", name).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(registry.Lookup("t1", "q", "/smla-none").status().code(), absl::StatusCode::kNotFound);
-  absl::StatusOr<std::shared_ptr<ShmMapping>> m = registry.Lookup("t1", "q", obj.name());
+  absl::StatusOr<std::shared_ptr<ShmMapping>> m = registry.Lookup("t1", "q", name);
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_TRUE(RegionRegistry::Slice(**m, "q", obj.name(), kBytes - 8, 8, 4).ok());
-  absl::StatusOr<std::span<uint8_t>> past =
-      RegionRegistry::Slice(**m, "q", obj.name(), kBytes - 8, 9, 1);
+  EXPECT_TRUE(RegionRegistry::Slice(**m, "q", name, kBytes - 8, 8, 4).ok());
+  absl::StatusOr<std::span<uint8_t>> past = RegionRegistry::Slice(**m, "q", name, kBytes - 8, 9, 1);
   EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(past.status().message(), HasSubstr("outside region"));
   // offset + size wrapping around 2^64 must not pass.
-  EXPECT_FALSE(RegionRegistry::Slice(**m, "q", obj.name(), 16, ~uint64_t{0} - 7, 1).ok());
-  absl::StatusOr<std::span<uint8_t>> odd = RegionRegistry::Slice(**m, "q", obj.name(), 2, 4, 4);
+  EXPECT_FALSE(RegionRegistry::Slice(**m, "q", name, 16, ~uint64_t{0} - 7, 1).ok());
+  absl::StatusOr<std::span<uint8_t>> odd = RegionRegistry::Slice(**m, "q", name, 2, 4, 4);
   EXPECT_THAT(odd.status().message(), HasSubstr("not a multiple of 4"));
 }
 

@@ -152,22 +152,37 @@ TEST_F(ShmTest, MisuseIsRefusedAndChangesNothing) {
     r.mutable_spans(0)->mutable_q()->mutable_region()->set_region("/smla-nobody");
     ExpectError(h_, r, absl::StatusCode::kNotFound, "'/smla-nobody' is not registered");
   }
-  {  // registering an existing name again, a bad name, a missing object
-    auto again = client::ShmRegion::Create(h_.client.get(), Unique("misuse"), 4096);
-    EXPECT_FALSE(again.ok());  // the client cannot even create it: the object exists
-    v1::RegisterRegionRequest req;
-    for (const auto& [n, code] : std::vector<std::pair<std::string, grpc::StatusCode>>{
-             {name, grpc::StatusCode::ALREADY_EXISTS},
-             {"/etc-passwd", grpc::StatusCode::INVALID_ARGUMENT},
-             {"/smla-../x", grpc::StatusCode::INVALID_ARGUMENT},
-             {"/smla-missing-object", grpc::StatusCode::NOT_FOUND}}) {
+  {  // registering by name, with an unknown token, past the memfd's size, a token twice
+    auto info = h_.client->Info();
+    ASSERT_TRUE(info.ok()) << info.status();
+    absl::StatusOr<int> fd = client::SealedMemfd("misuse", 4096);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    absl::StatusOr<std::string> token = client::HandOver(info->shm_socket(), *fd);
+    ASSERT_TRUE(token.ok()) << token.status();
+    close(*fd);
+    struct Case {
+      std::string name, handover;
+      uint64_t size;
+      grpc::StatusCode code;
+      std::string text;
+    };
+    for (const Case& c : std::vector<Case>{
+             {name, "", 4096, grpc::StatusCode::INVALID_ARGUMENT, "not registered by name"},
+             {"", "0123456789abcdef0123456789abcdef", 4096, grpc::StatusCode::NOT_FOUND,
+              "no pending region memory has this token"},
+             {"", *token, 8192, grpc::StatusCode::INVALID_ARGUMENT, "the memfd holds 4096 bytes"},
+             {"", *token, 4096, grpc::StatusCode::NOT_FOUND, "no pending region memory"}}) {
       grpc::ClientContext ctx;
-      req.set_name(n);
-      req.set_size(4096);
+      v1::RegisterRegionRequest req;
+      req.set_name(c.name);
+      req.set_handover(c.handover);
+      req.set_size(c.size);
       auto reader = h_.client->stub()->RegisterRegion(&ctx, req);
       v1::RegisterRegionResponse ack;
-      EXPECT_FALSE(reader->Read(&ack)) << n;
-      EXPECT_EQ(reader->Finish().error_code(), code) << n;
+      EXPECT_FALSE(reader->Read(&ack)) << c.text;
+      const grpc::Status st = reader->Finish();
+      EXPECT_EQ(st.error_code(), c.code) << c.text;
+      EXPECT_THAT(st.error_message(), HasSubstr(c.text));
     }
   }
   // Nothing was written by any of the refused calls.
@@ -193,7 +208,7 @@ TEST_F(ShmTest, ServerWithoutAllowShmRefusesRegions) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   grpc::ClientContext ctx;
   v1::RegisterRegionRequest req;
-  req.set_name("/smla-" + Unique("off"));
+  req.set_handover("0123456789abcdef0123456789abcdef");
   req.set_size(4096);
   auto reader = h_.client->stub()->RegisterRegion(&ctx, req);
   v1::RegisterRegionResponse ack;
@@ -202,7 +217,8 @@ TEST_F(ShmTest, ServerWithoutAllowShmRefusesRegions) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(st.error_message(), HasSubstr("--allow_shm"));
   auto region = client::ShmRegion::Create(h_.client.get(), Unique("off2"), 4096);
-  EXPECT_FALSE(region.ok());
+  ASSERT_FALSE(region.ok());
+  EXPECT_THAT(std::string(region.status().message()), HasSubstr("--allow_shm"));
   // A step naming a region is refused naming the field.
   ASSERT_NO_FATAL_FAILURE(Prefill("s"));
   v1::StepRequest r = h_.Make(kLayer, {{"s", 64, 6, 5}});
@@ -218,20 +234,23 @@ TEST_F(ShmTest, ServerWithoutAllowShmRefusesRegions) {
 TEST_F(ShmTest, RegionEndsWithItsRegisteringCall) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
   ASSERT_NO_FATAL_FAILURE(Prefill("s"));
-  // An object this test owns, registered by a call that is then cancelled (as when the
-  // client's process or channel goes away).
-  const std::string name = "/smla-" + Unique("lease");
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, kRegionBytes), 0);
+  // Memory this test owns, registered by a call that is then cancelled (as when the client's
+  // process or channel goes away).
+  auto info = h_.client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::StatusOr<int> fd = client::SealedMemfd("lease", kRegionBytes);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  absl::StatusOr<std::string> token = client::HandOver(info->shm_socket(), *fd);
+  ASSERT_TRUE(token.ok()) << token.status();
   auto ctx = std::make_unique<grpc::ClientContext>();
   v1::RegisterRegionRequest req;
-  req.set_name(name);
+  req.set_handover(*token);
   req.set_size(kRegionBytes);
   auto reader = h_.client->stub()->RegisterRegion(ctx.get(), req);
   v1::RegisterRegionResponse ack;
   ASSERT_TRUE(reader->Read(&ack));
   EXPECT_EQ(ack.size(), kRegionBytes);
+  const std::string name = ack.name();
   // A reference past the end: INVALID_ARGUMENT while the region is registered, NOT_FOUND
   // once it is gone, and never a write.
   v1::StepRequest r = h_.Make(kLayer, {{"s", 64, 6, 5}});
@@ -254,8 +273,7 @@ TEST_F(ShmTest, RegionEndsWithItsRegisteringCall) {
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("is not registered"));
   EXPECT_EQ(h_.Length("s", kLayer), 64);
-  close(fd);
-  shm_unlink(name.c_str());
+  close(*fd);
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // The step ring (smla/v1/step_ring.h) on the real smla-server: ring steps equal the inline
 // call bit for bit; misuse (no --allow_shm, a foreign region, bad bounds or header, a second
 // ring, garbage in a slot) is refused with a clear error, changes nothing and never takes the
-// server down; the stream's end stops the ring; the metrics count ring steps exactly.
+// server down; the stream's end stops the ring; the metrics count ring steps exactly; resizing
+// the region cannot fault the server, and a ring costs the server what it holds.
 #include "smla/client/step_ring.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -599,6 +602,92 @@ TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
   }
   EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 2 * 6);
   rs.Finish();
+}
+
+// A client cannot resize its region under the server: the memfd's size is sealed, so the
+// server, which would die of SIGBUS touching a shrunk mapping, never sees one. Tried with the
+// ring attached and idle, and over and over while ring steps read their inputs and write their
+// outputs (punching holes in the outputs is allowed: the pages read back as zeros, no fault).
+TEST(StepRingServerTest, ResizingTheRegionCannotFaultTheServer) {
+  RingServer rs;
+  ASSERT_NO_FATAL_FAILURE(rs.Start({}, "resize"));
+  const int fd = rs.region->fd();
+  errno = 0;
+  EXPECT_EQ(ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  absl::SleepFor(absl::Milliseconds(300));  // the old server died within this, idle
+  ASSERT_TRUE(rs.h.client->Info().ok()) << "the server died";
+  const v1::RegionRef out = rs.Next(64).out_region();
+  std::atomic<bool> done{false};
+  std::atomic<int> tries{0}, resized{0}, punched{0};
+  std::thread attacker([&] {
+    while (!done.load() && tries.load() < 1000000) {
+      ++tries;
+      for (off_t size : {off_t{0}, off_t{4096}, static_cast<off_t>(2 * kRegionBytes)}) {
+        if (ftruncate(fd, size) == 0) ++resized;
+      }
+      if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(out.offset()), static_cast<off_t>(out.size())) == 0) {
+        ++punched;
+      }
+    }
+  });
+  v1::StepResponse resp;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(rs.ring->Call(rs.Next(64 + 6 * i), &resp).ok());
+    EXPECT_EQ(resp.code(), 0) << resp.message();
+  }
+  done = true;
+  attacker.join();
+  EXPECT_GT(tries.load(), 0);
+  EXPECT_EQ(resized.load(), 0);
+  EXPECT_GT(punched.load(), 0);
+  // Alive, and serving: the ring's sequence holds its 8 steps, and a fresh sequence's inline
+  // step (another client) matches the reference.
+  EXPECT_EQ(rs.h.Length("s", kLayer), 64 + 8 * 6);
+  auto other = rs.h.server->Connect();
+  ASSERT_TRUE(other->CreateSequence(rs.h.ModelName(), "other").ok());
+  rs.h.StepAndCheck(rs.h.Make(kLayer, {{"other", 0, 64, 0}}));
+  rs.Finish();
+}
+
+// A ring's server memory follows what the ring holds, not its size: attaching the largest
+// ring (256 slots of 1 MiB) and serving steps through it adds a few MiB of RSS at most.
+TEST(StepRingServerTest, LargeRingCostsTheServerWhatItHolds) {
+  if (!kRssMeaningful) GTEST_SKIP() << "RSS does not follow live memory under AddressSanitizer";
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kDsv41, "--allow_shm"}, "dsv4.1-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
+  h.StepAndCheck(h.Make(kLayer, {{"s", 0, 64, 0}}));
+  constexpr uint64_t kRingAt = 2 << 20;  // inputs and outputs below
+  const uint64_t ring_bytes = ring::RingBytes(ring::kMaxSlots, ring::kMaxSlotBytes);
+  auto region = client::ShmRegion::Create(h.client.get(), Unique("big-ring"), kRingAt + ring_bytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto next = [&](int64_t position) {
+    v1::StepRequest q = h.Make(kLayer, Spans({"s"}, position));
+    EXPECT_TRUE((*region)->Place(&q, 0, Layout::kPacked).ok());
+    return q;
+  };
+  // One step through the region first, so the baseline holds what any region step costs.
+  ASSERT_TRUE(h.client->Step(next(64)).ok());
+  auto stream = h.client->OpenStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int64_t before = RssBytes(h.server->pid());
+  auto r = client::StepRing::Attach(stream->get(), region->get(), kRingAt, ring::kMaxSlots,
+                                    ring::kMaxSlotBytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::StepResponse resp;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*r)->Call(next(70 + 6 * i), &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  const int64_t after = RssBytes(h.server->pid());
+  ASSERT_GT(before, 0);
+  EXPECT_LT(after - before, int64_t{16} << 20)
+      << "RSS " << before / 1024 << " KiB before the attach, " << after / 1024 << " KiB after";
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
 }
 
 TEST(StepRingServerTest, WithoutAllowShmAttachIsRefused) {

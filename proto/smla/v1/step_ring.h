@@ -28,9 +28,9 @@
 //
 // Trust: the server treats every byte here as untrusted (lengths are bounded, sequence numbers
 // compared, a request is copied before parsing); a client that scribbles on its ring only gets
-// error responses or no responses. As for any region, a client that shrinks the shared-memory
-// object under the server can still fault it (shm_region.h): rings are for frontends the
-// operator trusts not to do that, like the rest of --allow_shm.
+// error responses or no responses. The ring's region is a sealed memfd
+// (smla/v1/shm_handover.h) whose size cannot change, so nothing a client does to it can fault
+// the server.
 #pragma once
 
 #include <linux/futex.h>

@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.staging.max_tenant_bytes = std::max(options.tenant_max_inflight_bytes, floor);
   eo.staging.max_cached_bytes = std::min(eo.staging.max_bytes, options.inline_cache_bytes);
   eo.stream_max_inflight_bytes = options.stream_max_inflight_bytes;
+  eo.shm_socket = options.shm_socket;
   std::shared_ptr<const TokenTable> tokens;
   if (!options.auth.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
     eo.auth = std::make_shared<Authenticator>(tokens);
   }
   s->service_ = std::make_unique<SmlaService>(core, s->edge_metrics_.get(), eo);
+  if (absl::Status st = s->service_->StartHandover(); !st.ok()) return st;
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -43,6 +43,9 @@ struct EdgeServerOptions {
   uint64_t inline_cache_bytes = uint64_t{512} << 20;
   // Extra gRPC channel arguments (name, integer value) for the listening server.
   std::vector<std::pair<std::string, int>> grpc_args;
+  // Where clients hand region memory over: "@name" (abstract) or a path; empty: an abstract
+  // name of the process's own (ServerInfo.shm_socket tells clients).
+  std::string shm_socket;
 };
 
 // The largest request (in) and response (out) of one legal step, in bytes.

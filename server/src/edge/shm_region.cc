@@ -1,47 +1,76 @@
 #include "shm_region.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "smla/server/log_field.h"
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 
 namespace smla::server::edge {
 namespace {
 
-constexpr char kPrefix[] = "/smla-";
-constexpr size_t kMaxNameChars = 200;
-
 std::string ErrnoText(int err) { return std::strerror(err); }
+
+constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
 
 }  // namespace
 
-absl::Status CheckRegionName(const std::string& name) {
-  const size_t prefix = sizeof(kPrefix) - 1;
-  if (name.size() <= prefix || name.compare(0, prefix, kPrefix) != 0 ||
-      name.size() - prefix > kMaxNameChars) {
+absl::StatusOr<uint64_t> CheckSealedObject(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  struct statfs fs {};
+  struct stat st {};
+  if (seals < 0 || fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC || fstat(fd, &st) != 0 ||
+      !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("region name '", LogField(name),
-                     "': must be \"/smla-\" followed by 1..200 of [A-Za-z0-9._-]"));
+        "region memory: not a memfd (regions are memfds sealed with F_SEAL_SHRINK, "
+        "F_SEAL_GROW and F_SEAL_SEAL; hugetlb memfds are not taken)");
   }
-  for (size_t i = prefix; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat("region name '", LogField(name),
-                                                     "': character ", i, " is not [A-Za-z0-9._-]"));
+  if ((seals & kRequiredSeals) != kRequiredSeals) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "region memory: seals 0x%x lack F_SEAL_SHRINK, F_SEAL_GROW or F_SEAL_SEAL (a region's "
+        "size must be fixed for good: the server maps it; POSIX shm objects cannot be sealed, "
+        "use memfd_create with MFD_ALLOW_SEALING)",
+        seals));
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "region memory: memfd seals 0x%x forbid writes (the server writes outputs into regions)",
+        seals));
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::string RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      // getrandom cannot fail for a few bytes once the kernel's pool is ready (at boot).
+      spdlog::critical("getrandom: {}", ErrnoText(errno));
+      std::abort();
     }
   }
-  return absl::OkStatus();
+  return absl::BytesToHexString(raw);
 }
 
 HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes) {
@@ -81,31 +110,22 @@ HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes) {
   return HostPinning{std::move(pin), std::move(unpin)};
 }
 
-absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name, uint64_t size,
+absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
+                                                             OwnedFd object, uint64_t size,
                                                              const HostPinning& pinning) {
-  if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
   if (size == 0) return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size 0"));
-  std::shared_ptr<ShmMapping> m(new ShmMapping());
-  m->name_ = name;
-  m->fd_ = shm_open(name.c_str(), O_RDWR, 0);
-  if (m->fd_ < 0) {
-    const int err = errno;
-    const std::string msg = absl::StrCat("region ", name, ": shm_open: ", ErrnoText(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
-  }
-  struct stat st {};
-  if (fstat(m->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("region ", name, ": not a shared-memory file"));
-  }
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size ", size,
-                                                   " but the object holds ", st.st_size, " bytes"));
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd_, 0);
-  if (p == MAP_FAILED) {
+  absl::StatusOr<uint64_t> holds = CheckSealedObject(object.get());
+  if (!holds.ok()) return holds.status();
+  if (*holds < size) {
     return absl::InvalidArgumentError(
+        absl::StrCat("region ", name, ": size ", size, " but the memfd holds ", *holds, " bytes"));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, object.get(), 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(
         absl::StrCat("region ", name, ": mmap of ", size, " bytes: ", ErrnoText(errno)));
   }
+  std::shared_ptr<ShmMapping> m(new ShmMapping());
   m->data_ = static_cast<uint8_t*>(p);
   m->size_ = size;
   if (pinning.pin && pinning.unpin) {
@@ -122,45 +142,19 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& 
 ShmMapping::~ShmMapping() {
   if (unpin_) unpin_(data_);
   if (data_ != nullptr) munmap(data_, size_);
-  if (fd_ >= 0) close(fd_);
 }
 
-absl::Status ShmMapping::CheckStillBacked() const {
-  struct stat st {};
-  if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < size_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region ", name_, ": the object was shrunk below its registered size ", size_));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t session,
-                                      const std::string& name, uint64_t size, EndSession end) {
-  if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = regions_.find(name);
-    if (it != regions_.end()) {
-      if (it->second.tenant != tenant) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("region ", name, ": registered by another tenant"));
-      }
-      return absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
-    }
-  }
-  // Mapping happens outside the lock; a racing registration of the same name is caught below.
-  auto mapping = ShmMapping::Open(name, size, pinning_);
+absl::StatusOr<std::string> RegionRegistry::Register(const std::string& tenant, uint64_t session,
+                                                     OwnedFd object, uint64_t size,
+                                                     EndSession end) {
+  // 128 random bits: a name is never reused, so a stale reference cannot reach a new region.
+  std::string name = "/smla-" + RandomHex(16);
+  auto mapping = ShmMapping::Open(name, std::move(object), size, pinning_);
   if (!mapping.ok()) return mapping.status();
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = regions_.try_emplace(name);
-  if (!inserted) {
-    return it->second.tenant != tenant
-               ? absl::PermissionDeniedError(
-                     absl::StrCat("region ", name, ": registered by another tenant"))
-               : absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
-  }
-  it->second = Entry{tenant, session, *std::move(mapping), std::move(end)};
-  return absl::OkStatus();
+  while (regions_.contains(name)) name = "/smla-" + RandomHex(16);
+  regions_[name] = Entry{tenant, session, *std::move(mapping), std::move(end)};
+  return name;
 }
 
 absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::string& name) {
@@ -229,7 +223,6 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::st
     }
     mapping = it->second.mapping;
   }
-  if (absl::Status st = mapping->CheckStillBacked(); !st.ok()) return st;
   return mapping;
 }
 

@@ -1,22 +1,21 @@
 // Registered shared-memory regions (service.md "Transport"): a client on the server's host
-// creates a POSIX shared-memory object, registers it, and then names (region, offset, size)
-// for step inputs and outputs instead of inline bytes. The server maps each region once,
-// read/write, and hands the core views of the mapping, so inputs are read in place and outputs
-// are written straight into it.
+// hands the server a sealed memfd (smla/v1/shm_handover.h) and registers it, and then names
+// (region, offset, size) for step inputs and outputs instead of inline bytes. The server maps
+// each region once, read/write, and hands the core views of the mapping, so inputs are read in
+// place and outputs are written straight into it.
 //
 // Rules:
-// - Names are "/smla-" followed by 1..200 of [A-Za-z0-9._-], so a client can only make the
-//   server open objects meant for it.
+// - A region is a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL (CheckSealedObject):
+//   its size is fixed for good, so no client action can make an access to the mapping fault.
+//   POSIX shm_open objects (which cannot be sealed) are not taken.
+// - The server names each region ("/smla-" and 32 random hex characters): whoever hands the
+//   memory over owns the region, and no tenant can claim, squat or guess another's.
 // - A region belongs to the tenant that registered it (naming another tenant's region is
 //   PERMISSION_DENIED) and to the session (the registering call) that keeps it alive; it is
 //   unmapped when it is unregistered or its session ends, and not before the last step that
 //   uses it has finished (steps hold a reference to the mapping).
 // - A reference must lie within the registered size (overflow-safe), and its offset must be a
 //   multiple of the element size of its tensor's dtype.
-//
-// Trust: the server re-checks the object's size on every lookup, but a client that shrinks
-// its own object while a step reads it can still fault the server (SIGBUS); --allow_shm is for
-// frontends the operator trusts, on the same host.
 #pragma once
 
 #include <atomic>
@@ -31,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "owned_fd.h"
 
 namespace smla::server::edge {
 
@@ -46,13 +46,22 @@ struct HostPinning {
 // calling `inner`, and the region is served unpinned (slower copies, same results).
 HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes);
 
-// One mapped POSIX shared-memory object. Unpinned, unmapped (and its descriptor closed) on
-// destruction.
+// The size of `fd` when it is a region the server may map: a memfd on shmem (not hugetlbfs),
+// sealed against shrinking, growing and further sealing, and not against writes.
+// INVALID_ARGUMENT naming what is wrong otherwise.
+absl::StatusOr<uint64_t> CheckSealedObject(int fd);
+
+// `bytes` random bytes from the kernel, as lowercase hex (region names, handover tokens).
+std::string RandomHex(size_t bytes);
+
+// One mapped region. Unpinned and unmapped on destruction.
 class ShmMapping {
  public:
-  // Opens `name` read/write and maps its first `size` bytes; the object must hold at least
-  // that many. Pins the mapping with `pinning` when given; a pin that fails only costs speed.
-  static absl::StatusOr<std::shared_ptr<ShmMapping>> Open(const std::string& name, uint64_t size,
+  // Maps the first `size` bytes of `object` read/write as region `name`; the object must pass
+  // CheckSealedObject and hold at least `size` bytes. The descriptor is closed once mapped.
+  // Pins the mapping with `pinning` when given; a pin that fails only costs speed.
+  static absl::StatusOr<std::shared_ptr<ShmMapping>> Open(const std::string& name, OwnedFd object,
+                                                          uint64_t size,
                                                           const HostPinning& pinning = {});
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
@@ -60,14 +69,10 @@ class ShmMapping {
 
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
-  // OK while the object still holds the mapped size (a shrunk object would fault on access).
-  absl::Status CheckStillBacked() const;
 
  private:
   ShmMapping() = default;
   std::function<void(void*)> unpin_;  // set while the mapping is pinned
-  std::string name_;
-  int fd_ = -1;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
@@ -78,9 +83,6 @@ struct RegionBytes {
   std::shared_ptr<ShmMapping> keep_alive;
 };
 
-// Checks a shared-memory object name against the rules above.
-absl::Status CheckRegionName(const std::string& name);
-
 // Registered regions of all tenants; thread-safe.
 class RegionRegistry {
  public:
@@ -89,13 +91,12 @@ class RegionRegistry {
 
   explicit RegionRegistry(HostPinning pinning = {}) : pinning_(std::move(pinning)) {}
 
-  // Maps and records `name` for `tenant`; `end` is called once when the region is dropped by
-  // Unregister or CloseAll (not by DropSession, which the session itself calls). Errors:
-  // INVALID_ARGUMENT (name, size 0), ALREADY_EXISTS (registered by this tenant),
-  // PERMISSION_DENIED (registered by another tenant), NOT_FOUND / INVALID_ARGUMENT from
-  // opening or mapping it.
-  absl::Status Register(const std::string& tenant, uint64_t session, const std::string& name,
-                        uint64_t size, EndSession end);
+  // Maps `object` (ShmMapping::Open) for `tenant` and records it under a new name, which it
+  // returns; `end` is called once when the region is dropped by Unregister or CloseAll (not by
+  // DropSession, which the session itself calls). Errors: INVALID_ARGUMENT (size 0, the
+  // object's seals or size), INTERNAL (mmap).
+  absl::StatusOr<std::string> Register(const std::string& tenant, uint64_t session, OwnedFd object,
+                                       uint64_t size, EndSession end);
   // Drops a region of `tenant`: NOT_FOUND if none, PERMISSION_DENIED if another tenant's.
   absl::Status Unregister(const std::string& tenant, const std::string& name);
   // Drops what `session` registered (the registering call ended).
@@ -109,7 +110,7 @@ class RegionRegistry {
                                       const std::string& name, uint64_t offset, uint64_t size,
                                       uint64_t align) const;
   // Resolve in two halves, so a request naming one region many times looks it up once: the
-  // region of `tenant` (registered, owned, still backed), then a reference's bytes within it.
+  // region of `tenant` (registered, owned), then a reference's bytes within it.
   absl::StatusOr<std::shared_ptr<ShmMapping>> Lookup(const std::string& tenant,
                                                      const std::string& field,
                                                      const std::string& name) const;

@@ -58,13 +58,12 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
       }
       if (finish) state->reactor->Finish(grpc::Status::OK);
     };
-    absl::Status st =
-        regions->Register(*tenant, session_, request->name(), request->size(), std::move(end));
-    if (!st.ok()) {
-      FinishOnce(st);
+    absl::StatusOr<std::string> name = Claim(*request, *tenant, std::move(end));
+    if (!name.ok()) {
+      FinishOnce(name.status());
       return;
     }
-    response_.set_name(request->name());
+    response_.set_name(*name);
     response_.set_size(request->size());
     {
       std::lock_guard<std::mutex> lock(state_->mu);
@@ -118,6 +117,20 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
       state_->finishing = true;
     }
     Finish(service_->Finished("RegisterRegion", "", st));
+  }
+
+  // Takes the handed-over memfd and registers it; returns the region's name.
+  absl::StatusOr<std::string> Claim(const v1::RegisterRegionRequest& request,
+                                    const std::string& tenant, RegionRegistry::EndSession end) {
+    if (!request.name().empty()) {
+      return absl::InvalidArgumentError(
+          "name: regions are not registered by name; hand a sealed memfd over on "
+          "ServerInfo.shm_socket and send its token in handover (the server names the region)");
+    }
+    absl::StatusOr<OwnedFd> object = service_->handover()->Claim(request.handover(), absl::Now());
+    if (!object.ok()) return object.status();
+    return service_->regions()->Register(tenant, session_, *std::move(object), request.size(),
+                                         std::move(end));
   }
 
   void DropSession() {

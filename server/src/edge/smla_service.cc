@@ -136,6 +136,7 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
         HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
                     [core](void* p) { core->UnregisterHostMemory(p); }},
         options_.max_pinned_bytes));
+    handover_box_ = std::make_unique<HandoverBox>();
   }
   {
     ServiceCore* core = core_;
@@ -149,6 +150,15 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
     if (profile == nullptr) continue;
     models_[m.profile] = MakeWireModel(m.heads_per_rank, *profile);
   }
+}
+
+absl::Status SmlaService::StartHandover() {
+  if (handover_box_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<HandoverSocket>> socket =
+      HandoverSocket::Start(options_.shm_socket, handover_box_.get());
+  if (!socket.ok()) return socket.status();
+  handover_socket_ = *std::move(socket);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> SmlaService::TenantOf(const grpc::CallbackServerContext& ctx) const {
@@ -287,6 +297,7 @@ grpc::ServerUnaryReactor* SmlaService::GetServerInfo(grpc::CallbackServerContext
     return Reply(ctx, "GetServerInfo", t.status());
   }
   FillServerInfo(*core_, options_, response);
+  if (handover_socket_ != nullptr) response->set_shm_socket(handover_socket_->address());
   return Reply(ctx, "GetServerInfo", absl::OkStatus());
 }
 

@@ -14,6 +14,7 @@
 #include "edge_metrics.h"
 #include "host_staging.h"
 #include "response_writer.h"
+#include "shm_handover.h"
 #include "shm_region.h"
 #include "smla/server/service_core.h"
 #include "smla/v1/service.grpc.pb.h"
@@ -39,6 +40,8 @@ struct EdgeOptions {
   // StepStream (reading pauses past it, with at least one request always read).
   StagingPool::Options staging;
   uint64_t stream_max_inflight_bytes = uint64_t{256} << 20;
+  // The region handover socket's address (HandoverSocket::Start; empty: an abstract name).
+  std::string shm_socket;
 };
 
 // The generated service with Step and StepStream on raw bytes (grpc::ByteBuffer), so that
@@ -55,6 +58,8 @@ using SmlaServiceBase = v1::Smla::WithCallbackMethod_GetServerInfo<
 class SmlaService final : public SmlaServiceBase {
  public:
   SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions options);
+  // With allow_shm, binds the region handover socket (before the gRPC server starts).
+  absl::Status StartHandover();
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::ServerInfoRequest* request,
@@ -93,6 +98,7 @@ class SmlaService final : public SmlaServiceBase {
     if (regions_) regions_->CloseAll();
   }
   RegionRegistry* regions() const { return regions_.get(); }
+  HandoverBox* handover() const { return handover_box_.get(); }
 
   // The tenant a call acts for, or UNAUTHENTICATED.
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& ctx) const;
@@ -146,6 +152,9 @@ class SmlaService final : public SmlaServiceBase {
   TenantStreams streams_;
   std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
   std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<RegionRegistry> regions_;          // null unless allow_shm
+  std::unique_ptr<HandoverBox> handover_box_;        // null unless allow_shm
+  std::unique_ptr<HandoverSocket> handover_socket_;  // set by Start with allow_shm
 };
 
 // Fills a ServerInfo message from the core (versions, device, models with layer plans and

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "ring_attach.h"
 #include "shm_region.h"
 #include "smla/v1/step_ring.h"
 #include "smla_service.h"
@@ -24,53 +24,11 @@ StepRing::Work::Work() : arena(FirstBlock(first_block, sizeof first_block)) {}
 absl::StatusOr<std::unique_ptr<StepRing>> StepRing::Attach(
     SmlaService* service, const std::string& tenant, absl::Time call_deadline, CancelFlag cancel,
     const v1::RingAttach& attach, std::function<void()> on_idle) {
-  const RegionRegistry* registry = service->regions();
-  if (registry == nullptr) {
-    return absl::FailedPreconditionError(
-        "ring_attach: shared-memory regions are not enabled on this server (start it with "
-        "--allow_shm)");
-  }
-  const uint32_t slots = attach.slots(), slot_bytes = attach.slot_bytes();
-  if (slots < 1 || slots > ring::kMaxSlots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring_attach.slots: ", slots, " is outside 1..", ring::kMaxSlots));
-  }
-  if (slot_bytes < ring::kMinSlotBytes || slot_bytes > ring::kMaxSlotBytes ||
-      slot_bytes % ring::kAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_attach.slot_bytes: ", slot_bytes,
-                                                   " is not a multiple of ", ring::kAlign, " in ",
-                                                   ring::kMinSlotBytes, "..", ring::kMaxSlotBytes));
-  }
-  const v1::RegionRef& ref = attach.ring();
-  const uint64_t need = ring::RingBytes(slots, slot_bytes);
-  if (ref.size() != need) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: size ", ref.size(),
-                                                   ", a ring of ", slots, " slots of ", slot_bytes,
-                                                   " bytes takes ", need));
-  }
-  if (ref.offset() % ring::kAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: offset ", ref.offset(),
-                                                   " is not a multiple of ", ring::kAlign));
-  }
-  absl::StatusOr<std::shared_ptr<ShmMapping>> mapping =
-      registry->Lookup(tenant, "ring_attach.ring", ref.region());
-  if (!mapping.ok()) return mapping.status();
-  absl::StatusOr<std::span<uint8_t>> bytes = RegionRegistry::Slice(
-      **mapping, "ring_attach.ring", ref.region(), ref.offset(), ref.size(), ring::kAlign);
-  if (!bytes.ok()) return bytes.status();
-  const ring::Header* h = ring::HeaderAt(bytes->data());
-  const uint32_t magic = ring::Load(h->magic), version = ring::Load(h->version);
-  const uint32_t h_slots = ring::Load(h->slots), h_slot_bytes = ring::Load(h->slot_bytes);
-  if (magic != ring::kMagic || version != ring::kVersion || h_slots != slots ||
-      h_slot_bytes != slot_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ring_attach.ring: the ring's header (magic 0x%08x, version %u, %u slots of %u bytes) is "
-        "not a version %u ring of %u slots of %u bytes",
-        magic, version, h_slots, h_slot_bytes, ring::kVersion, slots, slot_bytes));
-  }
+  absl::StatusOr<RingPlace> place = CheckRingAttach(service->regions(), tenant, attach);
+  if (!place.ok()) return place.status();
   std::unique_ptr<StepRing> r(new StepRing(service, tenant, call_deadline, std::move(cancel),
-                                           *std::move(mapping), bytes->data(), slots, slot_bytes,
-                                           std::move(on_idle)));
+                                           std::move(place->mapping), place->ring, place->slots,
+                                           place->slot_bytes, std::move(on_idle)));
   r->poller_ = std::thread([p = r.get()] { p->Poll(); });
   return r;
 }
@@ -87,10 +45,9 @@ StepRing::StepRing(SmlaService* service, std::string tenant, absl::Time call_dea
       slots_(slots),
       slot_bytes_(slot_bytes),
       on_idle_(std::move(on_idle)) {
-  for (uint32_t i = 0; i < slots_; ++i) {
-    work_.push_back(std::make_unique<Work>());
-    work_.back()->bytes.resize(slot_bytes_);
-  }
+  // Nothing sized by slot_bytes is allocated here: a slot's memory follows what its requests
+  // really hold (the arena grows with a request and is reset once it is answered).
+  for (uint32_t i = 0; i < slots_; ++i) work_.push_back(std::make_unique<Work>());
 }
 
 StepRing::~StepRing() {
@@ -199,12 +156,15 @@ void StepRing::Serve(uint64_t n) {
     st = absl::InvalidArgumentError(absl::StrCat("ring slot ", index, ": request_bytes ", len,
                                                  " exceeds slot_bytes ", slot_bytes_));
   } else {
-    std::memcpy(w.bytes.data(), ring::SlotData(s), len);
+    // One copy buffer for the ring (only the poller serves): sized by the longest request seen,
+    // at most slot_bytes. Parsing copies what the step keeps into the slot's arena.
+    if (copy_.size() < len) copy_.resize(len);
+    std::memcpy(copy_.data(), ring::SlotData(s), len);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (ring::Load(s->request_seq) != seq) {
       st = absl::InvalidArgumentError(
           absl::StrCat("ring slot ", index, ": request ", seq, " was rewritten while being read"));
-    } else if (!w.request->ParseFromArray(w.bytes.data(), static_cast<int>(len))) {
+    } else if (!w.request->ParseFromArray(copy_.data(), static_cast<int>(len))) {
       st = absl::InvalidArgumentError(
           absl::StrCat("ring slot ", index, ": request ", seq, " is not a StepRequest"));
     } else if (w.request->has_ring_attach()) {
@@ -237,6 +197,10 @@ void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result
   // Counted as the stream's steps: the ring is the stream's transport.
   service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, w.request, w.response);
   Answer(index, w.seq, w.response);
+  // Free what the step grew the arena by (all but its first block) while the slot is idle.
+  w.request = nullptr;
+  w.response = nullptr;
+  w.arena.Reset();
   // The slot's work may be reused from here on.
   w.busy.store(false, std::memory_order_seq_cst);
   if (poller_sleeping_.load()) RingDoorbell();

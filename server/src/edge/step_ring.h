@@ -23,7 +23,11 @@
 // Ring memory is untrusted: a request is bounded by slot_bytes, copied before parsing and
 // re-checked against its sequence number after the copy; bad bytes become error responses, and
 // the poller never waits on the client (a client that reads no responses only stops getting
-// them; at most `slots` of its steps are in flight).
+// them; at most `slots` of its steps are in flight). The region is a sealed memfd
+// (shm_region.h), so no client action can make the ring's memory fault.
+//
+// Server memory follows use, not the ring's size: one copy buffer per ring (the longest
+// request seen), and per slot an arena that a step grows and its answer resets.
 #pragma once
 
 #include <atomic>
@@ -78,7 +82,6 @@ class StepRing {
     v1::StepRequest* request = nullptr;
     v1::StepResponse* response = nullptr;
     ParseStorage storage;
-    std::vector<uint8_t> bytes;  // the request copied out of the ring
     std::string request_id;
     uint32_t seq = 0;
     absl::Time start, parsed;
@@ -109,6 +112,7 @@ class StepRing {
   const uint32_t slot_bytes_;
   const std::function<void()> on_idle_;
   std::vector<std::unique_ptr<Work>> work_;  // per slot
+  std::vector<uint8_t> copy_;                // the request being served, copied (poller only)
   std::atomic<bool> stop_{false};
   std::atomic<bool> poller_sleeping_{false};
   std::thread poller_;

@@ -1,11 +1,11 @@
-// The zero-copy transport on the client side (service.md "Transport"): a POSIX shared-memory
-// object this process creates and registers with a server on the same host, and the helpers
-// that make a step use it. After Place, a step request carries only (region, offset, size)
-// references: the server reads the inputs from the region and writes the output (and MXFP8
-// scales, LSE) into it, so a decode step moves a few hundred bytes over gRPC.
+// The zero-copy transport on the client side (service.md "Transport"): a sealed memfd this
+// process creates, hands over to a server on the same host (smla/v1/shm_handover.h) and
+// registers, and the helpers that make a step use it. After Place, a step request carries only
+// (region, offset, size) references: the server reads the inputs from the region and writes the
+// output (and MXFP8 scales, LSE) into it, so a decode step moves a few hundred bytes over gRPC.
 //
 // Lifetime: the registration lasts while the ShmRegion lives (its registering call stays
-// open); Unregister ends it explicitly, destruction cancels the call, unmaps and unlinks.
+// open); Unregister ends it explicitly, destruction cancels the call and unmaps.
 // One step at a time per region: Place reuses the region from offset 0, so a caller with
 // several steps in flight uses one region per step (or per stream with one step in flight).
 #pragma once
@@ -22,15 +22,23 @@
 
 namespace smla::client {
 
+// A memfd named "smla-<label>" of `size` bytes, sealed as the server requires (F_SEAL_SHRINK,
+// F_SEAL_GROW, F_SEAL_SEAL: its size can never change); the caller owns the descriptor.
+absl::StatusOr<int> SealedMemfd(const std::string& label, uint64_t size);
+
+// Hands `fd` to the server whose handover socket is `socket` (ServerInfo.shm_socket) and
+// returns the token RegisterRegionRequest.handover claims it with. The server's refusal (not a
+// sealed memfd, ...) comes back as FAILED_PRECONDITION with its text.
+absl::StatusOr<std::string> HandOver(const std::string& socket, int fd);
+
 class ShmRegion {
  public:
-  // Creates "/smla-<name_suffix>" (exclusive) of `size` bytes, maps it and registers it with
-  // the server behind `client` (which must outlive the region). The server must run with
-  // --allow_shm and on this host. Once the server has mapped it, the object's name is removed
-  // from /dev/shm (the name stays the region's name on the server), so a client that dies
-  // leaves no object behind.
-  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(Client* client,
-                                                           const std::string& name_suffix,
+  // Creates a memfd (named "smla-<label>" for tools like /proc/PID/fd) of `size` bytes, seals
+  // its size for good (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), maps it, hands it over and
+  // registers it with the server behind `client` (which must outlive the region). The server
+  // must run with --allow_shm and on this host; it names the region (name()). The memory has
+  // no name in any filesystem, so a client that dies leaves nothing behind.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(Client* client, const std::string& label,
                                                            uint64_t size);
   ~ShmRegion();
   ShmRegion(const ShmRegion&) = delete;
@@ -38,6 +46,8 @@ class ShmRegion {
 
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
+  // The memfd (tests try to resize it).
+  int fd() const { return fd_; }
   uint64_t size() const { return size_; }
 
   // Ends the registration; later steps naming the region fail with NOT_FOUND.
@@ -79,7 +89,6 @@ class ShmRegion {
   Client* client_ = nullptr;
   std::string name_;
   int fd_ = -1;
-  bool unlinked_ = false;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::unique_ptr<grpc::ClientContext> lease_context_;
