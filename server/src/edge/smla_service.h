@@ -150,7 +150,6 @@ class SmlaService final : public SmlaServiceBase {
   std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
   std::atomic<uint64_t> next_request_{1};
   TenantStreams streams_;
-  std::unique_ptr<RegionRegistry> regions_;  // null unless allow_shm
   std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<RegionRegistry> regions_;          // null unless allow_shm
   std::unique_ptr<HandoverBox> handover_box_;        // null unless allow_shm
