@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@ std::string ToolBinary(const char* built) {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& args) {
+    const std::vector<std::string>& args, int open_files) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
@@ -50,6 +51,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
+    if (open_files > 0) {
+      const rlimit limit{static_cast<rlim_t>(open_files), static_cast<rlim_t>(open_files)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     execv(argv[0], argv.data());
     _exit(127);
   }

@@ -23,8 +23,10 @@ class ServerProcess {
  public:
   // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` (the
   // environment variables SMLA_SERVER_BINARY and SMLA_TEST_BACKEND override both) plus
-  // `args`, and waits for its "listening on" line.
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args);
+  // `args`, and waits for its "listening on" line. `open_files` > 0 sets the soft and hard
+  // RLIMIT_NOFILE of the server to it.
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args,
+                                                              int open_files = 0);
   ~ServerProcess();  // SIGKILL if still running
 
   int port() const { return port_; }

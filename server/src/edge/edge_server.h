@@ -14,6 +14,7 @@
 #include "auth.h"
 #include "edge_metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "listener.h"
 #include "smla/server/service_core.h"
 #include "smla_service.h"
 
@@ -59,7 +60,9 @@ class EdgeServer {
   EdgeServerOptions options_;
   std::unique_ptr<EdgeMetrics> edge_metrics_;
   std::unique_ptr<SmlaService> service_;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ConnectionListener> listener_;  // after server_: it hands connections to it
   std::unique_ptr<MetricsHttpServer> metrics_;
   int port_ = 0;
   std::atomic<bool> shutting_down_{false};

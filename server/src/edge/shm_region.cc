@@ -132,6 +132,26 @@ absl::Status ShmMapping::CheckStillBacked() const {
   return absl::OkStatus();
 }
 
+absl::Status RegionRegistry::CheckCaps(const std::string& tenant) const {
+  if (caps_.max_regions > 0 && regions_.size() >= static_cast<size_t>(caps_.max_regions)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_regions: the server holds ", regions_.size(), " regions, its limit"));
+  }
+  const auto held = held_.find(tenant);
+  if (caps_.tenant_max_regions > 0 && held != held_.end() &&
+      held->second >= caps_.tenant_max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant_max_regions: the tenant holds ",
+                                                     held->second, " regions, its quota"));
+  }
+  return absl::OkStatus();
+}
+
+void RegionRegistry::Erase(std::map<std::string, Entry>::iterator it) {
+  const auto held = held_.find(it->second.tenant);
+  if (held != held_.end() && --held->second == 0) held_.erase(held);
+  regions_.erase(it);
+}
+
 absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t session,
                                       const std::string& name, uint64_t size, EndSession end) {
   if (absl::Status st = CheckRegionName(name); !st.ok()) return st;
@@ -145,11 +165,16 @@ absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t sessio
       }
       return absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
     }
+    if (absl::Status st = CheckCaps(tenant); !st.ok()) return st;
   }
-  // Mapping happens outside the lock; a racing registration of the same name is caught below.
+  // Mapping happens outside the lock; a racing registration of the same name, or one that
+  // took the last place, is caught below.
   auto mapping = ShmMapping::Open(name, size, pinning_);
   if (!mapping.ok()) return mapping.status();
   absl::MutexLock lock(&mu_);
+  if (regions_.count(name) == 0) {
+    if (absl::Status st = CheckCaps(tenant); !st.ok()) return st;
+  }
   auto [it, inserted] = regions_.try_emplace(name);
   if (!inserted) {
     return it->second.tenant != tenant
@@ -158,6 +183,7 @@ absl::Status RegionRegistry::Register(const std::string& tenant, uint64_t sessio
                : absl::AlreadyExistsError(absl::StrCat("region ", name, ": already registered"));
   }
   it->second = Entry{tenant, session, *std::move(mapping), std::move(end)};
+  ++held_[tenant];
   return absl::OkStatus();
 }
 
@@ -174,7 +200,7 @@ absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::st
           absl::StrCat("region ", name, ": registered by another tenant"));
     }
     end = std::move(it->second.end);
-    regions_.erase(it);
+    Erase(it);
   }
   if (end) end();
   return absl::OkStatus();
@@ -183,7 +209,9 @@ absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::st
 void RegionRegistry::DropSession(uint64_t session) {
   absl::MutexLock lock(&mu_);
   for (auto it = regions_.begin(); it != regions_.end();) {
-    it = it->second.session == session ? regions_.erase(it) : std::next(it);
+    auto next = std::next(it);
+    if (it->second.session == session) Erase(it);
+    it = next;
   }
 }
 
@@ -195,6 +223,7 @@ void RegionRegistry::CloseAll() {
       if (e.end) ends.push_back(std::move(e.end));
     }
     regions_.clear();
+    held_.clear();
   }
   for (auto& end : ends) end();
 }
