@@ -273,8 +273,7 @@ TEST(FaultTest, SigtermUnderLoad) {
           continue;
         }
         // Draining refuses new work; once the port closes calls fail to connect.
-        const auto code = r.status().code();
-        if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled) {
+        if (r.status().code() == absl::StatusCode::kUnavailable) {
           ++refused;
         } else {
           ADD_FAILURE() << r.status();
@@ -410,6 +409,110 @@ TEST(FaultTest, ConnectionsPastTheCapAreClosedAtOnce) {
   for (int fd : silent) close(fd);
   EXPECT_TRUE(ServedWithin(**server, absl::Seconds(5)));
   EXPECT_EQ((*server)->Terminate(), 0);
+}
+
+// How the calls of one client ended: codes other than OK and UNAVAILABLE are kept by name.
+struct CallTally {
+  int ok = 0;
+  int unavailable = 0;
+  std::vector<std::string> other;
+  void Add(const absl::Status& st, const std::string& what) {
+    const absl::StatusCode code = st.code();
+    if (code == absl::StatusCode::kOk) {
+      ++ok;
+    } else if (code == absl::StatusCode::kUnavailable) {
+      ++unavailable;
+    } else {
+      other.push_back(absl::StrCat(what, ": ", st.ToString()));
+    }
+  }
+};
+
+// Unary steps until `stop`; a refused step writes nothing, so the next one retries its place.
+void UnaryStepsUntil(Harness& c, const std::string& seq, const std::atomic<bool>& stop,
+                     CallTally* tally) {
+  int64_t pos = 0;
+  for (int calls = 0; !stop.load() && calls < 1000000; ++calls) {
+    const v1::StepRequest req = c.Make(0, {{seq, pos, 2, 0}});
+    auto r = c.client->Step(req, absl::Seconds(60));
+    tally->Add(r.status(), "Step");
+    if (r.ok()) {
+      c.Check(req, *r);
+      pos += 2;
+    } else {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+}
+
+// Streams of steps until `stop`: every step's code and every stream's final status are tallied;
+// a stream that ends is replaced by a new one.
+void StreamStepsUntil(Harness& c, const std::string& seq, const std::atomic<bool>& stop,
+                      CallTally* tally) {
+  int64_t pos = 0;
+  for (int streams = 0; !stop.load() && streams < 100000; ++streams) {
+    auto stream = c.client->OpenStream();
+    if (!stream.ok()) {
+      tally->Add(stream.status(), "OpenStream");
+      std::this_thread::sleep_for(milliseconds(2));
+      continue;
+    }
+    v1::StepResponse resp;
+    while (!stop.load()) {
+      const v1::StepRequest req = c.Make(0, {{seq, pos, 2, 0}});
+      if (!(*stream)->Write(req) || !(*stream)->Read(&resp)) break;
+      tally->Add(absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message()),
+                 "StepStream step");
+      if (resp.code() == 0) {
+        c.Check(req, resp);
+        pos += 2;
+      }
+    }
+    if (stop.load()) (*stream)->Cancel();
+    const absl::Status st = (*stream)->Finish();
+    if (!stop.load()) tally->Add(st, "StepStream");
+  }
+}
+
+// SIGTERM while clients keep stepping, unary and on streams, and keep calling after refusals:
+// every call and every stream ends OK or UNAVAILABLE (what a Cluster fails over on), never
+// CANCELLED, and the process exits 0.
+TEST(FaultTest, SigtermEndsEveryCallOkOrUnavailable) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--shutdown_grace_s=2"}, "glm-5.3-flash"));
+  constexpr int kClients = 6;
+  std::vector<Harness> hs(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_NO_FATAL_FAILURE(hs[i].Attach(h.server->Connect(), "glm-5.3-flash"));
+    hs[i].rng.seed(200 + i);
+    ASSERT_TRUE(hs[i].client->CreateSequence(hs[i].ModelName(), Seq(i)).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::vector<CallTally> tallies(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        UnaryStepsUntil(hs[i], Seq(i), stop, &tallies[i]);
+      } else {
+        StreamStepsUntil(hs[i], Seq(i), stop, &tallies[i]);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  h.server->Signal(SIGTERM);
+  const int exit_status = h.server->WaitExit(60);
+  // Calls made after the exit find no server (UNAVAILABLE); a moment of them is enough.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop.store(true);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(exit_status, 0);
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE(absl::StrCat("client ", i));
+    EXPECT_GT(tallies[i].ok, 0);
+    EXPECT_GT(tallies[i].unavailable, 0);
+    EXPECT_THAT(tallies[i].other, ::testing::IsEmpty());
+  }
 }
 
 TEST(FaultTest, SoakAtHighConcurrency) {

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "fd_budget.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -91,6 +92,9 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   builder.SetMaxReceiveMessageSize(static_cast<int>(eo.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(eo.max_message_bytes));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
+  counting.push_back(s->calls_.Factory());
+  builder.experimental().SetInterceptorCreators(std::move(counting));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve on ", options.listen));
@@ -119,10 +123,10 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   }
   SetServing(s->server_.get(), core->Healthy());
   s->health_thread_ = std::thread([p = s.get()] { p->WatchHealth(); });
-  spdlog::info("gRPC on port {}, max message {} bytes, at most {} connections and {} regions "
-               "({} open files)",
-               s->port_, eo.max_message_bytes, eo.limits.max_connections, eo.limits.max_regions,
-               fd_limit);
+  spdlog::info(
+      "gRPC on port {}, max message {} bytes, at most {} connections and {} regions "
+      "({} open files)",
+      s->port_, eo.max_message_bytes, eo.limits.max_connections, eo.limits.max_regions, fd_limit);
   return s;
 }
 
@@ -146,9 +150,16 @@ void EdgeServer::Shutdown() {
   core_->Drain();
   service_->CloseRegions();  // their registering calls would otherwise hold up the shutdown
   if (listener_) listener_->StopAccepting();
-  spdlog::info("shutdown: closing calls (grace {})", absl::FormatDuration(options_.shutdown_grace));
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoSeconds(options_.shutdown_grace));
+  spdlog::info("shutdown: waiting for open calls (grace {})",
+               absl::FormatDuration(options_.shutdown_grace));
+  const absl::Time deadline = absl::Now() + options_.shutdown_grace;
+  while (calls_.open() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  // gRPC's shutdown answers a call that arrives while it runs CANCELLED, which clients do not
+  // fail over on. Closing every connection first leaves it none to answer: whatever a client
+  // still has in flight ends UNAVAILABLE with the connection.
+  spdlog::info("shutdown: closing connections ({} calls open)", calls_.open());
+  if (listener_) listener_->DisconnectAll();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   listener_.reset();
   stop_watch_.Notify();
   if (health_thread_.joinable()) health_thread_.join();
