@@ -406,6 +406,11 @@ TEST(FaultTest, ConnectionsPastTheCapAreClosedAtOnce) {
   EXPECT_EQ(closed, kSilent - 7);  // the cap of 8 holds the established client and 7 more
   auto info = established->Info();
   EXPECT_TRUE(info.ok()) << info.status();
+  auto metrics = (*server)->ScrapeMetrics();
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, ::testing::HasSubstr("smla_connections_open 8\n"));
+  EXPECT_THAT(*metrics, ::testing::HasSubstr(
+                            absl::StrCat("smla_connections_refused_total ", kSilent - 7, "\n")));
   for (int fd : silent) close(fd);
   EXPECT_TRUE(ServedWithin(**server, absl::Seconds(5)));
   EXPECT_EQ((*server)->Terminate(), 0);

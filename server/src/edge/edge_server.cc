@@ -113,6 +113,15 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   }
   s->listener_ = *std::move(listener);
   s->port_ = s->listener_->port();
+  Registry& registry = s->edge_metrics_->registry();
+  Gauge& open = registry.GetGauge("smla_connections_open", "Open gRPC connections.");
+  Counter& refused = registry.GetCounter(
+      "smla_connections_refused_total",
+      "Connections closed at once: past --max_connections, or for want of descriptors.");
+  registry.AddCollector([l = s->listener_.get(), &open, &refused] {
+    open.Set(static_cast<double>(l->open_connections()));
+    refused.Set(static_cast<double>(l->refused_connections()));
+  });
   if (!options.metrics_listen.empty()) {
     auto m = MetricsHttpServer::Start(options.metrics_listen, &s->edge_metrics_->registry());
     if (!m.ok()) {
@@ -160,7 +169,6 @@ void EdgeServer::Shutdown() {
   spdlog::info("shutdown: closing connections ({} calls open)", calls_.open());
   if (listener_) listener_->DisconnectAll();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  listener_.reset();
   stop_watch_.Notify();
   if (health_thread_.joinable()) health_thread_.join();
   if (metrics_) metrics_->Stop();

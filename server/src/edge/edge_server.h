@@ -65,7 +65,8 @@ class EdgeServer {
   std::unique_ptr<SmlaService> service_;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<ConnectionListener> listener_;  // after server_: it hands connections to it
+  // After server_, which it hands connections to; before metrics_, whose collector reads it.
+  std::unique_ptr<ConnectionListener> listener_;
   std::unique_ptr<MetricsHttpServer> metrics_;
   int port_ = 0;
   std::atomic<bool> shutting_down_{false};

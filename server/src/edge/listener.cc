@@ -195,7 +195,8 @@ void ConnectionListener::AcceptAll(int listener_fd) {
       }
       continue;
     }
-    switch (errno) {
+    const int err = errno;
+    switch (err) {
       case EAGAIN:
         return;
       case EINTR:
@@ -215,11 +216,11 @@ void ConnectionListener::AcceptAll(int listener_fd) {
           if (shed >= 0) close(shed);
           reserve_ = OpenReserve();
         }
-        Refused(std::strerror(errno));
+        Refused(std::strerror(err));
         Pause();
         return;
       default:
-        spdlog::error("listener: accept4: {}", std::strerror(errno));
+        spdlog::error("listener: accept4: {}", std::strerror(err));
         Pause();
         return;
     }
@@ -234,9 +235,10 @@ void ConnectionListener::Track(int fd, int listener_fd) {
   ev.events = 0;  // EPOLLHUP and EPOLLERR are always reported
   ev.data.u64 = Tag(kWatch, watch);
   if (watch < 0 || epoll_ctl(epoll_, EPOLL_CTL_ADD, watch, &ev) != 0) {
+    const int err = errno;
     if (watch >= 0) close(watch);
     close(fd);
-    Refused(std::strerror(errno));
+    Refused(std::strerror(err));
     Pause();
     return;
   }
