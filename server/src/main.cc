@@ -20,6 +20,7 @@
 #include "edge/edge_metrics.h"
 #include "edge/edge_server.h"
 #include "edge/fault_backend.h"
+#include "edge/fd_budget.h"
 #include "edge/limit_fields.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/model_profile.h"
@@ -71,6 +72,12 @@ ABSL_FLAG(std::optional<int64_t>, max_queued_rows, std::nullopt,
           LimitHelp("Rows waiting per (model, layer) queue", Limits().max_queued_rows));
 ABSL_FLAG(std::optional<int64_t>, max_sequences, std::nullopt,
           LimitHelp("Live sequences", Limits().max_sequences));
+ABSL_FLAG(std::optional<int64_t>, max_connections, std::nullopt,
+          "Open gRPC connections; one past it is closed at once (default: a quarter of the "
+          "open-files limit left after a reserve)");
+ABSL_FLAG(std::optional<int64_t>, max_regions, std::nullopt,
+          "Registered shared-memory regions of all tenants (default: half of the open-files "
+          "limit left after a reserve)");
 ABSL_FLAG(std::optional<int64_t>, stream_max_inflight, std::nullopt,
           "Requests of one StepStream in flight (default 16)");
 ABSL_FLAG(std::optional<int64_t>, shutdown_grace_s, std::nullopt,
@@ -81,6 +88,8 @@ ABSL_FLAG(std::optional<int64_t>, tenant_max_pages, std::nullopt,
           "KV pool pages per tenant and model (0 = no quota, the default)");
 ABSL_FLAG(std::optional<int64_t>, tenant_max_streams, std::nullopt,
           "Open StepStream calls per tenant (0 = no quota, the default)");
+ABSL_FLAG(std::optional<int64_t>, tenant_max_regions, std::nullopt,
+          "Registered shared-memory regions per tenant (0 = no quota, the default)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(bool, allow_shm, false,
           "Let clients on this host register shared-memory regions (zero-copy transport)");
@@ -234,6 +243,7 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  spdlog::info("open files: up to {}", edge::RaiseFdLimit());
 
   int32_t stream_max_inflight = 0;
   int32_t grace_s = 0;

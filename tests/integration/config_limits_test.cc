@@ -38,8 +38,8 @@ TEST(ConfigLimitsTest, EveryLimitsConfigFieldIsInTheTable) {
     int32_t inflight = 0, grace = 0;
     EXPECT_TRUE(SetLimit("limits.", name, 7, {&limits, &inflight, &grace}).ok()) << name;
   }
-  // The flags cover the same table, plus the edge's and the tenant quotas.
-  EXPECT_EQ(LimitNames().size(), static_cast<size_t>(d->field_count()) + 4);
+  // The flags cover the same table, plus shutdown_grace_s and the tenant quotas.
+  EXPECT_EQ(LimitNames().size(), static_cast<size_t>(d->field_count()) + 5);
 }
 
 TEST(ConfigLimitsTest, FileValuesApplyAndZeroKeepsTheDefault) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,7 +49,7 @@ std::string ToolBinary(const char* built) {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& args, const std::string& log_path) {
+    const std::vector<std::string>& args, const std::string& log_path, int open_files) {
   const int log_fd = log_path.empty()
                          ? -1
                          : open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -75,6 +76,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
     close(out[0]);
     close(out[1]);
+    if (open_files > 0) {
+      const rlimit limit{static_cast<rlim_t>(open_files), static_cast<rlim_t>(open_files)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     execv(argv[0], argv.data());
     _exit(127);
   }

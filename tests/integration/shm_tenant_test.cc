@@ -140,6 +140,51 @@ TEST(ShmTenantTest, NoTenantCanTakeAnothersRegion) {
   }
   EXPECT_EQ(*tt.alice->Length({model.profile(), "a"}, kLayer), 64);
   EXPECT_EQ(*tt.bob->Length({model.profile(), "b"}, kLayer), 64);
+// Each region holds a descriptor: --tenant_max_regions bounds one tenant, --max_regions all of
+// them, so registrations cannot use up the server's descriptors. The bound is exact, the refusal
+// names the cap, and a region unregistered frees its place.
+TEST(ShmTenantTest, RegionCapsBoundRegistrations) {
+  const std::string tokens = ::testing::TempDir() + "/shm_cap_tokens.txt";
+  std::ofstream(tokens) << "token-alice alice\ntoken-bob bob\ntoken-carol carol\n";
+  chmod(tokens.c_str(), 0600);
+  auto server = ServerProcess::Start({kDsv41, "--allow_shm", "--token_file=" + tokens,
+                                      "--tenant_max_regions=3", "--max_regions=5"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions o;
+    o.target = (*server)->target();
+    o.token = token;
+    return *client::Client::Connect(o);
+  };
+  std::unique_ptr<client::Client> alice = connect("token-alice"), bob = connect("token-bob"),
+                                  carol = connect("token-carol");
+  auto make = [](client::Client* c, const std::string& name) {
+    return client::ShmRegion::Create(c, Unique(name), 4096);
+  };
+  std::vector<std::unique_ptr<client::ShmRegion>> held;
+  for (int i = 0; i < 3; ++i) {
+    auto r = make(alice.get(), absl::StrCat("alice", i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    held.push_back(*std::move(r));
+  }
+  auto over = make(alice.get(), "alice3");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("tenant_max_regions"));
+  // Another tenant has its own quota, up to the server's bound of 5.
+  for (int i = 0; i < 2; ++i) {
+    auto r = make(bob.get(), absl::StrCat("bob", i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    held.push_back(*std::move(r));
+  }
+  over = make(carol.get(), "carol0");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("max_regions"));
+  // Unregistering one of alice's frees a place for carol.
+  ASSERT_TRUE(held.front()->Unregister().ok());
+  auto freed = make(carol.get(), "carol1");
+  EXPECT_TRUE(freed.ok()) << freed.status();
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "edge_metrics.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -7,10 +9,24 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "http_task_queue.h"
 #include "httplib.h"
 
 namespace smla::server::edge {
 namespace {
+
+// A scraper sends its request as soon as it connects and reads the answer at once, so a
+// connection that stays silent or slow this long is idle, not a scrape, and gives its worker
+// back. Workers exceed the idle connections a scrape should get past; past them and the
+// waiting bound, connections wait in the kernel's backlog.
+constexpr time_t kIdleSeconds = 1;
+constexpr time_t kReadWriteSeconds = 2;
+constexpr int kHttpWorkers = 64;
+constexpr int kHttpMaxWaiting = 64;
+// cpp-httplib listens with a backlog of 5: a burst of connects (scrapers, probes) overflows it
+// whenever its accept thread is slow to run, and each overflowed connect waits a SYN
+// retransmission (a second or more). Linux takes a second listen() as a new backlog.
+constexpr int kHttpBacklog = 128;
 
 std::vector<double> SecondsBuckets() {
   // 20 us .. ~10 s: decode calls sit in the tens of microseconds on a GPU, CPU prefill in seconds.
@@ -123,6 +139,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (!hp.ok()) return hp.status();
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer());
   s->http_ = std::make_unique<httplib::Server>();
+  s->http_->new_task_queue = [] { return new BoundedTaskQueue(kHttpWorkers, kHttpMaxWaiting); };
+  s->http_->set_keep_alive_timeout(kIdleSeconds);
+  s->http_->set_read_timeout(kReadWriteSeconds, 0);
+  s->http_->set_write_timeout(kReadWriteSeconds, 0);
+  int listen_fd = -1;
+  s->http_->set_socket_options([&listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = fd;
+  });
   s->http_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry->Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -135,6 +160,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (s->port_ <= 0) {
     return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host_port));
   }
+  s->http_->set_socket_options(httplib::default_socket_options);  // drops the reference
+  if (listen_fd >= 0) listen(listen_fd, kHttpBacklog);
   httplib::Server* http = s->http_.get();
   auto ended = std::make_shared<std::atomic<bool>>(false);
   s->thread_ = std::thread([http, ended] {

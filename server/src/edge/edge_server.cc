@@ -6,6 +6,8 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fd_budget.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "smla/server/model_profile.h"
@@ -15,6 +17,9 @@ namespace smla::server::edge {
 namespace {
 
 constexpr char kServiceName[] = "smla.v1.Smla";
+// A connection that has not finished its TLS and HTTP/2 handshake by then is closed (gRPC's
+// default, 120 s, lets silent connections hold their descriptors for minutes).
+constexpr int kHandshakeTimeoutMs = 20000;
 
 void SetServing(grpc::Server* server, bool serving) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -64,6 +69,10 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   EdgeOptions eo;
   eo.stream_max_inflight = std::max(1, options.stream_max_inflight);
   eo.limits = limits;
+  const int64_t fd_limit = FdLimit();
+  const FdBudget budget = DefaultFdBudget(fd_limit);
+  if (eo.limits.max_connections <= 0) eo.limits.max_connections = budget.max_connections;
+  if (eo.limits.max_regions <= 0) eo.limits.max_regions = budget.max_regions;
   eo.max_message_bytes = MaxMessageBytes(*core, limits);
   eo.allow_shm = options.allow_shm;
   eo.max_pinned_bytes = options.max_pinned_bytes;
@@ -95,15 +104,45 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       MakeServerCredentials(options.auth, options.listen, tokens);
   if (!creds.ok()) return creds.status();
-  builder.AddListeningPort(options.listen, *creds, &s->port_);
+  // The port is ours (listener.h): gRPC takes each accepted connection with the same
+  // credentials it would have applied to its own.
+  s->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, *creds);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(eo.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(eo.max_message_bytes));
   for (const auto& [name, value] : options.grpc_args) builder.AddChannelArgument(name, value);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
+  counting.push_back(s->calls_.Factory());
+  builder.experimental().SetInterceptorCreators(std::move(counting));
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (s->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on ", options.listen));
   }
+  auto listener = ConnectionListener::Start(
+      options.listen, eo.limits.max_connections,
+      [acceptor = s->acceptor_.get()](int fd, int listener_fd) {
+        grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+        p.listener_fd = listener_fd;
+        p.fd = fd;
+        acceptor->HandleNewConnection(&p);
+      });
+  if (!listener.ok()) {
+    s->server_->Shutdown();
+    return listener.status();
+  }
+  s->listener_ = *std::move(listener);
+  s->port_ = s->listener_->port();
+  Registry& registry = s->edge_metrics_->registry();
+  Gauge& open = registry.GetGauge("smla_connections_open", "Open gRPC connections.");
+  Counter& refused = registry.GetCounter(
+      "smla_connections_refused_total",
+      "Connections closed at once: past --max_connections, or for want of descriptors.");
+  registry.AddCollector([l = s->listener_.get(), &open, &refused] {
+    open.Set(static_cast<double>(l->open_connections()));
+    refused.Set(static_cast<double>(l->refused_connections()));
+  });
   if (!options.metrics_listen.empty()) {
     auto m = MetricsHttpServer::Start(options.metrics_listen, &s->edge_metrics_->registry());
     if (!m.ok()) {
@@ -114,10 +153,11 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   }
   SetServing(s->server_.get(), core->Healthy());
   s->health_thread_ = std::thread([p = s.get()] { p->WatchHealth(); });
-  spdlog::info("gRPC on port {}, max message {} bytes, inline bytes in flight {} (tenant {}, "
-               "stream {})",
-               s->port_, eo.max_message_bytes, eo.staging.max_bytes, eo.staging.max_tenant_bytes,
-               eo.stream_max_inflight_bytes);
+  spdlog::info(
+      "gRPC on port {}, max message {} bytes, at most {} connections and {} regions "
+      "({} open files), inline bytes in flight {} (tenant {}, stream {})",
+      s->port_, eo.max_message_bytes, eo.limits.max_connections, eo.limits.max_regions, fd_limit,
+      eo.staging.max_bytes, eo.staging.max_tenant_bytes, eo.stream_max_inflight_bytes);
   return s;
 }
 
@@ -140,9 +180,17 @@ void EdgeServer::Shutdown() {
   spdlog::info("shutdown: draining queued work");
   core_->Drain();
   service_->CloseRegions();  // their registering calls would otherwise hold up the shutdown
-  spdlog::info("shutdown: closing calls (grace {})", absl::FormatDuration(options_.shutdown_grace));
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoSeconds(options_.shutdown_grace));
+  if (listener_) listener_->StopAccepting();
+  spdlog::info("shutdown: waiting for open calls (grace {})",
+               absl::FormatDuration(options_.shutdown_grace));
+  const absl::Time deadline = absl::Now() + options_.shutdown_grace;
+  while (calls_.open() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  // gRPC's shutdown answers a call that arrives while it runs CANCELLED, which clients do not
+  // fail over on. Closing every connection first leaves it none to answer: whatever a client
+  // still has in flight ends UNAVAILABLE with the connection.
+  spdlog::info("shutdown: closing connections ({} calls open)", calls_.open());
+  if (listener_) listener_->DisconnectAll();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   stop_watch_.Notify();
   if (health_thread_.joinable()) health_thread_.join();
   if (metrics_) metrics_->Stop();

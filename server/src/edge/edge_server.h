@@ -14,8 +14,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "auth.h"
+#include "call_counter.h"
 #include "edge_metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "listener.h"
 #include "smla/server/service_core.h"
 #include "smla_service.h"
 
@@ -70,7 +72,8 @@ class EdgeServer {
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
   // Health NOT_SERVING, drain the core (new steps UNAVAILABLE, queued ones finish), stop
-  // accepting calls and wait up to the grace period for open ones, stop metrics. Idempotent.
+  // accepting connections, wait up to the grace period for open calls, then close every
+  // connection (clients see UNAVAILABLE) before gRPC's own shutdown, stop metrics. Idempotent.
   void Shutdown();
 
  private:
@@ -80,8 +83,12 @@ class EdgeServer {
   ServiceCore* core_ = nullptr;
   EdgeServerOptions options_;
   std::unique_ptr<EdgeMetrics> edge_metrics_;
+  CallCounter calls_;  // outlives server_, whose interceptors count through it
   std::unique_ptr<SmlaService> service_;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   std::unique_ptr<grpc::Server> server_;
+  // After server_, which it hands connections to; before metrics_, whose collector reads it.
+  std::unique_ptr<ConnectionListener> listener_;
   std::unique_ptr<MetricsHttpServer> metrics_;
   int port_ = 0;
   std::atomic<bool> shutting_down_{false};

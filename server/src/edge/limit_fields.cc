@@ -44,6 +44,9 @@ constexpr LimitField kFields[] = {
     Micros<&Limits::scheduler_spin>("scheduler_spin_us"),
     Count<&Limits::max_sequences>("max_sequences", true),
     Count<&Limits::max_context>("max_context", true),
+    // 0 keeps the default, which follows the open-files limit.
+    Count<&Limits::max_connections>("max_connections", true),
+    Count<&Limits::max_regions>("max_regions", true),
     {"stream_max_inflight", true, std::numeric_limits<int32_t>::max(),
      [](const LimitTargets& t, int64_t v) { *t.stream_max_inflight = static_cast<int32_t>(v); }},
     {"shutdown_grace_s", true, std::numeric_limits<int32_t>::max(),
@@ -52,6 +55,7 @@ constexpr LimitField kFields[] = {
     Count<&Limits::tenant_max_sequences>("tenant_max_sequences", false),
     Count<&Limits::tenant_max_pages>("tenant_max_pages", false),
     Count<&Limits::tenant_max_streams>("tenant_max_streams", false),
+    Count<&Limits::tenant_max_regions>("tenant_max_regions", false),
 };
 
 constexpr std::array<absl::string_view, std::size(kFields)> kNames = [] {

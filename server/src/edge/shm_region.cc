@@ -144,16 +144,43 @@ ShmMapping::~ShmMapping() {
   if (data_ != nullptr) munmap(data_, size_);
 }
 
+absl::Status RegionRegistry::CheckCaps(const std::string& tenant) const {
+  if (caps_.max_regions > 0 && regions_.size() >= static_cast<size_t>(caps_.max_regions)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_regions: the server holds ", regions_.size(), " regions, its limit"));
+  }
+  const auto held = held_.find(tenant);
+  if (caps_.tenant_max_regions > 0 && held != held_.end() &&
+      held->second >= caps_.tenant_max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant_max_regions: the tenant holds ",
+                                                     held->second, " regions, its quota"));
+  }
+  return absl::OkStatus();
+}
+
+void RegionRegistry::Erase(std::map<std::string, Entry>::iterator it) {
+  const auto held = held_.find(it->second.tenant);
+  if (held != held_.end() && --held->second == 0) held_.erase(held);
+  regions_.erase(it);
+}
+
 absl::StatusOr<std::string> RegionRegistry::Register(const std::string& tenant, uint64_t session,
                                                      OwnedFd object, uint64_t size,
                                                      EndSession end) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status st = CheckCaps(tenant); !st.ok()) return st;
+  }
   // 128 random bits: a name is never reused, so a stale reference cannot reach a new region.
   std::string name = "/smla-" + RandomHex(16);
   auto mapping = ShmMapping::Open(name, std::move(object), size, pinning_);
   if (!mapping.ok()) return mapping.status();
   absl::MutexLock lock(&mu_);
+  // Mapping ran outside the lock: a registration that took the last place meanwhile wins.
+  if (absl::Status st = CheckCaps(tenant); !st.ok()) return st;
   while (regions_.contains(name)) name = "/smla-" + RandomHex(16);
   regions_[name] = Entry{tenant, session, *std::move(mapping), std::move(end)};
+  ++held_[tenant];
   return name;
 }
 
@@ -170,7 +197,7 @@ absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::st
           absl::StrCat("region ", name, ": registered by another tenant"));
     }
     end = std::move(it->second.end);
-    regions_.erase(it);
+    Erase(it);
   }
   if (end) end();
   return absl::OkStatus();
@@ -179,7 +206,9 @@ absl::Status RegionRegistry::Unregister(const std::string& tenant, const std::st
 void RegionRegistry::DropSession(uint64_t session) {
   absl::MutexLock lock(&mu_);
   for (auto it = regions_.begin(); it != regions_.end();) {
-    it = it->second.session == session ? regions_.erase(it) : std::next(it);
+    auto next = std::next(it);
+    if (it->second.session == session) Erase(it);
+    it = next;
   }
 }
 
@@ -191,6 +220,7 @@ void RegionRegistry::CloseAll() {
       if (e.end) ends.push_back(std::move(e.end));
     }
     regions_.clear();
+    held_.clear();
   }
   for (auto& end : ends) end();
 }

@@ -83,18 +83,26 @@ struct RegionBytes {
   std::shared_ptr<ShmMapping> keep_alive;
 };
 
+// How many regions may be registered at once (each holds a descriptor); 0 = no bound.
+struct RegionCaps {
+  int32_t max_regions = 0;         // all tenants together
+  int32_t tenant_max_regions = 0;  // one tenant
+};
+
 // Registered regions of all tenants; thread-safe.
 class RegionRegistry {
  public:
   // Ends a session from the registry's side (unregister, shutdown); runs without the lock.
   using EndSession = std::function<void()>;
 
-  explicit RegionRegistry(HostPinning pinning = {}) : pinning_(std::move(pinning)) {}
+  explicit RegionRegistry(HostPinning pinning = {}, RegionCaps caps = {})
+      : pinning_(std::move(pinning)), caps_(caps) {}
 
   // Maps `object` (ShmMapping::Open) for `tenant` and records it under a new name, which it
   // returns; `end` is called once when the region is dropped by Unregister or CloseAll (not by
   // DropSession, which the session itself calls). Errors: INVALID_ARGUMENT (size 0, the
-  // object's seals or size), INTERNAL (mmap).
+  // object's seals or size), RESOURCE_EXHAUSTED naming the cap (tenant_max_regions,
+  // max_regions), INTERNAL (mmap).
   absl::StatusOr<std::string> Register(const std::string& tenant, uint64_t session, OwnedFd object,
                                        uint64_t size, EndSession end);
   // Drops a region of `tenant`: NOT_FOUND if none, PERMISSION_DENIED if another tenant's.
@@ -128,9 +136,15 @@ class RegionRegistry {
     std::shared_ptr<ShmMapping> mapping;
     EndSession end;
   };
+  // RESOURCE_EXHAUSTED when `tenant` may register no more.
+  absl::Status CheckCaps(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Erase(std::map<std::string, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const HostPinning pinning_;
+  const RegionCaps caps_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int32_t> held_ ABSL_GUARDED_BY(mu_);  // regions by tenant
   std::atomic<uint64_t> next_session_{1};
 };
 

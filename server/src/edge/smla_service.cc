@@ -135,7 +135,8 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
     regions_ = std::make_unique<RegionRegistry>(BudgetedPinning(
         HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
                     [core](void* p) { core->UnregisterHostMemory(p); }},
-        options_.max_pinned_bytes));
+        options_.max_pinned_bytes),
+        RegionCaps{options_.limits.max_regions, options_.limits.tenant_max_regions});
     handover_box_ = std::make_unique<HandoverBox>();
   }
   {

@@ -48,6 +48,10 @@ struct Limits {
   int32_t tenant_max_sequences = 0;  // live sequences per tenant, per served model
   int64_t tenant_max_pages = 0;      // KV pool pages per tenant, per served model
   int32_t tenant_max_streams = 0;    // open StepStream calls per tenant (the edge counts them)
+  int32_t tenant_max_regions = 0;    // registered shared-memory regions per tenant
+  // Descriptor-bound limits of the edge; 0 = derived from the open-files limit (fd_budget.h).
+  int32_t max_connections = 0;  // open gRPC connections
+  int32_t max_regions = 0;      // registered shared-memory regions, all tenants
   // Sequences not used (created, stepped, truncated or read) for this long are released on
   // every layer by a background sweeper; InfiniteDuration = never.
   absl::Duration sequence_idle_timeout = absl::InfiniteDuration();
