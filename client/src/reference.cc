@@ -147,14 +147,16 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
 
   // 2. Segments, q, positions for every row, spans in order.
   std::vector<int32_t> main_ptr = {0}, main_idx, extra_ptr = {0}, extra_idx, positions;
-  std::vector<uint8_t> q;
+  std::vector<uint16_t> q;  // bf16; MXFP8 queries decoded exactly as the server expands them
   for (const v1::Span& s : req.spans()) {
     const SequenceLayer& sl = sequences_[{s.sequence_id(), layer}];
     const int32_t k =
         s.has_topk() && s.topk().shape_size() == 2 ? static_cast<int32_t>(s.topk().shape(1)) : 0;
     std::vector<int32_t> topk(int64_t{s.num_rows()} * k);
     if (k > 0) std::memcpy(topk.data(), s.topk().inline_data().data(), topk.size() * 4);
-    q.insert(q.end(), s.q().inline_data().begin(), s.q().inline_data().end());
+    auto span_q = SpanQueryBf16(s);
+    if (!span_q.ok()) return span_q.status();
+    q.insert(q.end(), span_q->begin(), span_q->end());
     for (int32_t t = 0; t < s.num_rows(); ++t) {
       const int64_t p = s.first_position() + t;
       positions.push_back(static_cast<int32_t>(p));

@@ -31,6 +31,7 @@ std::vector<v1::Tensor*> Inputs(v1::StepRequest* r) {
   std::vector<v1::Tensor*> t;
   for (v1::Span& s : *r->mutable_spans()) {
     for (v1::Tensor* x : {s.mutable_kv_rows(), s.mutable_q()}) t.push_back(x);
+    if (s.has_q_scales()) t.push_back(s.mutable_q_scales());
     if (s.has_compressed_rows()) t.push_back(s.mutable_compressed_rows());
     if (s.has_topk()) t.push_back(s.mutable_topk());
   }
@@ -192,6 +193,7 @@ uint64_t ShmRegion::BytesFor(const v1::StepRequest& request) {
   uint64_t n = 0;
   for (const v1::Span& s : request.spans()) {
     n += AlignUp(s.kv_rows().inline_data().size()) + AlignUp(s.q().inline_data().size());
+    if (s.has_q_scales()) n += AlignUp(s.q_scales().inline_data().size());
     if (s.has_compressed_rows()) n += AlignUp(s.compressed_rows().inline_data().size());
     if (s.has_topk()) n += AlignUp(s.topk().inline_data().size());
   }
@@ -279,6 +281,15 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
         !st.ok()) {
       return st;
     }
+    // MXFP8 queries: their scale bytes (a request's spans share one query format). Asked for
+    // only when present: mutable_q_scales() would mark the packed queries MXFP8.
+    if (request->spans_size() > 0 && request->spans(0).has_q_scales()) {
+      if (absl::Status st = pack(&v1::Span::mutable_q_scales, &v1::Span::has_q_scales,
+                                 packed->mutable_q_scales());
+          !st.ok()) {
+        return st;
+      }
+    }
     bool any_compressed = false;
     for (const v1::Span& s : request->spans()) any_compressed |= s.has_compressed_rows();
     if (any_compressed) {
@@ -305,6 +316,7 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
     for (v1::Span& s : *request->mutable_spans()) {
       s.clear_kv_rows();
       s.clear_q();
+      s.clear_q_scales();
       s.clear_compressed_rows();
       s.clear_topk();
     }

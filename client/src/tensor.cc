@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 
 namespace smla::client {
 namespace {
@@ -78,6 +79,47 @@ absl::StatusOr<std::vector<uint8_t>> UnpackBytes(const v1::Tensor& t, v1::DType 
     default:
       return Unpack<uint8_t>(t, dtype);
   }
+}
+
+Mxfp8Query EncodeMxfp8Query(std::span<const uint16_t> bf16, int64_t rows, int64_t heads,
+                            int64_t width) {
+  const int64_t lanes = rows * heads * width;
+  std::vector<uint8_t> codes(lanes), scales(lanes / kernels::kMxQueryGroup);
+  kernels::EncodeMxfp8Query(bf16.data(), lanes, codes.data(), scales.data());
+  Mxfp8Query q;
+  q.codes = Pack(v1::DTYPE_E4M3, std::span<const uint8_t>(codes), {rows, heads, width});
+  q.scales = Pack(v1::DTYPE_E8M0, std::span<const uint8_t>(scales),
+                  {rows, heads, width / kernels::kMxQueryGroup});
+  return q;
+}
+
+absl::Status EncodeSpanQuery(v1::Span* span) {
+  const v1::Tensor& q = span->q();
+  if (q.shape_size() != 3 || q.shape(2) % kernels::kMxQueryGroup != 0) {
+    return absl::InvalidArgumentError("q: not [rows, heads, width] with width a multiple of 32");
+  }
+  auto bits = UnpackBf16(q);
+  if (!bits.ok()) return bits.status();
+  Mxfp8Query mx = EncodeMxfp8Query(*bits, q.shape(0), q.shape(1), q.shape(2));
+  *span->mutable_q() = std::move(mx.codes);
+  *span->mutable_q_scales() = std::move(mx.scales);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint16_t>> SpanQueryBf16(const v1::Span& span) {
+  if (span.q().dtype() != v1::DTYPE_E4M3) return UnpackBf16(span.q());
+  auto codes = Unpack<uint8_t>(span.q(), v1::DTYPE_E4M3);
+  if (!codes.ok()) return codes.status();
+  auto scales = Unpack<uint8_t>(span.q_scales(), v1::DTYPE_E8M0);
+  if (!scales.ok()) return scales.status();
+  if (scales->size() * kernels::kMxQueryGroup != codes->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_scales: ", scales->size(), " bytes for ", codes->size(), " e4m3 lanes"));
+  }
+  std::vector<uint16_t> out(codes->size());
+  kernels::DecodeMxfp8Query(codes->data(), scales->data(), static_cast<int64_t>(codes->size()),
+                            out.data());
+  return out;
 }
 
 }  // namespace smla::client

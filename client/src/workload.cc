@@ -50,6 +50,8 @@ v1::StepRequest MakeStep(const v1::ModelInfo& model, int32_t layer,
         PackBf16(RandomBf16(s.rows * w, options.value_range, rng), {s.rows, w});
     *span->mutable_q() =
         PackBf16(RandomBf16(s.rows * h * w, options.value_range, rng), {s.rows, h, w});
+    // Cannot fail: q was just built as bf16 [rows, h, w] and w is 512 or 576.
+    if (options.mxfp8_q) static_cast<void>(EncodeSpanQuery(span));
     if (l.compression_ratio() > 0) {
       const int64_t r = l.compression_ratio();
       const int64_t n = (s.first_position + s.rows) / r - s.first_position / r;

@@ -25,6 +25,7 @@
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/e4m3.h"
 #include "smla/kernels/codec/mxfp8.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
@@ -1092,6 +1093,44 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
       EXPECT_EQ(pools[0], pools[1]) << Str(KvFormatName(cb.format)) << "/"
                                     << Str(GeometryName(cb.geometry)) << " B=" << rpp;
     }
+  }
+}
+
+// MXFP8 query expansion: every (code, scale byte) pair that is not NaN, then random groups, at
+// both query widths; the GPU writes the CPU backend's bits, and a NaN lane a NaN on both.
+TEST_F(GpuTest, ExpandMxfp8QueryMatchesCpuBits) {
+  std::mt19937 rng(17);
+  for (int width : {512, 576}) {
+    const int64_t all_pairs = 255 * 256;  // scale bytes 0..254 x codes 0..255
+    const int64_t vectors = (all_pairs + width - 1) / width + 7;
+    std::vector<uint8_t> codes(vectors * width), scales(vectors * width / kMxQueryGroup);
+    for (int64_t i = 0; i < static_cast<int64_t>(codes.size()); ++i) {
+      codes[i] = static_cast<uint8_t>(i < all_pairs ? i % 256 : rng() % 256);
+    }
+    for (int64_t g = 0; g < static_cast<int64_t>(scales.size()); ++g) {
+      scales[g] = static_cast<uint8_t>(g * kMxQueryGroup < all_pairs ? g / 8 : rng() % 255);
+    }
+    std::vector<uint16_t> outs[2];
+    Side* sides[2] = {cpu_, gpu_};
+    for (int k = 0; k < 2; ++k) {
+      Side& s = *sides[k];
+      Buffer c = s.Upload(codes);
+      Buffer sc = s.Upload(scales);
+      Buffer out = s.Zeros(codes.size() * 2, 0xa5);
+      const ExpandQueryParams p{c.as<uint8_t>(), sc.as<uint8_t>(), out.data(), vectors, width};
+      ASSERT_TRUE(s.backend->ExpandMxfp8Query(p, *s.stream).ok());
+      outs[k] = s.Download<uint16_t>(out, codes.size());
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      if (outs[0][i] != outs[1][i] && ++differ <= 5) {
+        ADD_FAILURE() << "width " << width << " lane " << i << ": code " << int{codes[i]}
+                      << " scale " << int{scales[i / kMxQueryGroup]} << ": cpu " << outs[0][i]
+                      << ", gpu " << outs[1][i];
+      }
+    }
+    EXPECT_EQ(differ, 0) << "width " << width;
   }
 }
 

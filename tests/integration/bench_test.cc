@@ -71,7 +71,8 @@ int RunBench(const std::vector<std::string>& args, std::string* out) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::string& tag) {
+void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::string& tag,
+                        const std::string& q_format = "bf16") {
   auto server = ServerProcess::Start({kDsv41, "--allow_shm"});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string json_path = ::testing::TempDir() + "/bench_" + tag + ".json";
@@ -82,11 +83,14 @@ void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::s
   std::vector<std::string> args = {"--server=" + (*server)->target(), "--json=" + json_path,
                                    "--html=" + html_path};
   args.insert(args.end(), bench_args.begin(), bench_args.end());
+  if (q_format != "bf16") args.push_back("--q_format=" + q_format);
   std::string out;
   ASSERT_EQ(RunBench(args, &out), 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr(q_format + " queries")) << out;
   const Counts after = Scrape(**server);
   const std::string json = ReadAll(json_path);
   ASSERT_FALSE(json.empty()) << out;
+  EXPECT_THAT(json, ::testing::HasSubstr("\"q_format\": \"" + q_format + "\"")) << json;
 
   const int64_t stream_ok = JsonInt(json, "stream_ok"), unary_ok = JsonInt(json, "unary_ok");
   const int64_t rows_ok = JsonInt(json, "rows_ok");
@@ -131,6 +135,18 @@ TEST(BenchTest, InlineUnaryModelStepsOpenLoopMatchServerMetrics) {
                       "--transport=inline", "--mode=unary", "--concurrency=2", "--rate=20",
                       "--warmup_s=0.1", "--duration_s=1", "--slo_ms=10000"},
                      "unary");
+}
+
+// MXFP8 queries on every transport: each call is accepted (the server rejects malformed
+// query tensors), and the report names the format.
+TEST(BenchTest, Mxfp8QueriesOnEveryTransport) {
+  for (const std::string transport : {"inline", "shm", "shm_spans", "ring"}) {
+    SCOPED_TRACE(transport);
+    CheckAgainstServer({"--cell=dsv4.1-flash decode C=2", "--context=64", "--layer=2",
+                        "--prefill_chunk=64", "--transport=" + transport, "--mode=stream",
+                        "--concurrency=1", "--warmup_s=0.1", "--steps=5"},
+                       "mxfp8_" + transport, "mxfp8");
+  }
 }
 
 // Out-of-range numbers stop the bench before it connects, naming the flag.

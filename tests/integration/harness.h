@@ -52,6 +52,8 @@ void ExpectSameOutputs(const v1::StepResponse& inlined, const v1::StepResponse& 
 
 // A small DeepSeek-V4.1 rank (8 heads) with a small pool.
 inline const char kDsv41[] = "--model=dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=48MiB";
+// GLM-5.2 (8 heads, rope_appended: 576-lane queries and rows).
+inline const char kGlm52[] = "--model=glm-5.2:tp=8:page_rows=16:pool=64MiB";
 // One GLM-5.3-Flash layer (8 heads); no sinks and no rope, the full cache grows page by page.
 inline const char kGlm53[] = "--model=glm-5.3-flash:tp=8:page_rows=16:pool=32MiB";
 

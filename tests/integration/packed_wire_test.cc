@@ -177,6 +177,52 @@ TEST_F(PackedWireTest, PackedParsesToTheSameSpansAsInline) {
   }
 }
 
+// MXFP8 queries packed (PackedInputs.q_scales): one byte per lane in packed.q, the scales in
+// their own range, split among the spans as inline; sizes checked against the format.
+TEST_F(PackedWireTest, Mxfp8QueriesPackedParseLikeInline) {
+  client::StepOptions o;
+  o.mxfp8_q = true;
+  const v1::StepRequest inline_req = Inline(kTopkLayer, o);
+  ASSERT_TRUE(Parse(inline_req).ok());
+  EXPECT_EQ(out_.q_format, QFormat::kMxfp8);
+  const StepRequest want = std::move(out_);
+  ParseStorage want_storage = std::move(storage_);
+  const v1::StepRequest packed = Packed(inline_req);
+  ASSERT_TRUE(packed.packed().has_q_scales());
+  EXPECT_EQ(packed.packed().q().size(), 14u * 8 * 512);
+  EXPECT_EQ(packed.packed().q_scales().size(), 14u * 8 * 16);
+  ASSERT_TRUE(Parse(packed).ok()) << Parse(packed);
+  EXPECT_EQ(out_.q_format, QFormat::kMxfp8);
+  ASSERT_EQ(out_.spans.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const SpanInput &g = out_.spans[i], &w = want.spans[i];
+    ASSERT_EQ(g.q.size(), w.q.size());
+    ASSERT_EQ(g.q_scales.size(), w.q_scales.size());
+    EXPECT_EQ(g.q_scales.size(), g.q.size() / 32);
+    EXPECT_EQ(std::memcmp(g.q.data(), w.q.data(), g.q.size()), 0) << "span " << i;
+    EXPECT_EQ(std::memcmp(g.q_scales.data(), w.q_scales.data(), g.q_scales.size()), 0);
+    EXPECT_TRUE(InRegion(g.q) && InRegion(g.q_scales));
+  }
+  auto expect = [&](const v1::StepRequest& r, const std::string& text) {
+    const absl::Status st = Parse(r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(text));
+  };
+  {
+    v1::StepRequest r = packed;
+    r.mutable_packed()->mutable_q_scales()->set_size(14 * 8 * 16 - 1);
+    expect(r, "packed.q_scales: region");
+    r.mutable_packed()->clear_q_scales();  // bf16 queries need two bytes per lane
+    expect(r, absl::StrCat("packed.q: region '", name_, "' size ", 14 * 8 * 512,
+                           ", the tensor needs ", 14 * 8 * 1024, " bytes"));
+  }
+  {
+    v1::StepRequest r = packed;
+    *r.mutable_spans(0)->mutable_q_scales() = inline_req.spans(0).q_scales();
+    expect(r, "spans[0].q_scales: set in a packed request");
+  }
+}
+
 TEST_F(PackedWireTest, MisuseIsRefusedNamingTheField) {
   const v1::StepRequest good = Packed(Inline(kTopkLayer));
   auto expect = [&](const v1::StepRequest& r, absl::StatusCode code, const std::string& text,

@@ -1,7 +1,8 @@
 // The packed shared-memory request (StepRequest.packed: one region range per tensor kind for
 // all spans) on the real smla-server: results equal the inline call bit for bit, unary and
-// streamed, and misuse (out of bounds, inconsistent sizes, a bad id, after unregister) is
-// refused with a clear error and changes nothing. A foreign region: shm_tenant_test.cc.
+// streamed, with bf16 and with MXFP8 queries, and misuse (out of bounds, inconsistent sizes, a bad
+// id, after unregister) is refused with a clear error and changes nothing. A foreign region:
+// shm_tenant_test.cc.
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -76,8 +77,13 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
   mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
   mx_rope.inverse_rope = true;
   mx_rope.want_lse = true;
-  const std::vector<client::StepOptions> variants = {client::StepOptions{}, bf16_lse, mx_rope,
-                                                     bf16_lse};
+  // MXFP8 queries too (PackedInputs.q_scales), unary and streamed.
+  client::StepOptions mxq_lse = bf16_lse;
+  mxq_lse.mxfp8_q = true;
+  client::StepOptions mxq_rope = mx_rope;
+  mxq_rope.mxfp8_q = true;
+  const std::vector<client::StepOptions> variants = {
+      client::StepOptions{}, bf16_lse, mx_rope, bf16_lse, mxq_lse, mxq_rope};
   auto stream = h_.client->OpenStream();
   ASSERT_TRUE(stream.ok());
   int64_t pos = 64;

@@ -99,6 +99,9 @@ class ControlledBackend : public kernels::Backend {
   absl::Status WriteRows(const kernels::WriteRowsParams& p, kernels::Stream& s) override {
     return inner_->WriteRows(p, s);
   }
+  absl::Status ExpandMxfp8Query(const kernels::ExpandQueryParams& p, kernels::Stream& s) override {
+    return inner_->ExpandMxfp8Query(p, s);
+  }
   absl::Status Attend(const kernels::AttendParams& p, kernels::Stream& s) override;
   absl::Status Synchronize(kernels::Stream& s) override { return inner_->Synchronize(s); }
 

@@ -167,6 +167,28 @@ TEST(SchedulerTest, BatchLimitsAndFormatsSplitBatches) {
                           ElementsAre("e"), ElementsAre("f"), ElementsAre("g")));
 }
 
+// The executor stages one query format per launch (MXFP8 codes and scales, or bf16): steps of
+// the other format wait for the next batch.
+TEST(SchedulerTest, QueryFormatsSplitBatches) {
+  FakeRunner runner;
+  Scheduler s(Limits{}, runner);
+  Outcome a, b, c, d, e;
+  ASSERT_TRUE(Submit(s, Req("a", "s0"), a).ok());
+  runner.WaitEntered(1);
+  ASSERT_TRUE(Submit(s, Req("b", "s1"), b).ok());
+  StepRequest mx = Req("c", "s2");
+  mx.q_format = QFormat::kMxfp8;
+  ASSERT_TRUE(Submit(s, std::move(mx), c).ok());
+  mx = Req("d", "s3");
+  mx.q_format = QFormat::kMxfp8;
+  ASSERT_TRUE(Submit(s, std::move(mx), d).ok());
+  ASSERT_TRUE(Submit(s, Req("e", "s4"), e).ok());
+  runner.Open();
+  for (Outcome* o : {&a, &b, &c, &d, &e}) ASSERT_TRUE(o->future.get().ok());
+  EXPECT_THAT(runner.batches(), ElementsAre(ElementsAre("a"), ElementsAre("b"),
+                                            ElementsAre("c", "d"), ElementsAre("e")));
+}
+
 TEST(SchedulerTest, LayersHaveTheirOwnQueues) {
   FakeRunner runner;
   Scheduler s(Limits{}, runner);

@@ -59,6 +59,9 @@ ABSL_FLAG(double, duration_s, 5, "Measured seconds per run");
 ABSL_FLAG(int64_t, steps, 0, "Measured steps per run instead of a duration");
 ABSL_FLAG(double, slo_ms, 0, "Latency objective of a step in ms (goodput, sweep stop)");
 ABSL_FLAG(std::string, output, "bf16", "Output format: bf16 or mxfp8");
+ABSL_FLAG(std::string, q_format, "bf16",
+          "Query format on the wire, for every transport: bf16, or mxfp8 (e4m3 codes and a "
+          "scale byte per 32 lanes, about half the bytes; the server expands them)");
 ABSL_FLAG(bool, lse, false, "Ask for the LSE");
 ABSL_FLAG(bool, inverse_rope, false, "Inverse RoPE in the epilogue (uploads a table)");
 ABSL_FLAG(std::string, json, "", "Write the JSON report here");
@@ -139,6 +142,11 @@ int Run() {
   const std::string out = absl::GetFlag(FLAGS_output);
   if (out != "bf16" && out != "mxfp8") return Fail(absl::InvalidArgumentError("--output"));
   spec.output_format = out == "mxfp8" ? v1::OUTPUT_FORMAT_MXFP8 : v1::OUTPUT_FORMAT_BF16;
+  const std::string q_format = absl::GetFlag(FLAGS_q_format);
+  if (q_format != "bf16" && q_format != "mxfp8") {
+    return Fail(absl::InvalidArgumentError("--q_format: bf16 or mxfp8"));
+  }
+  spec.mxfp8_q = q_format == "mxfp8";
   spec.want_lse = absl::GetFlag(FLAGS_lse);
   spec.inverse_rope = absl::GetFlag(FLAGS_inverse_rope);
   const std::string transport_name = absl::GetFlag(FLAGS_transport);
@@ -240,15 +248,17 @@ int Run() {
   report.cell = spec.Name();
   report.transport = transport_name;
   report.mode = mode;
+  report.q_format = q_format;
   report.loop = absl::GetFlag(FLAGS_rate) > 0 ? "open" : "closed";
   report.servers = servers;
   report.connections = conns;
   report.device = absl::StrCat(info->device().backend(), " ", info->device().name());
   report.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   report.slo_ms = absl::GetFlag(FLAGS_slo_ms);
-  std::printf("smla-bench: %s, %s %s, %s loop, %zu server(s) x %d connection(s), device %s\n",
-              report.cell.c_str(), transport_name.c_str(), mode.c_str(), report.loop.c_str(),
-              servers.size(), conns, report.device.c_str());
+  std::printf(
+      "smla-bench: %s, %s %s, %s queries, %s loop, %zu server(s) x %d connection(s), device %s\n",
+      report.cell.c_str(), transport_name.c_str(), mode.c_str(), q_format.c_str(),
+      report.loop.c_str(), servers.size(), conns, report.device.c_str());
   std::fflush(stdout);
 
   RunOptions ro;

@@ -255,11 +255,12 @@ std::string TextSummary(const RunStats& r) {
 
 std::string ToJson(const Report& rep) {
   std::string o = "{\n";
-  absl::StrAppend(&o, "  \"tool\": \"smla-bench\",\n  \"cell\": ", JsonString(rep.cell),
-                  ",\n  \"transport\": ", JsonString(rep.transport),
-                  ",\n  \"mode\": ", JsonString(rep.mode), ",\n  \"loop\": ", JsonString(rep.loop),
-                  ",\n  \"device\": ", JsonString(rep.device),
-                  ",\n  \"date\": ", JsonString(rep.date), ",\n  \"servers\": [");
+  absl::StrAppend(
+      &o, "  \"tool\": \"smla-bench\",\n  \"cell\": ", JsonString(rep.cell),
+      ",\n  \"transport\": ", JsonString(rep.transport), ",\n  \"mode\": ", JsonString(rep.mode),
+      ",\n  \"q_format\": ", JsonString(rep.q_format), ",\n  \"loop\": ", JsonString(rep.loop),
+      ",\n  \"device\": ", JsonString(rep.device), ",\n  \"date\": ", JsonString(rep.date),
+      ",\n  \"servers\": [");
   for (size_t i = 0; i < rep.servers.size(); ++i) {
     absl::StrAppend(&o, i ? ", " : "", JsonString(rep.servers[i]));
   }
@@ -321,9 +322,9 @@ std::string ToHtml(const Report& rep) {
       "td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }\n"
       "th { background: #f0f0f0; }\n</style>\n</head>\n<body>\n";
   absl::StrAppend(&o, "<h1>smla-bench</h1>\n<p>", Html(rep.cell), "<br>\ntransport ",
-                  Html(rep.transport), ", ", Html(rep.mode), ", ", Html(rep.loop), " loop, device ",
-                  Html(rep.device), ", ", rep.connections, " connection(s) per server, ",
-                  Html(rep.date), "</p>\n");
+                  Html(rep.transport), ", ", Html(rep.mode), ", ", Html(rep.q_format), " queries, ",
+                  Html(rep.loop), " loop, device ", Html(rep.device), ", ", rep.connections,
+                  " connection(s) per server, ", Html(rep.date), "</p>\n");
   if (!rep.stop_reason.empty()) {
     absl::StrAppend(&o, "<p>Sweep ended: ", Html(rep.stop_reason), "</p>\n");
   }

@@ -16,6 +16,7 @@ struct Report {
   std::string cell;       // the workload's name
   std::string transport;  // "inline" | "shm"
   std::string mode;       // "stream" | "unary"
+  std::string q_format;   // "bf16" | "mxfp8": how the queries travel
   std::string loop;       // "closed" | "open"
   std::vector<std::string> servers;
   int connections = 1;

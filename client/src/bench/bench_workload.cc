@@ -154,6 +154,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   o.output_format = spec_.output_format;
   o.want_lse = spec_.want_lse;
   o.inverse_rope = spec_.inverse_rope;
+  o.mxfp8_q = spec_.mxfp8_q;
   const int rows = prefill ? spec_.prefill_rows : spec_.RowsPerRequest();
   const int drafts = spec_.shape == "decode" ? 5 : 0;
   for (int layer : layers_) {

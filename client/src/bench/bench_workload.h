@@ -38,6 +38,7 @@ struct WorkloadSpec {
   v1::OutputFormat output_format = v1::OUTPUT_FORMAT_BF16;
   bool want_lse = false;
   bool inverse_rope = false;
+  bool mxfp8_q = false;  // the timed calls' queries travel as MXFP8 (--q_format mxfp8)
 
   int RowsPerRequest() const { return shape == "decode" ? 6 : shape == "decode1" ? 1 : 0; }
   int RowsPerCall() const {

@@ -213,4 +213,18 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateExpandQuery(const ExpandQueryParams& p) {
+  if (p.width <= 0 || p.width % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("width %d is not a positive multiple of 32", p.width));
+  }
+  if (p.vectors < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("vectors %d is negative", p.vectors));
+  }
+  if (p.vectors > 0 && (p.codes == nullptr || p.scales == nullptr || p.out == nullptr)) {
+    return absl::InvalidArgumentError("codes, scales or out is null");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace smla::kernels

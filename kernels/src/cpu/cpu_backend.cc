@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "cpu/attend.h"
 #include "cpu/thread_pool.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/codec/row_codec.h"
 #include "smla/kernels/validate.h"
 
@@ -20,6 +21,9 @@ namespace {
 constexpr size_t kAlignment = 64;
 // Below this many rows a WriteRows call is not worth waking the pool for.
 constexpr size_t kParallelWriteRows = 256;
+// Likewise for the query vectors of an ExpandMxfp8Query call (a decode call's few rows of many
+// heads run on one thread).
+constexpr int64_t kParallelExpandVectors = 1024;
 
 // Work runs as it is enqueued, so a stream carries no state.
 class CpuStream final : public Stream {};
@@ -111,6 +115,21 @@ class CpuBackend final : public Backend {
       pool_.ParallelFor(n, write);
     } else {
       for (int64_t i = 0; i < n; ++i) write(i, 0);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ExpandMxfp8Query(const ExpandQueryParams& p, Stream&) override {
+    if (absl::Status s = ValidateExpandQuery(p); !s.ok()) return s;
+    auto expand = [&](int64_t v, int) {
+      const int64_t lanes = p.width;
+      DecodeMxfp8Query(p.codes + v * lanes, p.scales + v * (lanes / kMxQueryGroup), lanes,
+                       static_cast<uint16_t*>(p.out) + v * lanes);
+    };
+    if (p.vectors >= kParallelExpandVectors) {
+      pool_.ParallelFor(p.vectors, expand);
+    } else {
+      for (int64_t v = 0; v < p.vectors; ++v) expand(v, 0);
     }
     return absl::OkStatus();
   }

@@ -5,6 +5,7 @@
 // there directly), plans the launch (attend_launch.h) and enqueues the kernels.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -208,6 +209,22 @@ class GpuBackend : public Backend {
     k.geometry = static_cast<int>(params.cache.geometry);
     k.scale = params.cache.scale;
     return gpu::LaunchWriteRows(k, s->handle());
+  }
+
+  absl::Status ExpandMxfp8Query(const ExpandQueryParams& params, Stream& stream) override {
+    if (absl::Status st = ValidateExpandQuery(params); !st.ok()) return st;
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    if (reinterpret_cast<uintptr_t>(params.codes) % 2 != 0 ||
+        reinterpret_cast<uintptr_t>(params.out) % 4 != 0) {
+      return absl::InvalidArgumentError("codes must be 2-byte aligned and out 4-byte aligned");
+    }
+    gpu::ExpandQueryKernelParams k;
+    k.codes = params.codes;
+    k.scales = params.scales;
+    k.out = static_cast<uint16_t*>(params.out);
+    k.lanes = params.vectors * params.width;
+    return gpu::LaunchExpandQuery(k, s->handle());
   }
 
   absl::Status Attend(const AttendParams& params, Stream& stream) override {

@@ -111,6 +111,15 @@ struct WriteRowsKernelParams {
   float scale = 1;
 };
 
+// MXFP8 query expansion: `lanes` = vectors * width lanes (even, as width is a multiple of 32);
+// codes are read two at a time, so `codes` is 2-byte aligned and `out` 4-byte aligned.
+struct ExpandQueryKernelParams {
+  const uint8_t* codes = nullptr;   // [lanes] e4m3, device
+  const uint8_t* scales = nullptr;  // [lanes / 32] UE8M0, device
+  uint16_t* out = nullptr;          // [lanes] bf16, device
+  int64_t lanes = 0;
+};
+
 // Shared memory one attention program needs (bytes), with `keys`-key tiles.
 int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
                           bool use_tile, int keys);
@@ -152,5 +161,6 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
                           int64_t shared_bytes, StreamHandle stream);
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
+absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);
 
 }  // namespace smla::kernels::gpu

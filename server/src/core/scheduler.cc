@@ -144,7 +144,10 @@ std::vector<std::unique_ptr<Scheduler::Queued>> Scheduler::TakeBatchLocked(Queue
     const Queued& s = *steps[n];
     const StepRequest& r = s.request;
     if (n > 0) {
-      if (r.output_format != head.output_format || r.inverse_rope != head.inverse_rope) break;
+      if (r.output_format != head.output_format || r.inverse_rope != head.inverse_rope ||
+          r.q_format != head.q_format) {
+        break;
+      }
       if (rows + s.rows > limits_.max_batch_rows || bytes + s.bytes > limits_.max_batch_bytes) {
         break;
       }

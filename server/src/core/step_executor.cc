@@ -9,6 +9,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/server/segment_builder.h"
 #include "smla/server/step_validation.h"
 #include "spdlog/spdlog.h"
@@ -17,6 +18,13 @@ namespace smla::server {
 namespace {
 
 using kernels::OutputFormat;
+
+// The launch-time checks of a span's contents: finite KV rows, no NaN in MXFP8 queries.
+absl::Status CheckSpanContents(const SpanInput& s, size_t index, int32_t heads, int qk) {
+  absl::Status finite = CheckRowsFinite(s, index, qk);
+  if (!finite.ok()) return finite;
+  return CheckQueryCodes(s, index, heads, qk);
+}
 
 bool AllFinite(std::span<const float> v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
@@ -294,6 +302,7 @@ struct StepExecutor::DeviceWork {
   std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
+  kernels::ExpandQueryParams expand;         // MXFP8 queries into q_ (vectors 0: bf16 queries)
   std::vector<size_t> to_host_step, to_pageable_step;  // the step of each copy back
   kernels::WriteRowsParams write;
   kernels::AttendParams attend;
@@ -332,8 +341,9 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   // committed length, where nothing reads them.
   std::vector<size_t> failed;
   const int qk = kernels::QkWidth(model.profile().geometry);
+  const int32_t heads = model.config().heads_per_rank;
   for (const auto& [i, ref] : work.append_checks) {
-    absl::Status finite = CheckRowsFinite(*ref->input, ref->index, qk);
+    absl::Status finite = CheckSpanContents(*ref->input, ref->index, heads, qk);
     if (!finite.ok()) Reject(i, std::move(finite), results, failed);
   }
   SMLA_RETURN_IF_ERROR(EnqueueOutputs(work, failed));
@@ -390,6 +400,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const StepRequest& head = *args.steps[args.included[0]];
   const OutputFormat format = head.output_format;
   const bool inverse_rope = head.inverse_rope;
+  const bool mx_q = head.q_format == QFormat::kMxfp8;  // the scheduler batches one q format
 
   std::vector<SpanRef>& spans = work.spans;
   std::vector<size_t> span_step;  // the step (index into args.steps) of each span
@@ -406,10 +417,17 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   const SegmentCounts counts = CountSegments(shape, spans);
   const size_t T = static_cast<size_t>(counts.rows);
 
-  // Backend buffers: queries; KV rows, then compressed entries (the order of `slots`); outputs.
-  const size_t q_bytes = T * heads * row_bytes;
+  // Backend buffers: queries (bf16; MXFP8 ones are copied in as codes and scales and expanded
+  // into q_ on the device); KV rows, then compressed entries (the order of `slots`); outputs.
+  const size_t q_lanes = T * heads * qk;
+  const size_t q_bytes = q_lanes * (mx_q ? 1 : 2);
+  const size_t q_scale_bytes = mx_q ? q_lanes / kernels::kMxQueryGroup : 0;
   const size_t kv_bytes = T * row_bytes;
-  SMLA_RETURN_IF_ERROR(Ensure(q_, q_bytes));
+  SMLA_RETURN_IF_ERROR(Ensure(q_, q_lanes * 2));
+  if (mx_q) {
+    SMLA_RETURN_IF_ERROR(Ensure(q_codes_, q_bytes));
+    SMLA_RETURN_IF_ERROR(Ensure(q_scales_, q_scale_bytes));
+  }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(counts.slots()) * row_bytes));
   const size_t out_row = format == OutputFormat::kBf16 ? size_t{2} * heads * kernels::kValueWidth
                                                        : size_t{1} * heads * kernels::kValueWidth;
@@ -424,11 +442,12 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   auto direct = [&](std::span<const uint8_t> src) {
     return !pinned() || host_ranges_.Contains(src.data(), src.size());
   };
-  enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kKinds = 3 };
-  size_t staged[kKinds] = {0, 0, 0};
+  enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kQScales = 3, kKinds = 4 };
+  size_t staged[kKinds] = {0, 0, 0, 0};
   for (const SpanRef& ref : spans) {
     const SpanInput& s = *ref.input;
     if (!direct(s.q)) staged[kQ] += s.q.size();
+    if (!direct(s.q_scales)) staged[kQScales] += s.q_scales.size();
     if (!direct(s.kv_rows)) staged[kKv] += s.kv_rows.size();
     if (spec.has_compressed() && !direct(s.compressed_rows)) {
       staged[kCompressed] += s.compressed_rows.size();
@@ -471,10 +490,11 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   arrays.positions = i32(o_positions, inverse_rope ? T : 0);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
-  uint8_t* const dev[kKinds] = {q_.as<uint8_t>(), rows_.as<uint8_t>(),
-                                rows_.as<uint8_t>() + kv_bytes};
+  uint8_t* const dev[kKinds] = {mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
+                                rows_.as<uint8_t>(), rows_.as<uint8_t>() + kv_bytes,
+                                q_scales_.as<uint8_t>()};
   std::vector<kernels::CopyOp> copies[kKinds];
-  size_t dev_off[kKinds] = {0, 0, 0}, stage_off[kKinds] = {0, 0, 0};
+  size_t dev_off[kKinds] = {0, 0, 0, 0}, stage_off[kKinds] = {0, 0, 0, 0};
   CopyStats stats;
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
@@ -493,13 +513,22 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   for (const SpanRef& ref : spans) {
     const SpanInput& s = *ref.input;
     input(kQ, s.q);
+    input(kQScales, s.q_scales);
     input(kKv, s.kv_rows);
     if (spec.has_compressed()) input(kCompressed, s.compressed_rows);
   }
-  SMLA_CHECK(dev_off[kQ] == q_bytes && dev_off[kKv] == kv_bytes &&
+  SMLA_CHECK(dev_off[kQ] == q_bytes && dev_off[kQScales] == q_scale_bytes &&
+                 dev_off[kKv] == kv_bytes &&
                  dev_off[kCompressed] == static_cast<size_t>(counts.compressed) * row_bytes,
              "input sizes");
   for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
+  if (mx_q) {
+    work.expand.codes = q_codes_.as<uint8_t>();
+    work.expand.scales = q_scales_.as<uint8_t>();
+    work.expand.out = q_.data();
+    work.expand.vectors = static_cast<int64_t>(T) * heads;
+    work.expand.width = qk;
+  }
   // The input copies do not need the segments: they start now, and the segments are built
   // while the device copies (other bytes of the arena than the gathered inputs).
   work.inputs_at = absl::Now();
@@ -520,7 +549,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
       work.append_checks.emplace_back(span_step[k], &ref);
       continue;
     }
-    absl::Status finite = CheckRowsFinite(*ref.input, ref.index, qk);
+    absl::Status finite = CheckSpanContents(*ref.input, ref.index, heads, qk);
     if (!finite.ok()) Reject(span_step[k], std::move(finite), results, rejected);
   }
   if (!rejected.empty()) return absl::OkStatus();
@@ -632,6 +661,9 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
+  // MXFP8 queries are expanded as part of bringing the inputs in (copy_in's time), before the
+  // segment build that the device may wait for.
+  if (w.expand.vectors > 0) SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
   return backend_.RecordEvent(*events_.copied_in, stream);
 }
 

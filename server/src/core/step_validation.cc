@@ -10,6 +10,7 @@
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/formats.h"
 #include "smla/server/log_field.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 
 namespace smla::server {
 namespace {
@@ -71,6 +72,35 @@ std::string OutOfRangeText(float v) {
              std::ldexp(1.0, kernels::kKvMaxLog2), ")");
 }
 
+// Byte sizes of a span's query tensors for the step's query format.
+absl::Status CheckQuerySizes(const SpanInput& s, const std::string& field, QFormat format,
+                             int32_t heads, int qk) {
+  const bool mx = format == QFormat::kMxfp8;
+  const int64_t lanes = int64_t{s.num_rows} * heads * qk;
+  const int64_t want_q = lanes * (mx ? 1 : 2);
+  if (static_cast<int64_t>(s.q.size()) != want_q) {
+    return absl::InvalidArgumentError(Cat(field, ".q: ", s.num_rows, " rows x ", heads, " heads x ",
+                                          qk * (mx ? 1 : 2), " bytes", mx ? " (e4m3 codes)" : "",
+                                          " expected, got ", s.q.size(), " bytes"));
+  }
+  const int64_t want_scales = mx ? lanes / kernels::kMxQueryGroup : 0;
+  if (static_cast<int64_t>(s.q_scales.size()) != want_scales) {
+    return absl::InvalidArgumentError(
+        mx ? Cat(field, ".q_scales: ", s.num_rows, " rows x ", heads, " heads x ",
+                 qk / kernels::kMxQueryGroup, " scale bytes expected, got ", s.q_scales.size(),
+                 " bytes")
+           : Cat(field, ".q_scales: set for bf16 queries (", s.q_scales.size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether any byte of `bytes` has all of the bits of `mask` set: a branch-free pass.
+SMLA_VECTOR_CLONES bool AnyAllOnes(const uint8_t* bytes, int64_t n, uint8_t mask) {
+  uint8_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<uint8_t>((bytes[i] & mask) == mask);
+  return any != 0;
+}
+
 }  // namespace
 
 int64_t StepRows(const StepRequest& request) {
@@ -82,7 +112,8 @@ int64_t StepRows(const StepRequest& request) {
 int64_t StepBytes(const StepRequest& request, const ModelProfile& profile, int32_t heads) {
   int64_t bytes = 0;
   for (const SpanInput& s : request.spans) {
-    bytes += static_cast<int64_t>(s.kv_rows.size() + s.compressed_rows.size() + s.q.size()) +
+    bytes += static_cast<int64_t>(s.kv_rows.size() + s.compressed_rows.size() + s.q.size() +
+                                  s.q_scales.size()) +
              static_cast<int64_t>(s.topk.size()) * 4;
   }
   const int64_t rows = StepRows(request);
@@ -123,6 +154,10 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       return absl::FailedPreconditionError(
           Cat("inverse_rope: model ", config.profile, " has no cos/sin table (SetRopeTable)"));
     }
+  }
+  if (r.q_format != QFormat::kBf16 && r.q_format != QFormat::kMxfp8) {
+    return absl::InvalidArgumentError(
+        Cat("q_format: unknown value ", static_cast<int>(r.q_format)));
   }
   if (r.spans.empty()) return absl::InvalidArgumentError("spans: a step needs at least one span");
   if (static_cast<int64_t>(r.spans.size()) > limits.max_spans_per_step) {
@@ -180,12 +215,7 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       return absl::InvalidArgumentError(Cat(field, ".kv_rows: ", s.num_rows, " rows x ", row_bytes,
                                             " bytes expected, got ", s.kv_rows.size(), " bytes"));
     }
-    const int64_t want_q = s.num_rows * heads * row_bytes;
-    if (static_cast<int64_t>(s.q.size()) != want_q) {
-      return absl::InvalidArgumentError(Cat(field, ".q: ", s.num_rows, " rows x ", heads,
-                                            " heads x ", row_bytes, " bytes expected, got ",
-                                            s.q.size(), " bytes"));
-    }
+    if (absl::Status q = CheckQuerySizes(s, field, r.q_format, heads, qk); !q.ok()) return q;
     if (spec.has_compressed()) {
       const int64_t n = CompressedEntriesAdded(s.first_position, s.num_rows, spec.ratio);
       if (static_cast<int64_t>(s.compressed_rows.size()) != n * row_bytes) {
@@ -236,6 +266,32 @@ absl::Status CheckRowsFinite(const SpanInput& s, size_t index, int qk_width) {
   if (FindOutOfRange(s.compressed_rows, qk_width, bad_row, bad_col, bad)) {
     return absl::InvalidArgumentError(Cat("spans[", index, "].compressed_rows[", bad_row, "][",
                                           bad_col, "]: ", OutOfRangeText(bad)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQueryCodes(const SpanInput& s, size_t index, int32_t heads, int qk_width) {
+  if (s.q_scales.empty()) return absl::OkStatus();
+  // NaN codes are 0x7F and 0xFF (every bit but the sign), the NaN scale byte 0xFF.
+  if (AnyAllOnes(s.q.data(), static_cast<int64_t>(s.q.size()), 0x7f)) {
+    for (size_t i = 0; i < s.q.size(); ++i) {
+      if (!kernels::E4m3IsNaN(s.q[i])) continue;
+      const size_t vector = i / qk_width;
+      return absl::InvalidArgumentError(Cat("spans[", index, "].q[", vector / heads, "][",
+                                            vector % heads, "][", i % qk_width, "]: e4m3 code 0x",
+                                            absl::Hex(s.q[i], absl::kZeroPad2),
+                                            " is NaN (MXFP8 queries must be finite)"));
+    }
+  }
+  const int groups = qk_width / kernels::kMxQueryGroup;
+  if (AnyAllOnes(s.q_scales.data(), static_cast<int64_t>(s.q_scales.size()), 0xff)) {
+    for (size_t i = 0; i < s.q_scales.size(); ++i) {
+      if (!kernels::E8m0IsNaN(s.q_scales[i])) continue;
+      const size_t vector = i / groups;
+      return absl::InvalidArgumentError(
+          Cat("spans[", index, "].q_scales[", vector / heads, "][", vector % heads, "][",
+              i % groups, "]: scale byte 255 is NaN (MXFP8 queries must be finite)"));
+    }
   }
   return absl::OkStatus();
 }

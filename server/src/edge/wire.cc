@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
 #include "smla/server/log_field.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/server/step_validation.h"
 
 namespace smla::server::edge {
@@ -128,6 +129,44 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   return data;
 }
 
+// A span's query tensors: bf16 q, or MXFP8 (e4m3 q codes with q_scales). The first span sets
+// the step's query format and every other span must use the same one. NaN codes and scale
+// bytes are the launch's to reject (CheckQueryCodes): their bytes may lie in a client's region.
+absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span_index, int64_t n,
+                               int64_t h, int64_t w, StepRequest* out, SpanInput* span,
+                               const RegionContext* regions, ParseStorage* storage) {
+  const bool mx = s.q().dtype() == v1::DTYPE_E4M3;
+  const QFormat format = mx ? QFormat::kMxfp8 : QFormat::kBf16;
+  if (span_index == 0) {
+    out->q_format = format;
+  } else if (format != out->q_format) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, ".q: dtype ", v1::DType_Name(s.q().dtype()), ", but spans[0].q is ",
+                     out->q_format == QFormat::kMxfp8 ? "DTYPE_E4M3" : "DTYPE_BF16",
+                     " (one query format per step)"));
+  }
+  auto q = CheckTensor(s.q(), f + ".q", mx ? v1::DTYPE_E4M3 : v1::DTYPE_BF16, {n, h, w}, regions,
+                       storage);
+  if (!q.ok()) return q.status();
+  span->q = *q;
+  if (!mx) {
+    if (s.has_q_scales()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".q_scales: set for bf16 queries (only e4m3 queries have scales)"));
+    }
+    return absl::OkStatus();
+  }
+  if (!s.has_q_scales()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, ".q_scales: unset, e4m3 queries need their scale bytes"));
+  }
+  auto scales = CheckTensor(s.q_scales(), f + ".q_scales", v1::DTYPE_E8M0,
+                            {n, h, w >= 0 ? w / kernels::kMxQueryGroup : -1}, regions, storage);
+  if (!scales.ok()) return scales.status();
+  span->q_scales = *scales;
+  return absl::OkStatus();
+}
+
 // Ids are used where they lie when aligned, in a client's region too: the slot build reads each
 // id once and checks it there (segment_builder.h), so a client rewriting its region can only
 // fail its own step.
@@ -159,14 +198,25 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   }
   if (!p.has_kv_rows()) return absl::InvalidArgumentError("packed.kv_rows: unset");
   if (!p.has_q()) return absl::InvalidArgumentError("packed.q: unset");
+  // Scale bytes make the queries MXFP8: q then holds one e4m3 code per lane.
+  const bool mx = p.has_q_scales();
+  out->q_format = mx ? QFormat::kMxfp8 : QFormat::kBf16;
   // An unknown model is the core's NOT_FOUND; without its widths no size can be checked.
   if (model == nullptr) return absl::OkStatus();
   const int64_t row_bytes = int64_t{model->qk_width} * 2;
   auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
   if (!kv.ok()) return kv.status();
-  auto q = ResolveRef(p.q(), "packed.q", total_rows * model->heads * row_bytes, 2, regions,
-                      storage);
+  const int64_t q_row = int64_t{model->heads} * model->qk_width * (mx ? 1 : 2);
+  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage);
   if (!q.ok()) return q.status();
+  const int64_t scale_row = int64_t{model->heads} * model->qk_width / kernels::kMxQueryGroup;
+  std::span<const uint8_t> q_scales;
+  if (mx) {
+    auto sc =
+        ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions, storage);
+    if (!sc.ok()) return sc.status();
+    q_scales = *sc;
+  }
   // Compressed entries split by the layer's ratio; an unknown layer is the core's NOT_FOUND.
   const bool layer_known =
       pb.layer() >= 0 && pb.layer() < static_cast<int32_t>(model->compression_ratios.size());
@@ -205,7 +255,8 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   for (SpanInput& s : out->spans) {
     const int64_t n = s.num_rows;
     s.kv_rows = kv->subspan(row * row_bytes, n * row_bytes);
-    s.q = q->subspan(row * model->heads * row_bytes, n * model->heads * row_bytes);
+    s.q = q->subspan(row * q_row, n * q_row);
+    if (mx) s.q_scales = q_scales.subspan(row * scale_row, n * scale_row);
     if (!compressed.empty()) {
       const int64_t e = CompressedEntriesAdded(s.first_position, s.num_rows, ratio);
       s.compressed_rows = compressed.subspan(entry * row_bytes, e * row_bytes);
@@ -357,8 +408,8 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       // The packed ranges carry every span's tensors.
       for (const auto& [set, name] :
            {std::pair{s.has_kv_rows(), "kv_rows"}, std::pair{s.has_q(), "q"},
-            std::pair{s.has_compressed_rows(), "compressed_rows"},
-            std::pair{s.has_topk(), "topk"}}) {
+            std::pair{s.has_compressed_rows(), "compressed_rows"}, std::pair{s.has_topk(), "topk"},
+            std::pair{s.has_q_scales(), "q_scales"}}) {
         if (set) {
           return absl::InvalidArgumentError(
               absl::StrCat(f, ".", name, ": set in a packed request (packed.", name,
@@ -371,9 +422,10 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
     auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w}, regions, storage);
     if (!kv.ok()) return kv.status();
     span.kv_rows = *kv;
-    auto q = CheckTensor(s.q(), f + ".q", v1::DTYPE_BF16, {n, h, w}, regions, storage);
-    if (!q.ok()) return q.status();
-    span.q = *q;
+    if (absl::Status st = CheckQueryTensors(s, f, i, n, h, w, out, &span, regions, storage);
+        !st.ok()) {
+      return st;
+    }
     if (s.has_compressed_rows()) {
       // Width of compressed entries equals the row width; their count is the core's to check.
       const int64_t cw = w >= 0 ? w : (s.kv_rows().shape_size() == 2 ? s.kv_rows().shape(1) : -1);

@@ -25,6 +25,7 @@ struct StepOptions {
   bool want_lse = false;
   bool inverse_rope = false;
   float value_range = 1.0f;  // KV and q values uniform in [-range, range]
+  bool mxfp8_q = false;      // queries travel as MXFP8 (EncodeSpanQuery) instead of bf16
 };
 
 v1::StepRequest MakeStep(const v1::ModelInfo& model, int32_t layer,

@@ -117,6 +117,10 @@ class Backend {
 
   // Quantises bf16 rows into a pool at the given slots.
   virtual absl::Status WriteRows(const WriteRowsParams& params, Stream& stream) = 0;
+  // Expands MXFP8 query vectors into bf16 (Mxfp8ToBf16Bits of codec/mxfp8_query.h per lane, so
+  // every backend writes the same bits). Codes and scales are not checked for NaN here: the
+  // caller rejects them first (a NaN lane becomes a bf16 NaN).
+  virtual absl::Status ExpandMxfp8Query(const ExpandQueryParams& params, Stream& stream) = 0;
   // Sparse MLA over both segments with the epilogue (operator.md). Validates first: a bad
   // call returns InvalidArgument / Unimplemented before any work is enqueued.
   virtual absl::Status Attend(const AttendParams& params, Stream& stream) = 0;

@@ -123,4 +123,13 @@ struct WriteRowsParams {
   const void* rows = nullptr;      // [n, QkWidth] bf16, backend memory
 };
 
+// MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.
+struct ExpandQueryParams {
+  const uint8_t* codes = nullptr;   // e4m3 [vectors, width], backend memory
+  const uint8_t* scales = nullptr;  // UE8M0 [vectors, width / 32], backend memory
+  void* out = nullptr;              // bf16 [vectors, width], backend memory
+  int64_t vectors = 0;              // rows * heads
+  int32_t width = 0;                // a positive multiple of 32 (QkWidth)
+};
+
 }  // namespace smla::kernels

@@ -19,4 +19,7 @@ absl::Status ValidateAttend(const AttendParams& params);
 // Slots in range, cache view valid.
 absl::Status ValidateWriteRows(const WriteRowsParams& params);
 
+// Width a positive multiple of 32, vectors not negative, pointers set when there is work.
+absl::Status ValidateExpandQuery(const ExpandQueryParams& params);
+
 }  // namespace smla::kernels

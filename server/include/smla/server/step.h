@@ -18,6 +18,11 @@ namespace smla::server {
 
 enum class RowRole : uint8_t { kVerify = 0, kDraft = 1 };
 
+// How a step's queries travel (every span of a step alike): bf16, or MXFP8 (e4m3 codes plus
+// one UE8M0 scale byte per 32 lanes, smla/kernels/codec/mxfp8_query.h), which the executor
+// copies to the device as they are and expands there into the bf16 Q the operator reads.
+enum class QFormat : uint8_t { kBf16 = 0, kMxfp8 = 1 };
+
 // Rows of one sequence at consecutive positions [first_position, first_position + num_rows).
 struct SpanInput {
   std::string sequence_id;
@@ -30,8 +35,10 @@ struct SpanInput {
   // [n, QkWidth] bf16: new entries of the layer's compressed cache, when it has one; entries
   // [floor(first/r), floor((first+num_rows)/r)) in order.
   std::span<const uint8_t> compressed_rows;
-  // [num_rows, H, QkWidth] bf16 query rows.
+  // [num_rows, H, QkWidth] query rows: bf16, or e4m3 codes when the step's q_format is MXFP8.
   std::span<const uint8_t> q;
+  // MXFP8 queries only: [num_rows, H, QkWidth / 32] UE8M0 scale bytes, one per 32 lanes of q.
+  std::span<const uint8_t> q_scales;
   // [num_rows, K] int32 logical entry numbers chosen by the indexer, -1 = none (top-k layers).
   std::span<const int32_t> topk;
   int32_t topk_width = 0;  // K
@@ -56,6 +63,7 @@ struct StepRequest {
   std::string model;
   int32_t layer = 0;
   std::vector<SpanInput> spans;
+  QFormat q_format = QFormat::kBf16;
   kernels::OutputFormat output_format = kernels::OutputFormat::kBf16;
   bool want_lse = false;
   bool inverse_rope = false;  // rope_inside only; needs the model's cos/sin table
@@ -77,8 +85,9 @@ struct StepTimings {
   // wall time.
   absl::Duration prep;
   absl::Duration attend;  // the attention kernel(s) alone (device events; part of kernel)
-  // Parts of kernel: its start to the end of the input copies, and the end of attention to the
-  // end of the output copies (device events, with any wait for the host's enqueueing).
+  // Parts of kernel: its start to the end of the input copies (and of the expansion of MXFP8
+  // queries), and the end of attention to the end of the output copies (device events, with any
+  // wait for the host's enqueueing).
   absl::Duration copy_in;
   absl::Duration copy_out;
   absl::Duration batch;   // the executor's whole batch: page reservations, prep, kernel, commits

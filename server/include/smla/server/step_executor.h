@@ -154,6 +154,7 @@ class StepExecutor : public BatchRunner {
   HostRanges host_ranges_;
   // Buffers in backend memory, grown as needed; only the executor thread uses them.
   kernels::Buffer q_, rows_, out_, scales_, lse_;
+  kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
   bool host_pinned_ok_ = true;        // false once the backend said it has none

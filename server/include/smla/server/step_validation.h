@@ -1,11 +1,12 @@
 // Checks of a step that need no stored state, run at admission: layer known, shapes and byte
-// sizes, positions and roles, sink and RoPE table present. Checks against stored state
-// (sequence exists, no position gap, window kept, pool capacity) run when the step is launched,
-// in queue order (KvStore::Prepare). The checks of the inputs' contents (KV rows finite and
-// within the accepted magnitude, chosen entries visible at their rows) run in the launch too,
-// while the device copies the inputs: the slot build checks each chosen entry as it translates
-// it (segment_builder.h), reading it once, so ids in a client's shared memory need no copy;
-// CheckRowsFinite and ExplainChosenEntries below give the launch its verdict and its message.
+// sizes (the queries' by the step's q_format), positions and roles, sink and RoPE table
+// present. Checks against stored state (sequence exists, no position gap, window kept, pool
+// capacity) run when the step is launched, in queue order (KvStore::Prepare). The checks of
+// the inputs' contents (KV rows finite and within the accepted magnitude, no NaN in MXFP8
+// queries, chosen entries visible at their rows) run in the launch too, while the device copies
+// the inputs: the slot build checks each chosen entry as it translates it (segment_builder.h),
+// reading it once, so ids in a client's shared memory need no copy; CheckRowsFinite,
+// CheckQueryCodes and ExplainChosenEntries below give the launch its verdict and its message.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,11 @@ absl::Status ValidateStep(const StepRequest& request, const StepContext& context
 // that is not finite or past the accepted magnitude 2^kKvMaxLog2 (kernels/formats.h), with
 // its row, column and the bound, else OK.
 absl::Status CheckRowsFinite(const SpanInput& span, size_t index, int qk_width);
+
+// INVALID_ARGUMENT naming the first NaN of an MXFP8 span's queries (spans[index].q[row][head]
+// [lane] for an e4m3 code 0x7F / 0xFF, .q_scales[row][head][group] for the scale byte 255),
+// else OK; nothing to check for bf16 queries (no q_scales). Run with CheckRowsFinite.
+absl::Status CheckQueryCodes(const SpanInput& span, size_t index, int32_t heads, int qk_width);
 
 // The error for a span whose build found a chosen entry its row may not see: INVALID_ARGUMENT
 // naming the entry. Should the entries have changed since (a client rewriting its region
