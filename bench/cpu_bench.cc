@@ -1,4 +1,4 @@
-// smla-cpu-bench: the CPU backend on cells of the workloads.md grid. Inputs are built here:
+// smla-cpu-bench: the CPU backend on cells of the docs/performance.md grid. Inputs are built here:
 // pools written through WriteRows from random bf16 rows, SWA windows ending at each row's own
 // position, top-k sets of distinct entries per row (each draft row's set drawn from its
 // neighbour's with a quarter replaced, as indexers do).

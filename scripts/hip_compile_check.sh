@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The HIP compile check (gpu.md, "One source, two vendors"): every kernel source compiles
-# device-only for gfx950 with Debian's clang-22 (gpu.md's command) and in its host pass, and
+# The HIP compile check (docs/gpu.md, "One source, two vendors"): every kernel source compiles
+# device-only for gfx950 with Debian's clang-22 (docs/gpu.md's command) and in its host pass, and
 # the sources that must use the matrix cores still have v_mfma instructions in their assembly;
 # the GPU backend's host code compiles against Debian's HIP headers. Nothing here runs on a
 # GPU.
@@ -63,7 +63,7 @@ else
   trap 'rm -rf "$out"' EXIT
 fi
 
-# gpu.md's command, plus the project's include paths and the HIP build's macro.
+# docs/gpu.md's command, plus the project's include paths and the HIP build's macro.
 device_flags=(-x hip "--offload-arch=$arch" -nogpulib --cuda-device-only
               -D__AMDGCN_WAVEFRONT_SIZE=64 -O3 -S -std=c++20 -DSMLA_WITH_HIP
               -Wall -Wextra -Wno-unused-parameter -Ikernels/include -Ikernels/src)

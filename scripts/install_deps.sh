@@ -13,7 +13,7 @@ packages=(
   python3 python3-yaml                              # tests/deploy
 )
 
-# The HIP compile check (scripts/hip_compile_check.sh, gpu.md) needs clang-22 and Debian's HIP
+# The HIP compile check (scripts/hip_compile_check.sh, docs/gpu.md) needs clang-22 and Debian's HIP
 # headers. Debian 12 has both; elsewhere (the ROCm and CUDA images) they are not needed.
 add_hip_check_packages() {
   local id="" version=""

@@ -1,4 +1,4 @@
-// smla-server: the sparse-MLA attention service (service.md). Flags override the --config
+// smla-server: the sparse-MLA attention service (docs/architecture.md). Flags override the --config
 // file, which overrides the built-in defaults.
 #include <signal.h>
 #include <unistd.h>

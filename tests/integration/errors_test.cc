@@ -1,4 +1,4 @@
-// Every error class of service.md through the real server, each leaving the store unchanged:
+// Every error class of docs/architecture.md through the real server, each leaving the store unchanged:
 // lengths stay, pages stay, and a later valid step still gives the right answer.
 #include <cmath>
 #include <cstring>

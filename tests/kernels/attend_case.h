@@ -1,6 +1,6 @@
 // Builds one Attend call's inputs on a backend (pools written through WriteRows, CSR segments
 // with sentinels and duplicates, q, sink, RoPE table), runs it with poisoned outputs, and
-// checks results against the f64 oracle with the tolerances of operator.md section 7.
+// checks results against the f64 oracle with the tolerances of docs/operator.md section 7.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// CombinePartials (epilogue.h): the split-K combine of operator.md section 5.
+// CombinePartials (epilogue.h): the split-K combine of docs/operator.md section 5.
 #include <cmath>
 #include <limits>
 #include <vector>

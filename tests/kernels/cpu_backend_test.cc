@@ -1,4 +1,4 @@
-// The CPU backend against the f64 oracle across operator.md section 7's matrix.
+// The CPU backend against the f64 oracle across docs/operator.md section 7's matrix.
 #include "smla/kernels/cpu_backend.h"
 
 #include <algorithm>

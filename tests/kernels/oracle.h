@@ -1,4 +1,4 @@
-// An independent f64 reference of operator.md for the kernel tests. Written as plainly as
+// An independent f64 reference of docs/operator.md for the kernel tests. Written as plainly as
 // possible from the document, reading cache bytes itself: it shares no code with the codecs or
 // the backends (its e4m3, bf16 and exponent helpers are its own), so a bug in those cannot
 // hide in both.
@@ -32,7 +32,7 @@ struct Cache {
   float scale = 1.0f;  // fp8_per_tensor
 };
 
-// Dequantised value of one slot (QkWidth values), per operator.md section 3; for
+// Dequantised value of one slot (QkWidth values), per docs/operator.md section 3; for
 // fp8_per_tensor the cache scale is included.
 std::vector<double> DequantRow(const Cache& cache, int64_t slot);
 

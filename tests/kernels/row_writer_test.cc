@@ -1,4 +1,4 @@
-// Row writers through the backend's WriteRows: the stored bytes equal operator.md section 3's
+// Row writers through the backend's WriteRows: the stored bytes equal docs/operator.md section 3's
 // formulas computed by the oracle's own encoders, bit for bit, and DecodeRow returns exactly the
 // spec's dequantised values.
 #include <cmath>

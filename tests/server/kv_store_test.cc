@@ -65,7 +65,7 @@ TEST_F(KvStoreTest, ArenaGeometry) {
   EXPECT_NE(c.base, nullptr);
   EXPECT_EQ(c.num_pages, 6);
   EXPECT_EQ(c.rows_per_page, 32);
-  EXPECT_EQ(c.pitch_bytes, 19008);  // operator.md: ceil(32*584/576)*576
+  EXPECT_EQ(c.pitch_bytes, 19008);  // docs/operator.md: ceil(32*584/576)*576
   EXPECT_EQ(c.format, kernels::KvFormat::kFp8Dsv4);
   EXPECT_EQ(store->pages_total(), 6);
   EXPECT_EQ(store->page_bytes(), 19008);

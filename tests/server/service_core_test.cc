@@ -723,7 +723,7 @@ TEST_F(CoreTest, PipelinedStepsOfOneSequenceApplyInOrder) {
     ExpectSame(*r, Expected(model, 3, {spans[i]}, {}), "pipelined step " + std::to_string(i));
   }
   EXPECT_EQ(*core->SequenceLength(kTenant, model, "p", 3), 50);
-  // The example of service.md's error table, on 576-wide rows.
+  // The example of docs/architecture.md's error table, on 576-wide rows.
   SpanData bad = Span(model, 3, "p", 50, 5, 8);
   StepRequest r = Request(model, 3, {&bad});
   r.spans[0].kv_rows = r.spans[0].kv_rows.subspan(0, 5000);

@@ -27,7 +27,7 @@ ABSL_FLAG(std::vector<std::string>, server, {"127.0.0.1:50051"},
           "smla-server HOST:PORT, repeatable: workers are spread over the servers by the "
           "client's consistent-hash ring");
 ABSL_FLAG(std::string, cell, "dsv4.1-flash fp8_dsv4 TP4 decode C=1 128K",
-          "Workload cell of workloads.md: model [format] [TPn] decode C=N | decode1 C=N | "
+          "Workload cell of docs/performance.md: model [format] [TPn] decode C=N | decode1 C=N | "
           "prefill 8K, context (128K)");
 ABSL_FLAG(std::string, layer, "all", "Layer to step, or 'all' for whole model steps");
 ABSL_FLAG(int64_t, context, 0, "Override the cell's context (positions), e.g. small on CPU");

@@ -1,4 +1,4 @@
-// What smla-bench sends: a cell of the workloads.md grid ("dsv4.1-flash fp8_dsv4 TP4 decode
+// What smla-bench sends: a cell of the docs/performance.md grid ("dsv4.1-flash fp8_dsv4 TP4 decode
 // C=32 128K") on one layer or as whole model steps (every layer of the profile in order), and
 // the per-worker state that sends it (sequences pre-filled to the context, a connection, a
 // stream, a shared-memory region).

@@ -1,4 +1,4 @@
-// The service's metrics (service.md: requests by status, rows, batch sizes, queue and kernel
+// The service's metrics (docs/architecture.md: requests by status, rows, batch sizes, queue and kernel
 // time histograms, pool pages used/total, sequences, open streams) and the HTTP endpoint that
 // exposes them as Prometheus text.
 #pragma once

@@ -1,4 +1,4 @@
-// The one place where an absl::Status becomes a gRPC status (service.md: errors travel as
+// The one place where an absl::Status becomes a gRPC status (docs/architecture.md: errors travel as
 // absl::Status inside the process; the edge alone speaks gRPC codes).
 #pragma once
 

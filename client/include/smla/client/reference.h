@@ -53,7 +53,7 @@ class Reference {
 
   // Compares a server response with the expectation: per (row, head) vector,
   // max|out - ref| <= tolerance * max|ref| (MXFP8 outputs dequantised, plus one e4m3 step),
-  // LSE within tolerance * max(1, |ref|), -inf exactly. The default is operator.md §7's bound:
+  // LSE within tolerance * max(1, |ref|), -inf exactly. The default is docs/operator.md §7's bound:
   // the reference is the CPU backend, not an f64 result, and a GPU backend rounds P to bf16
   // against other running maxima, so two correct backends differ by up to about twice the
   // error of one (1.1e-2 seen on the H200).

@@ -1,4 +1,4 @@
-// The zero-copy transport on the client side (service.md "Transport"): a sealed memfd this
+// The zero-copy transport on the client side (docs/architecture.md "Transport"): a sealed memfd this
 // process creates, hands over to a server on the same host (smla/v1/shm_handover.h) and
 // registers, and the helpers that make a step use it. After Place, a step request carries only
 // (region, offset, size) references: the server reads the inputs from the region and writes the

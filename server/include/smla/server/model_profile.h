@@ -1,4 +1,4 @@
-// Model profiles of service.md: the geometry, formats and per-layer segment plan of each served
+// Model profiles of docs/architecture.md: the geometry, formats and per-layer segment plan of each served
 // model, so a frontend names "dsv4-flash, TP4, layer 7" instead of re-describing its caches.
 #pragma once
 
@@ -61,7 +61,7 @@ struct ModelProfile {
 // - dsv4-flash follows the checkpoint's compress_ratios [0,0] + [4,128] x 20 + [4]: layers 0-1
 //   SWA-only, then c4 and c128 alternating (even layers c4), layer 42 c4.
 // - dsv4.1-flash: the interleaving of its checkpoint is not recorded here, so the kinds are
-//   listed as service.md lists them: layers 0-1 SWA-only, 2-19 c2 (top-512), 20-39 c1.
+//   listed as docs/architecture.md lists them: layers 0-1 SWA-only, 2-19 c2 (top-512), 20-39 c1.
 // Softmax scales: DeepSeek-V4.x attend with head dim 512 (1/sqrt(512)); glm-5.2 keeps the
 // DeepSeek-V3.2-style 128 + 64 qk head (1/sqrt(192), without the long-context mscale, which a
 // frontend adds through ModelConfig::softmax_scale); glm-5.3-flash 1/sqrt(512).

@@ -1,4 +1,4 @@
-// In-process types of one step call (service.md "A step"), as the gRPC edge hands them to the
+// In-process types of one step call (docs/architecture.md "A step"), as the gRPC edge hands them to the
 // service core. Tensor bytes are views into memory the caller keeps alive until `done` runs.
 #pragma once
 
