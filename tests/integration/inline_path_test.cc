@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "grpcpp/grpcpp.h"
@@ -81,20 +80,6 @@ TEST(InlinePathTest, UnparseableUnaryStepIsInvalidArgument) {
       channel.get(), method, &ctx, Bytes(std::string("\x0a\x7f", 2)), &reply);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("not a valid smla.v1.StepRequest"));
-}
-
-int64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      in >> kb;
-      return kb * 1024;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return -1;
 }
 
 // Steps of 1,024 rows (8 MiB of queries and 8 MiB of output each): with the count bound alone
