@@ -98,8 +98,9 @@ ABSL_FLAG(std::string, shm_socket, "",
           "(sealed memfds) over, a path or @abstract-name; default an abstract name of this "
           "process (clients read it from GetServerInfo)");
 ABSL_FLAG(std::string, max_pinned_bytes, "",
-          "Bytes of shared-memory regions page-locked at once for faster GPU copies, e.g. 32GiB "
-          "(regions past it work unpinned); default a quarter of physical memory");
+          "Bytes of shared-memory regions and inline staging page-locked at once for faster GPU "
+          "copies, e.g. 32GiB (memory past it works unpinned); default a quarter of physical "
+          "memory");
 ABSL_FLAG(std::string, max_inflight_bytes, "8GiB",
           "Inline tensor bytes (requests and responses in flight) held at once, server-wide; "
           "a request past it is RESOURCE_EXHAUSTED");

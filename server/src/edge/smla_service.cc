@@ -130,22 +130,18 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
       metrics_(metrics),
       options_(std::move(options)),
       streams_(options_.limits.tenant_max_streams) {
+  // Regions and inline staging share one budget of page-locked bytes.
+  ServiceCore* core = core_;
+  const HostPinning pinning = BudgetedPinning(
+      HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
+                  [core](void* p) { core->UnregisterHostMemory(p); }},
+      options_.max_pinned_bytes);
   if (options_.allow_shm) {
-    ServiceCore* core = core_;
-    regions_ = std::make_unique<RegionRegistry>(BudgetedPinning(
-        HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
-                    [core](void* p) { core->UnregisterHostMemory(p); }},
-        options_.max_pinned_bytes),
-        RegionCaps{options_.limits.max_regions, options_.limits.tenant_max_regions});
+    regions_ = std::make_unique<RegionRegistry>(
+        pinning, RegionCaps{options_.limits.max_regions, options_.limits.tenant_max_regions});
     handover_box_ = std::make_unique<HandoverBox>();
   }
-  {
-    ServiceCore* core = core_;
-    staging_ = std::make_unique<StagingPool>(
-        HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
-                    [core](void* p) { core->UnregisterHostMemory(p); }},
-        options_.staging);
-  }
+  staging_ = std::make_unique<StagingPool>(pinning, options_.staging);
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;
