@@ -131,7 +131,6 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
       options_(std::move(options)),
       streams_(options_.limits.tenant_max_streams) {
   // Regions and inline staging share one budget of page-locked bytes.
-  ServiceCore* core = core_;
   const HostPinning pinning = BudgetedPinning(
       HostPinning{[core](void* p, size_t n) { return core->RegisterHostMemory(p, n); },
                   [core](void* p) { core->UnregisterHostMemory(p); }},
