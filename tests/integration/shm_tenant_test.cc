@@ -140,6 +140,8 @@ TEST(ShmTenantTest, NoTenantCanTakeAnothersRegion) {
   }
   EXPECT_EQ(*tt.alice->Length({model.profile(), "a"}, kLayer), 64);
   EXPECT_EQ(*tt.bob->Length({model.profile(), "b"}, kLayer), 64);
+}
+
 // Each region holds a descriptor: --tenant_max_regions bounds one tenant, --max_regions all of
 // them, so registrations cannot use up the server's descriptors. The bound is exact, the refusal
 // names the cap, and a region unregistered frees its place.
