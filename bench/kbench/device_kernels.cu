@@ -36,7 +36,7 @@ __device__ __forceinline__ uint16_t Bf16(uint32_t h, float mag) {
   return kernels::F32ToBf16Bits(u);
 }
 
-// One thread per byte pair; layout decided per format (operator.md section 3).
+// One thread per byte pair; layout decided per format (docs/operator.md section 3).
 __global__ void FillPoolKernel(PoolLayout p, uint64_t seed) {
   const int64_t total = p.num_pages * p.pitch / 2;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;

@@ -1,4 +1,4 @@
-// smla-kbench: the sparse MLA kernels on the grid of workloads.md, one cell by name or the
+// smla-kbench: the sparse MLA kernels on the grid of docs/performance.md, one cell by name or the
 // whole grid. Per cell: CUDA-event time of the attention launch(es) alone (median of >= 20 after
 // warm-up, the L2 flushed before each run and index sets rotated), TFLOP/s, unique bytes and
 // GB/s, and the ratios to three ceilings measured in the same run: a gather of whole rows over

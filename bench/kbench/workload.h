@@ -1,4 +1,4 @@
-// The benchmark grid of workloads.md as named cells, and the index sets a cell's calls read:
+// The benchmark grid of docs/performance.md as named cells, and the index sets a cell's calls read:
 // SWA windows ending at each row's position, top-k entries of a compressed cache chosen at
 // random among the visible ones (a request's rows draw overlapping sets), every entry of a
 // 1/128 cache, or GLM's 2,048 chosen positions.

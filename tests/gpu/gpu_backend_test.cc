@@ -1,4 +1,4 @@
-// The CUDA backend against the CPU backend (the reference of operator.md section 7) across
+// The CUDA backend against the CPU backend (the reference of docs/operator.md section 7) across
 // formats, geometries, head counts, head blocks, split-K on and off, sentinels, empty rows,
 // sinks, both outputs, LSE, NaN garbage in unreferenced slots and poisoned outputs.
 #include "smla/kernels/gpu_backend.h"
@@ -478,7 +478,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   return o;
 }
 
-// operator.md section 7: per (row, head) max|out - ref| <= tol * max|ref|, empty rows exactly +0,
+// docs/operator.md section 7: per (row, head) max|out - ref| <= tol * max|ref|, empty rows exactly +0,
 // LSE within 2e-2 * max(1, |ref|) with -inf matching exactly, no NaN anywhere.
 void ExpectClose(const Inputs& in, const Outputs& ref, const Outputs& got, const std::string& what) {
   const CaseSpec& c = in.spec;
@@ -522,7 +522,7 @@ void ExpectClose(const Inputs& in, const Outputs& ref, const Outputs& got, const
   g_worst = std::max(g_worst, worst);
 }
 
-// operator.md section 7, MXFP8: the reference epilogue applied to the backend's own bf16 output
+// docs/operator.md section 7, MXFP8: the reference epilogue applied to the backend's own bf16 output
 // without positions must give the MXFP8 output with positions: scale bytes exact for NoPE
 // groups (rope groups may differ where amax/448 is within 2 ulps of a power of two), data
 // within one e4m3 step.

@@ -105,7 +105,7 @@ TEST(RequestReaderTest, ReadsWhatProtobufParsesWithTensorsInStaging) {
     v1::StepRequest read;
     LandedTensors landed;
     ASSERT_TRUE(
-        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, "t", &read, &landed).ok());
+        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, "t", &read, &landed, 0).ok());
     const Split want = Expected(r), got = Landed(read, landed);
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want.skeleton, got.skeleton))
         << got.skeleton.DebugString();
@@ -163,7 +163,7 @@ TEST(RequestReaderTest, FollowsProtobufForRepeatedFieldsOneofsAndUnknownFields) 
   StagingPool pool = Pool();
   v1::StepRequest read;
   LandedTensors landed;
-  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed).ok());
+  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed, 0).ok());
   ASSERT_EQ(read.spans_size(), want.spans_size());
   for (int i = 0; i < want.spans_size(); ++i) {
     for (auto [w, g] : {std::pair{&want.spans(i).kv_rows(), &read.spans(i).kv_rows()},
@@ -204,11 +204,26 @@ TEST(RequestReaderTest, MalformedMessagesAreInvalidArgument) {
         std::string("\x07\x00", 2) /* wire type 7 */}) {
     v1::StepRequest read;
     LandedTensors landed;
-    const absl::Status st = ReadStepRequest(Sliced(bad, rng), pool, "t", &read, &landed);
+    const absl::Status st = ReadStepRequest(Sliced(bad, rng), pool, "t", &read, &landed, 0);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr("not a valid smla.v1.StepRequest"));
   }
   EXPECT_EQ(pool.bytes_leased(), 0u);
+}
+
+// Below kWalkFromBytes a message is parsed whole: its tensors stay in the message.
+TEST(RequestReaderTest, SmallMessagesAreParsedWhole) {
+  std::mt19937_64 rng(12);
+  StagingPool pool = Pool();
+  const v1::StepRequest r = RandomRequest(rng);
+  const std::string wire = r.SerializeAsString();
+  ASSERT_LT(wire.size(), kWalkFromBytes);
+  v1::StepRequest read;
+  LandedTensors landed;
+  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed).ok());
+  EXPECT_TRUE(landed.bytes.empty());
+  EXPECT_EQ(pool.bytes_leased(), 0u);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(r, read));
 }
 
 TEST(RequestReaderTest, SteadyReadsReuseStagingBuffers) {
@@ -219,7 +234,7 @@ TEST(RequestReaderTest, SteadyReadsReuseStagingBuffers) {
   for (int i = 0; i < 50; ++i) {
     v1::StepRequest read;
     LandedTensors landed;
-    ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed).ok());
+    ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed, 0).ok());
   }
   EXPECT_EQ(pool.buffers_mapped(), 1u);
   EXPECT_EQ(pool.bytes_leased(), 0u);

@@ -1,5 +1,5 @@
 // The inner step of the CPU backend: one tile of up to 64 staged keys folded into the
-// online-softmax state of a block of heads (operator.md section 5, base 2).
+// online-softmax state of a block of heads (docs/operator.md section 5, base 2).
 #pragma once
 
 namespace smla::kernels::cpu {

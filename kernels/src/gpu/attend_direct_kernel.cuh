@@ -1,4 +1,4 @@
-// The sparse MLA attention kernel for fp8 caches without a dequantised tile (operator.md 4-6).
+// The sparse MLA attention kernel for fp8 caches without a dequantised tile (docs/operator.md 4-6).
 //
 // One program of 256 threads owns (row, 16- or 32-head block, split). Tiles of 64 keys are
 // gathered into shared memory as in attend_kernel.cuh, but the fp8 codes are never written back
@@ -15,7 +15,7 @@
 // conversion instruction per two codes, exact) instead of scaled bf16: Q is staged as f16 times
 // a per-head power of two, fp8_dsv4's chunk scales multiply each chunk's partial score, and its
 // per-key value scales multiply P per warp (each warp's 64 columns are one scale group), with a
-// per-warp unit for acc. The values are those of operator.md 5's bf16 staging (power-of-two
+// per-warp unit for acc. The values are those of docs/operator.md 5's bf16 staging (power-of-two
 // scales, exact codes); a tile whose scale bytes spread too far for f16 P runs bf16 operands,
 // and a program whose query values do not all convert to f16 exactly (lanes more than about
 // 2^31 below their head's largest) stages Q in bf16 and runs every tile on bf16 operands.
@@ -55,7 +55,7 @@ struct DirectConfig {
   static constexpr int kColsPerWarp = kValueWidth / kWarps;
   static constexpr int kNTiles = kColsPerWarp / MmaTile::kN;
 
-  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
+  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (docs/operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32, "16- or 32-head programs");
   static_assert(!kHalfPairs || kHeadBlock == 16, "half pairs fill a 16-head program");
   static_assert(kThreads == 256, "256 threads per program on both vendors");

@@ -1,4 +1,4 @@
-// The sparse MLA attention kernel (operator.md sections 4-6) on the tensor cores.
+// The sparse MLA attention kernel (docs/operator.md sections 4-6) on the tensor cores.
 //
 // One program owns (row, head block, split). It gathers 64-key tiles of its row's main then
 // extra segment into shared memory with 16-byte asynchronous copies (the next tile in flight
@@ -51,7 +51,7 @@ struct AttendConfig {
   static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
   static constexpr int kSub = kTileKeys / kKeys;  // tiles per 64-key plan tile
 
-  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (operator.md 2)");
+  static_assert(kQkWidth == 512 || kQkWidth == 576, "QK width is 512 or 576 (docs/operator.md 2)");
   static_assert(kHeadBlock == 16 || kHeadBlock == 32 || kHeadBlock == 64,
                 "head block must be 16, 32 or 64 heads");
   static_assert(kW == 4 || kW == 8, "a 16-head group has 4 or 8 warps");
@@ -173,7 +173,7 @@ __device__ __forceinline__ void IssueTile(const SegmentArgs& s, int32_t my_slot,
                       C::kKeys * kDsv4DataBytes);
 }
 
-// Dequantises a gathered fp8 stage into the bf16 tile (operator.md section 3). One loop per
+// Dequantises a gathered fp8 stage into the bf16 tile (docs/operator.md section 3). One loop per
 // format, 8 values per step: fp8_per_tensor stages raw codes (its scale is folded into the
 // score and P), fp8_dsv4 multiplies by its power-of-two scale in bf16 (exact rounding of the
 // f32 product), fp8_ds_mla rounds the f32 product with its f32 scale.

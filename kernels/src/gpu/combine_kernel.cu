@@ -1,4 +1,4 @@
-// Split-K combine (operator.md section 5) with the epilogue fused into its store: one program
+// Split-K combine (docs/operator.md section 5) with the epilogue fused into its store: one program
 // per (row, head), 128 threads of 4 output lanes each.
 #include <cstdint>
 

@@ -275,7 +275,7 @@ __device__ __forceinline__ void PvStep(const uint8_t* stage, int stride, const u
 // conversion instruction per two values and exact, so K and V enter the products as raw codes
 // and the power-of-two scales are applied outside them: to each 64-dim chunk's partial score
 // (Q.K^T) and to P per key (P.V, one scale group per warp's 64 columns). Values equal the bf16
-// staging of operator.md 5 (the scales are powers of two, the codes exact in both types).
+// staging of docs/operator.md 5 (the scales are powers of two, the codes exact in both types).
 inline constexpr bool kF16Operands = true;
 
 // t0/t1 += Q16 K^T over one 64-dim chunk of fp8 codes (k-steps alternate between t0 and t1,

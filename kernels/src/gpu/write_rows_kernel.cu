@@ -1,4 +1,4 @@
-// Row writers (operator.md section 3, "Writing rows"): one block of kRowThreads threads
+// Row writers (docs/operator.md section 3, "Writing rows"): one block of kRowThreads threads
 // quantises one bf16 row into the pool. Each scale group's amax is reduced across the block (a
 // maximum, so the order does not change it) and every value is encoded with the same helpers
 // EncodeRow uses on the CPU, so both backends write identical bytes. A thread per row (the

@@ -1,6 +1,7 @@
 #include "request_reader.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "host_staging.h"
 #include "smla/v1/tensor_bytes.h"
 
@@ -17,7 +18,16 @@ size_t LandedTensors::total_bytes() const { return buffer ? buffer->size() : 0; 
 
 absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
                              const std::string& tenant, v1::StepRequest* request,
-                             LandedTensors* landed) {
+                             LandedTensors* landed, uint64_t walk_from) {
+  if (buffer.Length() < walk_from) {
+    grpc::ByteBuffer view(buffer);  // shares the slices
+    grpc::ProtoBufferReader in(&view);
+    if (!request->ParseFromZeroCopyStream(&in)) {
+      return absl::InvalidArgumentError(
+          "request: not a valid smla.v1.StepRequest (protobuf cannot parse it)");
+    }
+    return absl::OkStatus();
+  }
   v1::TensorBytesReader reader;
   absl::Status st = reader.Parse(buffer, request);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("request: ", st.message()));

@@ -29,11 +29,16 @@ struct LandedTensors {
   size_t total_bytes() const;  // staging bytes held
 };
 
+// Below this many bytes a message is parsed by protobuf as a whole: its tensors are small, and
+// the per-field walk costs more than the copies it saves (docs/results/bench-h200.md).
+inline constexpr uint64_t kWalkFromBytes = uint64_t{256} << 10;
+
 // Parses `buffer` into `request` (which must be empty) and `landed`. A message protobuf could
 // not parse is INVALID_ARGUMENT naming what is wrong; staging that the pool refuses is its
-// RESOURCE_EXHAUSTED. `tenant` is charged for the staging (StagingPool::Lease).
+// RESOURCE_EXHAUSTED. `tenant` is charged for the staging (StagingPool::Lease). Messages
+// shorter than `walk_from` are parsed by protobuf, their tensors left in the message.
 absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
                              const std::string& tenant, v1::StepRequest* request,
-                             LandedTensors* landed);
+                             LandedTensors* landed, uint64_t walk_from = kWalkFromBytes);
 
 }  // namespace smla::server::edge

@@ -1,4 +1,4 @@
-// The CPU backend: the reference implementation of operator.md and the embedded default when
+// The CPU backend: the reference implementation of docs/operator.md and the embedded default when
 // no GPU is present. Multithreaded over rows and head blocks; every call completes before it
 // returns (its streams are trivially ordered).
 #pragma once

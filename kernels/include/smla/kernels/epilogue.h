@@ -1,4 +1,4 @@
-// The output epilogue of operator.md section 6 for one (row, head) 512-wide vector, and the
+// The output epilogue of docs/operator.md section 6 for one (row, head) 512-wide vector, and the
 // split-K combine of section 5. Host and device code share these so every backend finishes a
 // row the same way.
 #pragma once

@@ -1,4 +1,4 @@
-// KV-cache formats, geometries and output formats of operator.md sections 2-3, with the
+// KV-cache formats, geometries and output formats of docs/operator.md sections 2-3, with the
 // byte arithmetic every backend and the KV store share.
 #pragma once
 
@@ -56,7 +56,7 @@ SMLA_HD_INLINE constexpr int QkWidth(Geometry g) {
   return g == Geometry::kRopeAppended ? 576 : 512;
 }
 
-// Whether a format can store rows of a geometry (operator.md section 2).
+// Whether a format can store rows of a geometry (docs/operator.md section 2).
 SMLA_HD_INLINE constexpr bool FormatSupports(KvFormat f, Geometry g) {
   switch (f) {
     case KvFormat::kBf16:

@@ -1,4 +1,4 @@
-// The operator's arguments (operator.md section 1): cache views, CSR segments, epilogue and
+// The operator's arguments (docs/operator.md section 1): cache views, CSR segments, epilogue and
 // outputs. Tensor pointers live in the backend's memory (device memory on GPUs, host memory
 // on the CPU backend); CSR arrays, positions and the sink are small host arrays that the
 // backend validates and stages itself, so bad ids are rejected before any work (unless the
@@ -101,7 +101,7 @@ struct AttendParams {
   // Paired rows on the GPU backend (CUDA; RowPairs): with an even rows_per_group, rows 2i and
   // 2i+1 of fp8_dsv4 / fp8_per_tensor decode calls run as one direct-kernel program over the
   // union of their keys (built on the device), each shared key gathered and converted once.
-  // Results stay within operator.md's tolerances and are reproducible either way.
+  // Results stay within docs/operator.md's tolerances and are reproducible either way.
   RowPairs row_pairs = RowPairs::kAuto;
   // What the caller vouches for, so the backend can skip work on a hot path. Both default to
   // false, and a caller that cannot vouch leaves them so: the backend then checks every id and
@@ -116,7 +116,7 @@ struct AttendParams {
   bool arrays_pinned = false;
 };
 
-// Quantise bf16 rows into a pool (operator.md section 3, "Writing rows").
+// Quantise bf16 rows into a pool (docs/operator.md section 3, "Writing rows").
 struct WriteRowsParams {
   MutableCacheView cache;
   std::span<const int64_t> slots;  // [n] host, each in [0, num_slots)

@@ -1,6 +1,6 @@
 // Launch configuration: a pure function from the shape of a call and the device's facts to
 // (head block, split count, work order). GPU backends launch what it says; the CPU backend
-// uses the head block for its work items. Rules follow gpu.md ("Launch configuration"), to be
+// uses the head block for its work items. Rules follow docs/gpu.md ("Launch configuration"), to be
 // re-measured per device.
 #pragma once
 
@@ -44,7 +44,7 @@ struct LaunchPlan {
   std::string ToString() const;
 };
 
-// Split count sized as if every program held 16 heads (gpu.md): one split for <= 2 tiles;
+// Split count sized as if every program held 16 heads (docs/gpu.md): one split for <= 2 tiles;
 // when the grid already fills the device (programs >= N), min(2S/programs,
 // tiles/(4 * programs_per_unit)) with S = N * programs_per_unit resident slots; otherwise
 // min(2N/programs, tiles, 64). Always at least 1.

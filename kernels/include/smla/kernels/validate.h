@@ -1,4 +1,4 @@
-// Checks of operator.md shared by every backend: an invalid call is rejected before any work
+// Checks of docs/operator.md shared by every backend: an invalid call is rejected before any work
 // with a status whose message names the problem (segment, row, id, field).
 #pragma once
 

@@ -1,4 +1,4 @@
-// MXFP8 groups of 32 lanes: one E8M0 scale byte and 32 e4m3 codes (operator.md section 6).
+// MXFP8 groups of 32 lanes: one E8M0 scale byte and 32 e4m3 codes (docs/operator.md section 6).
 #pragma once
 
 #include <cstdint>

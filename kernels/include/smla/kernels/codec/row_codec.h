@@ -1,5 +1,5 @@
 // Where a slot's bytes live in a page, and how one bf16 row is written into / read out of each
-// pool format (operator.md section 3). Host and device code share these.
+// pool format (docs/operator.md section 3). Host and device code share these.
 #pragma once
 
 #include <cstdint>
@@ -82,7 +82,7 @@ SMLA_HD_INLINE void EncodeRow(KvFormat f, Geometry g, const uint16_t* in, uint8_
   }
 }
 
-// Reads one row as the values the operator stages in bf16 (operator.md section 5), written as
+// Reads one row as the values the operator stages in bf16 (docs/operator.md section 5), written as
 // f32. fp8_per_tensor yields the raw code values: the caller folds the tensor scale into the
 // score and the probabilities.
 SMLA_HD_INLINE void DecodeRow(KvFormat f, Geometry g, const uint8_t* data,

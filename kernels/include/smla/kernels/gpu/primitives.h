@@ -1,4 +1,4 @@
-// Device primitives behind the portable layer (gpu.md): warp shuffles, asynchronous 16-byte
+// Device primitives behind the portable layer (docs/gpu.md): warp shuffles, asynchronous 16-byte
 // gathers into shared memory, shared-memory matrix loads, the bf16 matrix product of a 16x8x16
 // tile, and paired fp8 -> f16 conversion. One tiny function per instruction, each with the
 // fragment layout it assumes written down, so a port replaces only these.
@@ -143,7 +143,7 @@ __device__ __forceinline__ KvScale UnitKvScale() { return __float2bfloat162_rn(1
 // equal), as two packed words: codes 0-1 and 2-3. The code's bits are placed in a bf16 whose
 // exponent field is the code's (bias 127 instead of 7) and multiplied by 2^120, which is exact
 // for normal and subnormal codes; the scale multiply then rounds once to nearest even, which
-// equals rounding the exact f32 product (operator.md section 3).
+// equals rounding the exact f32 product (docs/operator.md section 3).
 __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat162 scale) {
   const uint32_t lo = __byte_perm(codes, 0, 0x4140);
   const uint32_t hi = __byte_perm(codes, 0, 0x4342);

@@ -1,5 +1,5 @@
 // Device primitives for AMD gfx950 (CDNA4, 64-lane wavefronts) behind the portable layer
-// (gpu.md), included by primitives.h when compiling HIP. Same names and meanings as the CUDA
+// (docs/gpu.md), included by primitives.h when compiling HIP. Same names and meanings as the CUDA
 // primitives wherever the hardware allows; what differs is written down here:
 //
 // - kWarpSize is 64. Lane masks are 64-bit (LaneMask). Butterfly reductions take xor masks up
@@ -319,7 +319,7 @@ __device__ __forceinline__ KvScale E8m0PairToBf16x2(uint32_t lo, uint32_t hi) {
 
 // Four e4m3 codes (byte i of `codes`) to four bf16 values, as two packed words (codes 0-1 and
 // 2-3); code 2j+h is multiplied by scale[h]. The f32 product of an e4m3 value and a
-// power-of-two scale is exact, so the one rounding is PackBf16's nearest-even, as operator.md
+// power-of-two scale is exact, so the one rounding is PackBf16's nearest-even, as docs/operator.md
 // section 3 defines.
 __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, KvScale scale) {
 #if defined(SMLA_HIP_GFX950)

@@ -1,4 +1,4 @@
-// The portable GPU runtime layer (gpu.md, "One source, two vendors"): the few runtime calls
+// The portable GPU runtime layer (docs/gpu.md, "One source, two vendors"): the few runtime calls
 // that differ between CUDA and HIP, typed, with errors turned into absl::Status. On NVIDIA this
 // maps to the CUDA runtime directly; HIP headers are never included there.
 #pragma once
