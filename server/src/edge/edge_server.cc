@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   // Two of the largest legal steps always fit (staging rounds each buffer up to a power of two);
   // a stream always reads one request, whatever its bound.
   const StepBytes step = MaxStepBytes(*core, limits);
-  const uint64_t floor =
-      2 * (std::bit_ceil(static_cast<uint64_t>(step.in)) + std::bit_ceil(static_cast<uint64_t>(step.out)));
+  const uint64_t floor = 2 * (std::bit_ceil(static_cast<uint64_t>(step.in)) +
+                              std::bit_ceil(static_cast<uint64_t>(step.out)));
   eo.staging.max_bytes = std::max(options.max_inflight_bytes, floor);
   eo.staging.max_tenant_bytes = std::max(options.tenant_max_inflight_bytes, floor);
   eo.staging.max_cached_bytes = std::min(eo.staging.max_bytes, options.inline_cache_bytes);

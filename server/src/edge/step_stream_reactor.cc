@@ -33,9 +33,10 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
   if (finished_) return a;
   // A client that does not read its responses holds at most this much in server memory; one
   // request is always read, whatever its size, so that any legal step can be served.
+  const EdgeOptions& o = service_->options();
   const bool room = inflight_.empty() ||
-                    (static_cast<int32_t>(inflight_.size()) < service_->options().stream_max_inflight &&
-                     inflight_bytes_ < service_->options().stream_max_inflight_bytes);
+                    (static_cast<int32_t>(inflight_.size()) < o.stream_max_inflight &&
+                     inflight_bytes_ < o.stream_max_inflight_bytes);
   if (!broken_ && !reads_done_ && !read_pending_ && room) {
     reading_ = std::make_unique<Entry>();
     read_pending_ = true;
