@@ -183,21 +183,29 @@ TEST(FaultTest, BurstPastTheQueueLimit) {
 // A launched step is not interrupted: the kernel finishes and the write is committed even
 // though the caller's deadline passed (it gets DEADLINE_EXCEEDED). Only an acknowledged write
 // is promised; after a deadline the caller reads the stored length to learn the outcome.
+// The request is small and the hold long, so that the deadline passes while the kernel runs
+// and not, on a loaded machine, before the step was admitted.
 TEST(FaultTest, DeadlineExpiresWhileKernelRuns) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, kHoldBackend}, "glm-5.3-flash"));
-  const v1::StepRequest heavy = PrepareHeavy(h);
-  auto late = LaunchHeavy(h, heavy, absl::Milliseconds(400));
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--inject_attend_delay_ms=3000"}, "glm-5.3-flash"));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "late").ok());
+  const int32_t rows = 2 * h.model_.pool().page_rows();
+  const v1::StepRequest step = h.Make(0, {{"late", 0, rows, 0}});
+  const int64_t pages_before = PagesUsed(h);
+  auto late = std::async(std::launch::async,
+                         [&] { return h.client->Step(step, absl::Milliseconds(1000)); });
+  ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
+  EXPECT_EQ(h.Length("late", 0), 0) << "the step ended before its deadline";
   auto r = late.get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   int64_t len = -1;
-  for (int i = 0; i < 600 && len != kHeavyBase + kHeavyRows; ++i) {
-    len = h.Length("heavy", 0);
+  for (int i = 0; i < 600 && len != rows; ++i) {
+    len = h.Length("late", 0);
     std::this_thread::sleep_for(milliseconds(100));
   }
-  ASSERT_EQ(len, kHeavyBase + kHeavyRows) << "the launched step was not committed";
-  ASSERT_TRUE(h.ref->Step(heavy).ok());  // the reference records the committed rows
-  h.StepAndCheck(h.Make(0, {{"heavy", len, 4, 0}}));
+  ASSERT_EQ(len, rows) << "the launched step was not committed";
+  ASSERT_TRUE(h.ref->Step(step).ok());  // the reference records the committed rows
+  h.StepAndCheck(h.Make(0, {{"late", len, 4, 0}}));
   EXPECT_TRUE(h.client->Health().value_or(false));
 }
 

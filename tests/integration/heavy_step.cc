@@ -17,10 +17,14 @@ int64_t PagesUsed(Harness& h) {
   return info.ok() ? info->models(0).pool().pages_used() : -1;
 }
 
-void WaitLaunched(Harness& h, int64_t pages_before) {
+void WaitLaunched(Harness& h, int64_t pages_before, int64_t pages) {
+  if (pages < 0) pages = kHeavyRows / h.model_.pool().page_rows();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (PagesUsed(h) < pages_before + kHeavyRows / h.model_.pool().page_rows() &&
-         std::chrono::steady_clock::now() < until) {
+  while (PagesUsed(h) < pages_before + pages) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ADD_FAILURE() << "no launch reserved " << pages << " pages within 30 s";
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }

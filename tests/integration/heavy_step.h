@@ -24,9 +24,10 @@ v1::StepRequest PrepareHeavy(Harness& h);
 // Pages in use in the served model's pool.
 int64_t PagesUsed(Harness& h);
 
-// Waits (up to 30 s) until a launch has reserved the heavy step's pages: the step then runs,
-// and its stored length moves only when it ends.
-void WaitLaunched(Harness& h, int64_t pages_before);
+// Waits (up to 30 s) until a launch has reserved `pages` more pages than `pages_before` (the
+// heavy step's by default): the step then runs, and its stored length moves only when it ends.
+// Fails the test if that never happens.
+void WaitLaunched(Harness& h, int64_t pages_before, int64_t pages = -1);
 
 // Sends `heavy` (with the client call's `timeout`, zero = the client's default) and returns once
 // the server has launched it, checking that it has not ended yet.
