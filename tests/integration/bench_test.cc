@@ -1,6 +1,7 @@
 // smla-bench against the real smla-server: what the bench says it did matches the server's
 // own metrics exactly (calls by method, rows), and its reports are produced and well-formed.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -61,7 +62,8 @@ size_t Count(const std::string& text, const std::string& what) {
 // Runs smla-bench with `args`; returns its exit status and its stdout in `out`. The binary is
 // the build's, or $SMLA_BENCH_BINARY (a bundle carried to a GPU machine, like the server's).
 int RunBench(const std::vector<std::string>& args, std::string* out) {
-  const std::string log = ::testing::TempDir() + "/bench_stdout.txt";
+  // Per process: ctest runs these tests side by side, and TempDir is shared.
+  const std::string log = absl::StrCat(::testing::TempDir(), "/bench_stdout_", getpid(), ".txt");
   const char* binary = std::getenv("SMLA_BENCH_BINARY");
   std::string cmd = binary != nullptr ? binary : SMLA_BENCH_BINARY;
   for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
