@@ -112,6 +112,9 @@ ABSL_FLAG(std::string, stream_max_inflight_bytes, "512MiB",
 ABSL_FLAG(std::string, inline_cache_bytes, "512MiB",
           "Free inline-tensor staging kept for reuse (resident, so steady steps fault in no "
           "fresh pages)");
+ABSL_FLAG(int32_t, copy_threads, -1,
+          "Threads that copy a large inline request's tensor bytes into staging beside the "
+          "call's own (-1: a quarter of the cores, at most 4; 0: none)");
 ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
           "Extra gRPC server channel arguments NAME=INT, comma-separated "
           "(docs/operations.md lists the measured choices)");
@@ -294,6 +297,7 @@ int Run() {
   options.auth.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   options.allow_shm = absl::GetFlag(FLAGS_allow_shm);
   options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
   if (absl::GetFlag(FLAGS_max_pinned_bytes).empty()) {
     options.max_pinned_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                                static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 4;

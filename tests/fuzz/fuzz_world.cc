@@ -156,7 +156,8 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   v1::StepRequest pb;
   server::edge::ParseStorage storage;
   const absl::Status read =
-      server::edge::ReadStepRequest(Sliced(data, size), *staging_, kTenant, &pb, &storage.landed,
+      server::edge::ReadStepRequest(Sliced(data, size), *staging_, nullptr, kTenant, &pb,
+                                    &storage.landed,
                                      size % 2 == 0 ? 0 : server::edge::kWalkFromBytes);
   if (read.ok() != parses) {
     Die(absl::InternalError(absl::StrCat("the request reader ", read.ok() ? "accepts" : "refuses",

@@ -2,7 +2,9 @@
 // (request_reader.h) is what protobuf would parse, with every tensor's bytes landed once in
 // reused staging; a StepResponse serialized with staged outputs (response_writer.h) is a plain
 // protobuf message; the staging pool reuses its buffers and keeps its byte limits.
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,7 +107,7 @@ TEST(RequestReaderTest, ReadsWhatProtobufParsesWithTensorsInStaging) {
     v1::StepRequest read;
     LandedTensors landed;
     ASSERT_TRUE(
-        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, "t", &read, &landed, 0).ok());
+        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read, &landed, 0).ok());
     const Split want = Expected(r), got = Landed(read, landed);
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want.skeleton, got.skeleton))
         << got.skeleton.DebugString();
@@ -163,7 +165,7 @@ TEST(RequestReaderTest, FollowsProtobufForRepeatedFieldsOneofsAndUnknownFields) 
   StagingPool pool = Pool();
   v1::StepRequest read;
   LandedTensors landed;
-  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed, 0).ok());
+  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, nullptr, "t", &read, &landed, 0).ok());
   ASSERT_EQ(read.spans_size(), want.spans_size());
   for (int i = 0; i < want.spans_size(); ++i) {
     for (auto [w, g] : {std::pair{&want.spans(i).kv_rows(), &read.spans(i).kv_rows()},
@@ -204,7 +206,7 @@ TEST(RequestReaderTest, MalformedMessagesAreInvalidArgument) {
         std::string("\x07\x00", 2) /* wire type 7 */}) {
     v1::StepRequest read;
     LandedTensors landed;
-    const absl::Status st = ReadStepRequest(Sliced(bad, rng), pool, "t", &read, &landed, 0);
+    const absl::Status st = ReadStepRequest(Sliced(bad, rng), pool, nullptr, "t", &read, &landed, 0);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr("not a valid smla.v1.StepRequest"));
   }
@@ -212,6 +214,56 @@ TEST(RequestReaderTest, MalformedMessagesAreInvalidArgument) {
 }
 
 // Below kWalkFromBytes a message is parsed whole: its tensors stay in the message.
+// Large requests are copied by the ParallelCopier's helpers: the bytes land exactly as the
+// single-threaded copy would put them, slice boundaries and tensor ends included.
+TEST(RequestReaderTest, LargeRequestsLandTheSameThroughHelpers) {
+  std::mt19937_64 rng(13);
+  StagingPool pool = Pool();
+  v1::ParallelCopier copier(3);
+  v1::StepRequest r = RandomRequest(rng);
+  for (int s = 0; s < r.spans_size(); ++s) {
+    r.mutable_spans(s)->mutable_q()->set_inline_data(RandomBytes((700 << 10) + 13 * s, rng));
+  }
+  const std::string wire = r.SerializeAsString();
+  ASSERT_GT(wire.size(), v1::ParallelCopier::kMinParallelBytes);
+  for (int i = 0; i < 4; ++i) {
+    v1::StepRequest read;
+    LandedTensors landed;
+    ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, &copier, "t", &read, &landed).ok());
+    const Split want = Expected(r), got = Landed(read, landed);
+    EXPECT_EQ(want.bytes, got.bytes);
+  }
+}
+
+TEST(ParallelCopierTest, ConcurrentCallersEachGetTheirBytes) {
+  v1::ParallelCopier copier(2);
+  EXPECT_EQ(copier.helpers(), 2);
+  constexpr int kCallers = 4;
+  std::vector<std::thread> callers;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      std::mt19937_64 rng(100 + c);
+      for (int round = 0; round < 8; ++round) {
+        // Pieces of odd sizes (small and multi-chunk), 1 to 3 MiB in all.
+        std::string src = RandomBytes((1 << 20) + rng() % (2 << 20), rng);
+        std::string dst(src.size(), '\0');
+        std::vector<v1::CopyPiece> pieces;
+        for (size_t at = 0; at < src.size();) {
+          const size_t n = std::min<size_t>(src.size() - at, 1 + rng() % (600 << 10));
+          pieces.push_back(v1::CopyPiece{reinterpret_cast<uint8_t*>(dst.data()) + at,
+                                         reinterpret_cast<const uint8_t*>(src.data()) + at, n});
+          at += n;
+        }
+        copier.Copy(pieces);
+        if (dst != src) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST(RequestReaderTest, SmallMessagesAreParsedWhole) {
   std::mt19937_64 rng(12);
   StagingPool pool = Pool();
@@ -220,7 +272,7 @@ TEST(RequestReaderTest, SmallMessagesAreParsedWhole) {
   ASSERT_LT(wire.size(), kWalkFromBytes);
   v1::StepRequest read;
   LandedTensors landed;
-  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed).ok());
+  ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, nullptr, "t", &read, &landed).ok());
   EXPECT_TRUE(landed.bytes.empty());
   EXPECT_EQ(pool.bytes_leased(), 0u);
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(r, read));
@@ -234,7 +286,7 @@ TEST(RequestReaderTest, SteadyReadsReuseStagingBuffers) {
   for (int i = 0; i < 50; ++i) {
     v1::StepRequest read;
     LandedTensors landed;
-    ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, "t", &read, &landed, 0).ok());
+    ASSERT_TRUE(ReadStepRequest(Sliced(wire, rng), pool, nullptr, "t", &read, &landed, 0).ok());
   }
   EXPECT_EQ(pool.buffers_mapped(), 1u);
   EXPECT_EQ(pool.bytes_leased(), 0u);

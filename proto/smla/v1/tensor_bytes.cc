@@ -77,6 +77,22 @@ class SliceCursor {
     return true;
   }
 
+  // Like Take, but records where the bytes lie instead of copying them.
+  bool TakePieces(uint64_t n, uint8_t* dst, std::vector<CopyPiece>* pieces) {
+    if (n > size_ - pos_) return false;
+    while (n > 0) {
+      Settle();
+      const grpc::Slice& s = slices_[slice_];
+      const size_t k = std::min<uint64_t>(n, s.size() - offset_);
+      pieces->push_back(CopyPiece{dst, s.begin() + offset_, k});
+      dst += k;
+      offset_ += k;
+      pos_ += k;
+      n -= k;
+    }
+    return true;
+  }
+
   bool AppendTo(uint64_t n, std::string* out) {
     if (n > size_ - pos_) return false;
     const size_t at = out->size();
@@ -269,6 +285,12 @@ absl::Status TensorBytesReader::Parse(const grpc::ByteBuffer& buffer, pb::Messag
 void TensorBytesReader::CopyTo(const Bytes& bytes, uint8_t* dst) {
   in_->Seek(bytes.offset);
   in_->Take(bytes.size, dst);
+}
+
+void TensorBytesReader::AppendPieces(const Bytes& bytes, uint8_t* dst,
+                                     std::vector<CopyPiece>* pieces) {
+  in_->Seek(bytes.offset);
+  in_->TakePieces(bytes.size, dst, pieces);
 }
 
 void AppendVarint(uint64_t v, std::string* out) {

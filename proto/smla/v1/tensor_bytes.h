@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "smla/v1/parallel_copy.h"
 #include "smla/v1/tensor.pb.h"
 
 namespace smla::v1 {
@@ -39,6 +40,9 @@ class TensorBytesReader {
   const std::vector<Bytes>& tensors() const { return tensors_; }
   // Copies an entry's bytes to `dst`; entries are cheapest to copy in order.
   void CopyTo(const Bytes& bytes, uint8_t* dst);
+  // Where an entry's bytes lie in the buffer: the pieces that copy them to `dst`, appended in
+  // order (for a ParallelCopier). They point into the buffer, which must outlive them.
+  void AppendPieces(const Bytes& bytes, uint8_t* dst, std::vector<CopyPiece>* pieces);
 
  private:
   class Cursor;

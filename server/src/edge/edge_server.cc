@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<EdgeServer>> EdgeServer::Start(ServiceCore* core,
   eo.staging.max_cached_bytes = std::min(eo.staging.max_bytes, options.inline_cache_bytes);
   eo.stream_max_inflight_bytes = options.stream_max_inflight_bytes;
   eo.shm_socket = options.shm_socket;
+  eo.copy_threads = options.copy_threads;
   std::shared_ptr<const TokenTable> tokens;
   if (!options.auth.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<const TokenTable>> t = TokenTable::Load(options.auth.token_file);

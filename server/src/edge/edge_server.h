@@ -48,6 +48,8 @@ struct EdgeServerOptions {
   // Where clients hand region memory over: "@name" (abstract) or a path; empty: an abstract
   // name of the process's own (ServerInfo.shm_socket tells clients).
   std::string shm_socket;
+  // Threads copying large requests' tensor bytes (EdgeOptions::copy_threads); -1: default.
+  int32_t copy_threads = -1;
 };
 
 // The largest request (in) and response (out) of one legal step, in bytes.

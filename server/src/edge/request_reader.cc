@@ -1,5 +1,8 @@
 #include "request_reader.h"
 
+#include <cstring>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "host_staging.h"
@@ -17,8 +20,9 @@ uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 size_t LandedTensors::total_bytes() const { return buffer ? buffer->size() : 0; }
 
 absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
-                             const std::string& tenant, v1::StepRequest* request,
-                             LandedTensors* landed, uint64_t walk_from) {
+                             v1::ParallelCopier* copier, const std::string& tenant,
+                             v1::StepRequest* request, LandedTensors* landed,
+                             uint64_t walk_from) {
   if (buffer.Length() < walk_from) {
     grpc::ByteBuffer view(buffer);  // shares the slices
     grpc::ProtoBufferReader in(&view);
@@ -39,10 +43,16 @@ absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
     landed->buffer = *std::move(staging);
   }
   uint8_t* dst = total > 0 ? landed->buffer->data() : nullptr;
+  std::vector<v1::CopyPiece> pieces;
   for (const auto& t : reader.tensors()) {
-    if (t.size > 0) reader.CopyTo(t, dst);
+    if (t.size > 0) reader.AppendPieces(t, dst, &pieces);
     landed->bytes[t.tensor] = {dst, t.size};
     if (t.size > 0) dst += AlignUp(t.size);
+  }
+  if (copier != nullptr) {
+    copier->Copy(pieces);
+  } else {
+    for (const v1::CopyPiece& p : pieces) std::memcpy(p.dst, p.src, p.bytes);
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "smla/v1/parallel_copy.h"
 #include "smla/v1/step.pb.h"
 
 namespace smla::server::edge {
@@ -36,9 +37,11 @@ inline constexpr uint64_t kWalkFromBytes = uint64_t{256} << 10;
 // Parses `buffer` into `request` (which must be empty) and `landed`. A message protobuf could
 // not parse is INVALID_ARGUMENT naming what is wrong; staging that the pool refuses is its
 // RESOURCE_EXHAUSTED. `tenant` is charged for the staging (StagingPool::Lease). Messages
-// shorter than `walk_from` are parsed by protobuf, their tensors left in the message.
+// shorter than `walk_from` are parsed by protobuf, their tensors left in the message. The
+// tensors' bytes are copied by `copier` (null: on the caller's thread).
 absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
-                             const std::string& tenant, v1::StepRequest* request,
-                             LandedTensors* landed, uint64_t walk_from = kWalkFromBytes);
+                             v1::ParallelCopier* copier, const std::string& tenant,
+                             v1::StepRequest* request, LandedTensors* landed,
+                             uint64_t walk_from = kWalkFromBytes);
 
 }  // namespace smla::server::edge

@@ -141,6 +141,9 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
     handover_box_ = std::make_unique<HandoverBox>();
   }
   staging_ = std::make_unique<StagingPool>(pinning, options_.staging);
+  copier_ = std::make_unique<v1::ParallelCopier>(options_.copy_threads >= 0
+                                                     ? options_.copy_threads
+                                                     : v1::ParallelCopier::DefaultHelpers());
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;
@@ -196,7 +199,7 @@ absl::Status SmlaService::PrepareBytes(const std::string& tenant, const grpc::By
                                        absl::Time call_deadline, CancelFlag cancel,
                                        v1::StepRequest* pb, StepRequest* out,
                                        ParseStorage* storage, StagedOutputs* staged) {
-  absl::Status st = ReadStepRequest(bytes, *staging_, tenant, pb, &storage->landed);
+  absl::Status st = ReadStepRequest(bytes, *staging_, copier_.get(), tenant, pb, &storage->landed);
   if (!st.ok()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
     return st;

@@ -17,6 +17,7 @@
 #include "shm_handover.h"
 #include "shm_region.h"
 #include "smla/server/service_core.h"
+#include "smla/v1/parallel_copy.h"
 #include "smla/v1/service.grpc.pb.h"
 #include "wire.h"
 
@@ -42,6 +43,9 @@ struct EdgeOptions {
   uint64_t stream_max_inflight_bytes = uint64_t{256} << 20;
   // The region handover socket's address (HandoverSocket::Start; empty: an abstract name).
   std::string shm_socket;
+  // Threads that copy a large request's tensor bytes into staging beside the call's own
+  // (v1::ParallelCopier); -1: ParallelCopier::DefaultHelpers().
+  int32_t copy_threads = -1;
 };
 
 // The generated service with Step and StepStream on raw bytes (grpc::ByteBuffer), so that
@@ -125,6 +129,7 @@ class SmlaService final : public SmlaServiceBase {
                        v1::StepResponse* response, grpc::ByteBuffer* bytes);
 
   StagingPool& staging() { return *staging_; }
+  v1::ParallelCopier& copier() { return *copier_; }
   ServiceCore* core() const { return core_; }
   EdgeMetrics* metrics() const { return metrics_; }
   const EdgeOptions& options() const { return options_; }
@@ -151,6 +156,7 @@ class SmlaService final : public SmlaServiceBase {
   std::atomic<uint64_t> next_request_{1};
   TenantStreams streams_;
   std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<v1::ParallelCopier> copier_;
   std::unique_ptr<RegionRegistry> regions_;          // null unless allow_shm
   std::unique_ptr<HandoverBox> handover_box_;        // null unless allow_shm
   std::unique_ptr<HandoverSocket> handover_socket_;  // set by Start with allow_shm

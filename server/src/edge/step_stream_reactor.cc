@@ -89,8 +89,8 @@ void StepStreamReactor::OnReadDone(bool ok) {
   }
   absl::Status st;
   if (entry != nullptr) {
-    st = ReadStepRequest(entry->request_bytes, service_->staging(), tenant_, entry->request,
-                         &entry->storage.landed);
+    st = ReadStepRequest(entry->request_bytes, service_->staging(), &service_->copier(), tenant_,
+                         entry->request, &entry->storage.landed);
     entry->request_bytes.Clear();  // gRPC's receive buffers go back now
   }
   if (entry != nullptr && st.ok() && entry->request->has_ring_attach()) {
