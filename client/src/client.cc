@@ -7,6 +7,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "smla/client/tensor.h"
 #include "smla/v1/allocator.h"
+#include "step_codec.h"
 
 namespace smla::client {
 
@@ -22,14 +23,34 @@ StepStream::~StepStream() {
   }
 }
 
-bool StepStream::Write(const v1::StepRequest& request) { return stream_->Write(request); }
-bool StepStream::Read(v1::StepResponse* response) { return stream_->Read(response); }
+bool StepStream::Write(const v1::StepRequest& request) {
+  grpc::ByteBuffer bytes;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<v1::StepRequest>::Serialize(request, &bytes, &own_buffer).ok()) {
+    return false;
+  }
+  return stream_->Write(bytes);
+}
+
+bool StepStream::Write(std::shared_ptr<const v1::StepRequest> request) {
+  return stream_->Write(EncodeStepRequest(std::move(request)));
+}
+
+bool StepStream::Read(v1::StepResponse* response) {
+  grpc::ByteBuffer bytes;
+  if (!read_error_.ok() || !stream_->Read(&bytes)) return false;
+  read_error_ = DecodeStepResponse(bytes, copier_.get(), response);
+  if (read_error_.ok()) return true;
+  context_->TryCancel();
+  return false;
+}
 bool StepStream::WritesDone() { return stream_->WritesDone(); }
 void StepStream::Cancel() { context_->TryCancel(); }
 
 absl::Status StepStream::Finish() {
   finished_ = true;
-  return FromGrpcStatus(stream_->Finish());
+  absl::Status st = FromGrpcStatus(stream_->Finish());
+  return read_error_.ok() ? st : read_error_;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -45,6 +66,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (!channel.ok()) return channel.status();
   c->channel_ = *std::move(channel);
   c->stub_ = v1::Smla::NewStub(c->channel_);
+  c->step_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/smla.v1.Smla/StepStream", grpc::internal::RpcMethod::BIDI_STREAMING, c->channel_);
+  c->copier_ = std::make_shared<v1::ParallelCopier>(
+      options.copy_threads >= 0 ? options.copy_threads : v1::ParallelCopier::DefaultHelpers());
   return c;
 }
 
@@ -158,8 +183,10 @@ absl::StatusOr<std::unique_ptr<StepStream>> Client::OpenStream(absl::Duration ti
   std::unique_ptr<StepStream> s(new StepStream());
   s->context_ = std::make_unique<grpc::ClientContext>();
   if (timeout != absl::InfiniteDuration()) Prepare(s->context_.get(), timeout);
-  s->stream_ = stub_->StepStream(s->context_.get());
+  s->stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+      channel_.get(), *step_stream_method_, s->context_.get()));
   if (!s->stream_) return absl::UnavailableError("cannot open StepStream");
+  s->copier_ = copier_;
   return s;
 }
 

@@ -160,22 +160,23 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   for (int layer : layers_) {
     std::vector<client::SpanSpec> spans;
     for (const std::string& s : sequences_) spans.push_back({s, call_first, rows, drafts});
-    requests_.push_back(client::MakeStep(model_, layer, spans, o, rng));
+    requests_.push_back(
+        std::make_shared<v1::StepRequest>(client::MakeStep(model_, layer, spans, o, rng)));
     next_position_.push_back(call_first);
   }
   const bool calls_in_region = transport_ != Transport::kInline;
   if (calls_in_region || (prefill_shm && call_first > 0)) {
     uint64_t bytes = 0;
     if (calls_in_region) {
-      for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(r);
+      for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(*r);
     }
     if (transport_ == Transport::kRing) {
       // Slots hold the placed requests: a few region references plus each span's id,
       // positions and roles (the requests are still inline here, so this is an upper bound).
       uint64_t largest = 0;
       for (const auto& r : requests_) {
-        uint64_t b = 1024 + r.request_id().size();
-        for (const auto& sp : r.spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
+        uint64_t b = 1024 + r->request_id().size();
+        for (const auto& sp : r->spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
         largest = std::max(largest, b);
       }
       ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, (largest + 63) / 64 * 64));
@@ -205,7 +206,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     }  // else: the server takes no regions, so the pre-fill goes inline too
     uint64_t at = 0;
     for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
-      auto end = region_->Place(&requests_[i], at,
+      auto end = region_->Place(requests_[i].get(), at,
                                transport_ == Transport::kShmSpans
                                    ? client::ShmRegion::Layout::kPerSpan
                                    : client::ShmRegion::Layout::kPacked);
@@ -270,7 +271,9 @@ absl::Status Worker::Prefill(int chunk, std::mt19937_64& rng) {
   return absl::OkStatus();
 }
 
-absl::Status Worker::Send(v1::StepRequest& request, v1::StepResponse* response, bool count_rows) {
+absl::Status Worker::Send(const std::shared_ptr<v1::StepRequest>& shared,
+                          v1::StepResponse* response, bool count_rows) {
+  const v1::StepRequest& request = *shared;
   int64_t rows = 0;
   for (const auto& s : request.spans()) rows += s.num_rows();
   absl::Status st;
@@ -286,7 +289,9 @@ absl::Status Worker::Send(v1::StepRequest& request, v1::StepResponse* response, 
     st = absl::Status(static_cast<absl::StatusCode>(response->code()), response->message());
     if (st.ok()) totals_->stream_ok++;
   } else if (streaming_) {
-    if (!stream_->Write(request) || !stream_->Read(response)) {
+    // Inline tensors go out from the request's own bytes (no serialization copy).
+    if (!stream_->Write(std::shared_ptr<const v1::StepRequest>(shared)) ||
+        !stream_->Read(response)) {
       st = stream_->Finish();
       if (st.ok()) st = absl::UnavailableError("step stream ended");
       broken_ = true;
@@ -309,9 +314,11 @@ absl::Status Worker::Send(v1::StepRequest& request, v1::StepResponse* response, 
 }
 
 absl::Status Worker::Call(size_t layer_slot, v1::StepResponse* response) {
-  v1::StepRequest& req = requests_[layer_slot];
+  std::shared_ptr<v1::StepRequest>& req = requests_[layer_slot];
   if (spec_.shape == "prefill") {
-    for (auto& s : *req.mutable_spans()) s.set_first_position(next_position_[layer_slot]);
+    // gRPC may still hold the last call's bytes of this request: change a copy then.
+    if (req.use_count() > 1) req = std::make_shared<v1::StepRequest>(*req);
+    for (auto& s : *req->mutable_spans()) s.set_first_position(next_position_[layer_slot]);
   }
   absl::Status st = Send(req, response, true);
   if (st.ok() && spec_.shape == "prefill") next_position_[layer_slot] += spec_.prefill_rows;

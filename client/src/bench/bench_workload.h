@@ -97,7 +97,8 @@ class Worker {
 
  private:
   absl::Status Prefill(int chunk, std::mt19937_64& rng);
-  absl::Status Send(v1::StepRequest& request, v1::StepResponse* response, bool count_rows);
+  absl::Status Send(const std::shared_ptr<v1::StepRequest>& request, v1::StepResponse* response,
+                    bool count_rows);
 
   const int index_;
   const WorkloadSpec spec_;
@@ -108,7 +109,7 @@ class Worker {
   CallTotals* const totals_;
   std::vector<int> layers_;
   std::vector<std::string> sequences_;
-  std::vector<v1::StepRequest> requests_;  // per layer slot, placed in the region for shm
+  std::vector<std::shared_ptr<v1::StepRequest>> requests_;  // per layer slot, placed in the region for shm
   std::vector<int64_t> next_position_;     // prefill: where the next call writes
   std::unique_ptr<client::StepStream> stream_;
   std::unique_ptr<client::ShmRegion> region_;

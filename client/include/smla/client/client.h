@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "smla/v1/parallel_copy.h"
 #include "smla/v1/service.grpc.pb.h"
 
 namespace smla::client {
@@ -39,6 +40,9 @@ struct ClientOptions {
   // it every multi-MB message maps and faults in fresh pages. Process-wide; turn it off when
   // the frontend manages its allocator itself.
   bool keep_freed_memory = true;
+  // Threads that copy a large response's tensor bytes out of gRPC's buffers beside the reading
+  // thread (smla/v1/parallel_copy.h); -1: ParallelCopier::DefaultHelpers(), 0: none.
+  int copy_threads = -1;
 };
 
 // A sequence created on the server: the model it lives in and its id.
@@ -52,8 +56,14 @@ struct Sequence {
 class StepStream {
  public:
   ~StepStream();
+  // Serializes `request` (its tensor bytes are copied) and writes it.
   bool Write(const v1::StepRequest& request);
-  // False when the stream has ended (then Finish tells why).
+  // Writes `request` with its large tensor bytes sent from where the message holds them, no
+  // copy; the stream keeps `request` alive until gRPC has sent them, and it must not change
+  // until then (after the response has been read it is safe to change once use_count() is 1).
+  bool Write(std::shared_ptr<const v1::StepRequest> request);
+  // False when the stream has ended (then Finish tells why). Large responses' tensor bytes are
+  // copied out of gRPC's buffers once, over the client's copy threads.
   bool Read(v1::StepResponse* response);
   bool WritesDone();
   absl::Status Finish();
@@ -64,7 +74,10 @@ class StepStream {
   friend class Client;
   StepStream() = default;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
+  // Raw bytes both ways (step_codec.h); the wire is smla.v1 protobuf.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
+  std::shared_ptr<v1::ParallelCopier> copier_;
+  absl::Status read_error_;  // a response that did not parse ends the stream with it
   bool finished_ = false;
 };
 
@@ -104,6 +117,8 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Smla::Stub> stub_;
+  std::unique_ptr<grpc::internal::RpcMethod> step_stream_method_;  // raw bytes
+  std::shared_ptr<v1::ParallelCopier> copier_;
 };
 
 }  // namespace smla::client
