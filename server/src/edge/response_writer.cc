@@ -9,53 +9,42 @@
 namespace smla::server::edge {
 namespace {
 
-constexpr uint32_t kLen = 2;
-constexpr uint32_t kInlineDataTag = (3 << 3) | kLen;  // Tensor.inline_data
-
 void ReleaseStaging(void* keep) { delete static_cast<std::shared_ptr<StagingBuffer>*>(keep); }
 
 }  // namespace
 
 void SerializeStepResponse(v1::StepResponse* response, const StagedOutputs& staged,
                            grpc::ByteBuffer* bytes) {
+  // Each staged output tensor, its field in the response, and how to take it out of the message.
   struct Field {
     int number;
     bool has;
     std::span<uint8_t> data;
+    const v1::Tensor& (v1::StepResponse::*tensor)() const;
+    void (v1::StepResponse::*clear)();
   };
   const Field fields[] = {
-      {2, response->has_out(), staged.out},
-      {3, response->has_mx_scales(), staged.mx_scales},
-      {4, response->has_lse(), staged.lse},
+      {v1::StepResponse::kOutFieldNumber, response->has_out(), staged.out,
+       &v1::StepResponse::out, &v1::StepResponse::clear_out},
+      {v1::StepResponse::kMxScalesFieldNumber, response->has_mx_scales(), staged.mx_scales,
+       &v1::StepResponse::mx_scales, &v1::StepResponse::clear_mx_scales},
+      {v1::StepResponse::kLseFieldNumber, response->has_lse(), staged.lse,
+       &v1::StepResponse::lse, &v1::StepResponse::clear_lse},
   };
   // Headers: each tensor's dtype and shape, then the tag and length of its bytes.
   std::vector<std::string> headers;
   std::vector<std::span<uint8_t>> data;
   for (const Field& f : fields) {
     if (!f.has || f.data.empty() || staged.buffer == nullptr) continue;
-    const v1::Tensor& t = f.number == 2   ? response->out()
-                          : f.number == 3 ? response->mx_scales()
-                                          : response->lse();
-    const std::string tensor = t.SerializeAsString();
-    const uint64_t body = tensor.size() + v1::VarintSize(kInlineDataTag) +
-                          v1::VarintSize(f.data.size()) + f.data.size();
-    std::string h = v1::LengthPrefix(f.number, body);
+    const std::string tensor = (response->*f.tensor)().SerializeAsString();
+    const std::string bytes_prefix =
+        v1::LengthPrefix(v1::Tensor::kInlineDataFieldNumber, f.data.size());
+    std::string h = v1::LengthPrefix(f.number, tensor.size() + bytes_prefix.size() + f.data.size());
     h += tensor;
-    v1::AppendVarint(kInlineDataTag, &h);
-    v1::AppendVarint(f.data.size(), &h);
+    h += bytes_prefix;
     headers.push_back(std::move(h));
     data.push_back(f.data);
-    switch (f.number) {
-      case 2:
-        response->clear_out();
-        break;
-      case 3:
-        response->clear_mx_scales();
-        break;
-      default:
-        response->clear_lse();
-        break;
-    }
+    (response->*f.clear)();
   }
   std::vector<grpc::Slice> slices;
   slices.reserve(1 + 2 * headers.size());
