@@ -10,7 +10,8 @@
 # TRANSPORTS without inline_mxq), DURATION_S (4), OUT (where the JSON reports and the log go),
 # ARG_SETS (gRPC channel-argument sets to compare on inline C=32 at a 4K context, where the
 # transport dominates: "name=ARG,ARG ..." each, the same arguments on server and client;
-# "default=" for none; empty to skip).
+# "default=" for none; empty to skip), SINGLE_COPY (non-empty: run NEW once more on the inline
+# transports with --copy_threads=0 on the server and the bench, every copy on one thread).
 set -euo pipefail
 new=${NEW:?set NEW to the bundle to measure}
 base=${BASE:-}
@@ -22,12 +23,16 @@ base_transports=${BASE_TRANSPORTS:-${transports//inline_mxq/}}
 duration=${DURATION_S:-4}
 port=50051
 
+server_extra=()
+bench_extra=()
+
 start_server() {  # label bundle [server flags...]
   local label=$1 bundle=$2
   shift 2
   export LD_LIBRARY_PATH="$bundle/lib"
   "$bundle/bin/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
-    --metrics_listen "" --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB "$@" \
+    --metrics_listen "" --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB \
+    ${server_extra[@]+"${server_extra[@]}"} "$@" \
     >"$out/server-$label.log" 2>&1 &
   server=$!
   for _ in $(seq 120); do
@@ -49,6 +54,7 @@ run_bundle() {  # label bundle transports
         --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \
         --output mxfp8 --inverse_rope --mode stream --concurrency 1 --sweep_min_gain -1 \
         --warmup_s 2 --duration_s "$duration" --prefill_chunk 16384 "${args[@]}" \
+        ${bench_extra[@]+"${bench_extra[@]}"} \
         --json "$out/$label-c$c-$t.json" | grep -E "e2e|kernel|call|overhead" | head -n 12 || true
     done
   done
@@ -72,6 +78,13 @@ run_args() {  # one channel-argument set: name=ARGS
 }
 
 run_bundle new "$new" "$transports"
+if [ -n "${SINGLE_COPY:-}" ]; then
+  server_extra=(--copy_threads=0)
+  bench_extra=(--copy_threads=0)
+  run_bundle new-single-copy "$new" "inline inline_mxq"
+  server_extra=()
+  bench_extra=()
+fi
 [ -n "$base" ] && run_bundle base "$base" "$base_transports"
 for set in ${ARG_SETS:-}; do run_args "$set"; done
 echo "$(date -u +%T) datapath bench: done"

@@ -46,6 +46,9 @@ ABSL_FLAG(int64_t, ring_spin_us, 30,
 ABSL_FLAG(int32_t, connections, 1, "gRPC connections per server");
 ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
           "Extra gRPC channel arguments NAME=INT, comma-separated (docs/operations.md)");
+ABSL_FLAG(int32_t, copy_threads, -1,
+          "Threads that copy large responses' tensor bytes beside the reading thread "
+          "(ClientOptions::copy_threads; -1: the client's default, 0: none)");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Let malloc keep freed memory for reuse (ClientOptions::keep_freed_memory); false "
           "shows what a client without it pays");
@@ -189,6 +192,7 @@ int Run() {
       o.target = servers[s];
       o.max_message_bytes = (1 << 30) - c;
       o.keep_freed_memory = absl::GetFlag(FLAGS_keep_freed_memory);
+      o.copy_threads = absl::GetFlag(FLAGS_copy_threads);
       for (const std::string& arg : absl::GetFlag(FLAGS_grpc_arg)) {
         const size_t eq = arg.find('=');
         int value = 0;
