@@ -13,15 +13,18 @@ packages=(
   python3 python3-yaml                              # tests/deploy
 )
 
-# The HIP compile check (scripts/hip_compile_check.sh, docs/gpu.md) needs clang-22 and Debian's HIP
-# headers. Debian 12 has both; elsewhere (the ROCm and CUDA images) they are not needed.
+# The HIP compile check (scripts/hip_compile_check.sh, docs/gpu.md) needs clang-22, Debian's HIP
+# headers and ROCm's device libraries (linked into the kernels as a ROCm build does). Debian 12
+# has all three; elsewhere (the ROCm and CUDA images) they are not needed.
 add_hip_check_packages() {
   local id="" version=""
   if [ -r /etc/os-release ]; then
     id="$(. /etc/os-release && echo "${ID:-}")"
     version="$(. /etc/os-release && echo "${VERSION_ID:-}")"
   fi
-  if [ "$id" = debian ] && [ "$version" = 12 ]; then packages+=(clang-22 libamdhip64-dev); fi
+  if [ "$id" = debian ] && [ "$version" = 12 ]; then
+    packages+=(clang-22 libamdhip64-dev rocm-device-libs)
+  fi
 }
 add_hip_check_packages
 

@@ -4,10 +4,13 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace smla::kernels {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int32_t kH200Sms = 132;
 
@@ -129,6 +132,7 @@ DirectPlanInput Direct(int64_t units, int32_t heads, int32_t tiles, KvFormat for
   in.heads = heads;
   in.tiles = tiles;
   in.compute_units = kH200Sms;
+  in.arch = "sm_90a";
   in.format = format;
   in.qk_width = qk_width;
   in.blocks16 = 2;
@@ -189,6 +193,52 @@ TEST(PlanDirect, OnlyVariantsThatExist) {
   in.blocks32 = 1;
   in.blocks16 = 0;
   EXPECT_EQ(PlanDirect(in).head_block, 32);
+}
+
+// The cost model is chosen by the device's architecture: the H200 fit on sm_90 only, and on
+// gfx950 (as on any other architecture) the default, whose constants differ from the fit.
+TEST(DirectCostModel, KeyedByTheDevicesArchitecture) {
+  DeviceInfo h200;
+  h200.kind = BackendKind::kCuda;
+  h200.arch = "sm_90a";
+  h200.compute_units = kH200Sms;
+  DeviceInfo mi355;
+  mi355.kind = BackendKind::kHip;
+  mi355.arch = "gfx950";
+  mi355.compute_units = 256;
+
+  const DirectCostModel& fit = DirectCostModelFor(h200.arch);
+  const DirectCostModel& gfx950 = DirectCostModelFor(mi355.arch);
+  EXPECT_NE(&fit, &gfx950);
+  EXPECT_EQ(&DirectCostModelFor("sm_90"), &fit);
+  EXPECT_EQ(&DirectCostModelFor("sm_100a"), &gfx950);  // not the device the fit was made on
+  EXPECT_EQ(&DirectCostModelFor("x86_64"), &gfx950);
+  EXPECT_THAT(fit.source, HasSubstr("H200"));
+  EXPECT_THAT(gfx950.source, HasSubstr("not measured"));
+  EXPECT_DOUBLE_EQ(fit.fp8_dsv4.t16, 2.40);
+  EXPECT_DOUBLE_EQ(fit.shared_unit_slowdown, 1.66);
+  EXPECT_NE(gfx950.fp8_dsv4.t16, fit.fp8_dsv4.t16);
+  EXPECT_NE(gfx950.shared_unit_slowdown, fit.shared_unit_slowdown);
+
+  // The planner's input takes the architecture from the device, and the estimate uses that
+  // architecture's constants: one unsplit 16-head program of 10 tiles costs p16 + 10 t16.
+  for (const DeviceInfo* device : {&h200, &mi355}) {
+    DirectPlanInput in = DirectPlanInputFor(*device);
+    EXPECT_EQ(in.arch, device->arch);
+    EXPECT_EQ(in.compute_units, device->compute_units);
+    in.units = 1;
+    in.heads = 16;
+    in.tiles = 10;
+    in.blocks16 = 1;
+    const DirectProgramCost& c = DirectCostModelFor(device->arch).fp8_dsv4;
+    EXPECT_DOUBLE_EQ(EstimateDirectUs(in, 16, 1), c.p16 + 10 * c.t16) << device->arch;
+  }
+  DirectPlanInput on_h200 = DirectPlanInputFor(h200);
+  on_h200.units = 1;
+  on_h200.heads = 16;
+  on_h200.tiles = 10;
+  on_h200.blocks16 = 1;
+  EXPECT_DOUBLE_EQ(EstimateDirectUs(on_h200, 16, 1), 2.16 + 10 * 2.40);
 }
 
 TEST(MaxSegmentLength, LongestRow) {

@@ -61,34 +61,65 @@ int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits
 
 namespace {
 
-// Per-program cost of the direct kernel: p + k * t microseconds for k tiles, per head block.
-struct DirectProgramCost {
-  double p16, t16, p32, t32;
+// The H200 fit (plan.h): fp8_dsv4 rows (584 bytes, with chunk scales) cost the most per tile;
+// fp8_per_tensor rows of 576 and 512 codes less.
+constexpr DirectCostModel kH200Fit = {
+    .source = "H200 fit (sm_90)",
+    .fp8_dsv4 = {2.16, 2.40, 5.25, 3.51},
+    .per_tensor_512 = {2.29, 1.85, 5.53, 3.02},
+    .per_tensor_576 = {2.74, 2.07, 6.56, 3.25},
+    .shared_unit_slowdown = 1.66,
+    .combine_us = 0.47,
+    .combine_us_per_vector = 11.3e-4,
 };
 
-// Fitted on the H200 (see plan.h): fp8_dsv4 rows (584 bytes, with chunk scales) cost the most
-// per tile; fp8_per_tensor rows of 576 and 512 codes less.
-DirectProgramCost CostFor(KvFormat format, int32_t qk_width) {
-  if (format == KvFormat::kFp8PerTensor) {
-    return qk_width == 512 ? DirectProgramCost{2.29, 1.85, 5.53, 3.02}
-                           : DirectProgramCost{2.74, 2.07, 6.56, 3.25};
-  }
-  return {2.16, 2.40, 5.25, 3.51};
-}
+// Not measured: round numbers that encode only what holds by construction. A tile costs the
+// same in every format (the gather dominates); a 32-head program pays twice a 16-head one's
+// fixed cost and 1.5 times its per-tile cost (one gather, twice the products); two programs
+// sharing a compute unit each take twice as long (no gain assumed from overlapping them); the
+// combine costs as on the H200, rounded.
+constexpr DirectProgramCost kDefaultProgram = {2.0, 2.0, 4.0, 3.0};
+constexpr DirectCostModel kDefaultModel = {
+    .source = "default (not measured)",
+    .fp8_dsv4 = kDefaultProgram,
+    .per_tensor_512 = kDefaultProgram,
+    .per_tensor_576 = kDefaultProgram,
+    .shared_unit_slowdown = 2.0,
+    .combine_us = 0.5,
+    .combine_us_per_vector = 1e-3,
+};
 
-constexpr double kSharedSmSlowdown = 1.66;       // each of two programs resident on one SM
-constexpr double kCombineUs = 0.47;              // a split launch's combine kernel, fixed part
-constexpr double kCombineUsPerVector = 11.3e-4;  // per partial (row, head, split) vector
+const DirectProgramCost& CostFor(const DirectCostModel& model, KvFormat format,
+                                 int32_t qk_width) {
+  if (format == KvFormat::kFp8PerTensor) {
+    return qk_width == 512 ? model.per_tensor_512 : model.per_tensor_576;
+  }
+  return model.fp8_dsv4;
+}
 
 }  // namespace
 
+const DirectCostModel& DirectCostModelFor(std::string_view arch) {
+  // "sm_90" and "sm_90a": the fit's device; sm_100 and later are other devices.
+  if (arch == "sm_90" || arch == "sm_90a") return kH200Fit;
+  return kDefaultModel;
+}
+
+DirectPlanInput DirectPlanInputFor(const DeviceInfo& device) {
+  DirectPlanInput in;
+  in.compute_units = device.compute_units;
+  in.arch = device.arch;
+  return in;
+}
+
 double EstimateDirectUs(const DirectPlanInput& in, int32_t head_block, int32_t splits) {
-  const DirectProgramCost cost = CostFor(in.format, in.qk_width);
+  const DirectCostModel& model = DirectCostModelFor(in.arch);
+  const DirectProgramCost& cost = CostFor(model, in.format, in.qk_width);
   const int32_t blocks = head_block == 32 ? in.blocks32 : in.blocks16;
   const int64_t sms = std::max<int32_t>(1, in.compute_units);
   const int64_t k = CeilDiv(std::max<int32_t>(1, in.tiles), std::max<int32_t>(1, splits));
   const double program = head_block == 32 ? cost.p32 + k * cost.t32 : cost.p16 + k * cost.t16;
-  const double slow = blocks >= 2 ? kSharedSmSlowdown : 1.0;
+  const double slow = blocks >= 2 ? model.shared_unit_slowdown : 1.0;
   const int64_t programs = in.units * CeilDiv(in.heads, head_block) * splits;
   const int64_t per_round = std::max<int32_t>(1, blocks) * sms;
   const int64_t rounds = programs / per_round;
@@ -96,7 +127,8 @@ double EstimateDirectUs(const DirectPlanInput& in, int32_t head_block, int32_t s
   double us = rounds * slow * program;
   if (rest > 0) us += rest <= sms ? program : slow * program;
   if (splits > 1) {
-    us += kCombineUs + kCombineUsPerVector * static_cast<double>(in.units) * in.heads * splits;
+    us += model.combine_us +
+          model.combine_us_per_vector * static_cast<double>(in.units) * in.heads * splits;
   }
   return us;
 }

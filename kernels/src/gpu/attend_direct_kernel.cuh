@@ -373,7 +373,9 @@ __device__ __forceinline__ void IssueTileDirect(const SegmentArgs& s, int32_t my
   const uint32_t st = SharedAddress(stage);
 #pragma unroll
   for (int m = 0; m < kTotal / kWarpSize; ++m) {
-    const int i = lane + m * kWarpSize;
+    // Unhoisted: on gfx950 each round's part and row offsets (36-chunk rows) would otherwise
+    // be held for the whole tile loop, past the 16-head programs' 256 VGPRs, in scratch.
+    const int i = Unhoisted(lane + m * kWarpSize);
     const int j = i / kRowChunks;
     const int part = i - j * kRowChunks;
     const uint64_t off = WarpShuffle(my_off, j) + 16 * part;

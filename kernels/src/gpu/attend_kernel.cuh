@@ -121,8 +121,11 @@ template <class C>
 __device__ __forceinline__ void IssueTileStrided(const SegmentArgs& s, int32_t my_slot,
                                                  uint8_t* stage, int32_t* valid, int stride,
                                                  int rec_offset) {
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
+  // Unhoisted: the lane's destination offsets are recomputed per tile; held across the tile
+  // loop they cost gfx950's 1024-thread programs (128 VGPRs) scratch.
+  const unsigned tid = Unhoisted(threadIdx.x);
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
   const int format = s.format;
   const bool dsv4 = format == static_cast<int>(KvFormat::kFp8Dsv4);
   const int data_bytes = format == static_cast<int>(KvFormat::kBf16) ? 2 * C::kQkWidth
@@ -188,8 +191,9 @@ __device__ __forceinline__ void ConvertTileAs(const uint8_t* stage, uint16_t* ti
     constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
     constexpr int kRowsPerPass = C::kThreads / kUnits;
     constexpr int kSrcStride = kDsv4 ? kDsv4DataBytes : C::kQkWidth;
-    const int c = threadIdx.x % kUnits;
-    const int k0 = threadIdx.x / kUnits;
+    const unsigned tid = Unhoisted(threadIdx.x);  // as in IssueTileStrided
+    const int c = tid % kUnits;
+    const int k0 = tid / kUnits;
     const int e0 = c * 8;
     uint16_t* dst = tile + k0 * C::kKvStride + e0;
     if (kDsv4 && e0 >= kNopeWidth) {
@@ -570,14 +574,21 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     __syncthreads();  // the stage and tile are refilled next iteration
   }
   AsyncWait<0>();
+  // The epilogue's lane indices, recomputed (Unhoisted) instead of held through the tile loop:
+  // gfx950's 1024-thread programs have 128 VGPRs for everything the loop keeps.
+  const unsigned e_tid = Unhoisted(threadIdx.x);
+  const int e_warp = e_tid / kWarpSize;
+  const int e_lane = e_tid % kWarpSize;
+  const int e_wg = e_warp % C::kW;
+  const int e_qrow = 16 * (e_warp / C::kW);
 
   // Value f of a lane's row is window column col_base + T::OutCol(0, f).
-  const int col_base = wg * C::kColsPerWarp + T::OutCol(lane, 0);
+  const int col_base = e_wg * C::kColsPerWarp + T::OutCol(e_lane, 0);
   constexpr int kValues = C::kRowValues;
   if (p.splits > 1) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int head = T::Row(head0 + qrow, lane, r);
+      const int head = T::Row(head0 + e_qrow, e_lane, r);
       if (head >= p.num_heads) continue;
       const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + split;
       float* dst = p.part_acc + ph * kValueWidth;
@@ -587,7 +598,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
             make_float2(acc[f / kCols][T::CIndex(r, f % kCols)],
                         acc[(f + 1) / kCols][T::CIndex(r, (f + 1) % kCols)]);
       }
-      if (wg == 0 && lane % T::kRowLanes == 0) {
+      if (e_wg == 0 && e_lane % T::kRowLanes == 0) {
         p.part_ml[2 * ph] = m_run[r];
         p.part_ml[2 * ph + 1] = l_run[r];
       }
@@ -600,7 +611,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int head = T::Row(head0 + qrow, lane, r);
+    const int head = T::Row(head0 + e_qrow, e_lane, r);
     const bool live = head < p.num_heads;
     const bool has_sink = p.sink != nullptr;
     const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
@@ -659,14 +670,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
             *reinterpret_cast<uint16_t*>(p.mx_data + out_row * kValueWidth + col_base +
                                          T::OutCol(0, f)) = two;
           }
-          if (lane % 4 == 0) {
-            p.mx_scales[out_row * kMxGroupsPerHead + (wg * C::kColsPerWarp) / kMxGroup +
-                        T::OutGroup(lane, q)] = sb;
+          if (e_lane % 4 == 0) {
+            p.mx_scales[out_row * kMxGroupsPerHead + (e_wg * C::kColsPerWarp) / kMxGroup +
+                        T::OutGroup(e_lane, q)] = sb;
           }
         }
       }
     }
-    if (live && p.lse != nullptr && wg == 0 && lane % T::kRowLanes == 0) p.lse[out_row] = lse;
+    if (live && p.lse != nullptr && e_wg == 0 && e_lane % T::kRowLanes == 0) p.lse[out_row] = lse;
   }
 }
 

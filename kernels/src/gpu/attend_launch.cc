@@ -172,11 +172,10 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   // tiles, offering the head blocks in `hbs` that have a variant with gather stages.
   auto direct_input = [&](int64_t units, int32_t heads, int32_t tiles,
                           std::initializer_list<int> hbs) {
-    DirectPlanInput d;
+    DirectPlanInput d = DirectPlanInputFor(device);  // its architecture picks the cost model
     d.units = units;
     d.heads = heads;
     d.tiles = tiles;
-    d.compute_units = device.compute_units;
     d.format = params.main.cache.format;
     d.qk_width = l.qk_width;
     for (int hb : hbs) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "smla/kernels/device_info.h"
 #include "smla/kernels/formats.h"
@@ -59,22 +60,48 @@ LaunchPlan MakePlan(const PlanInput& input);
 
 // The direct fp8 kernel (fp8_dsv4 / fp8_per_tensor on the GPU) chooses its head block and split
 // count by an estimate of the launch's time instead of the rules above: a program of k tiles
-// costs p + k*t (per format and head block), two resident on one SM each take 1.66 times as
-// long, programs run in rounds of (programs per SM) x SMs, and a split launch adds the combine
-// (a constant plus a cost per partial output vector). The constants were fitted to 1,012 forced
-// (head block, splits) measurements of the grid's decode cells on the H200, 2026-12-01 (4 %
-// RMS error; docs/results/kbench-h200.md, "Split planning"). Only split counts that leave no
-// program without tiles are considered.
+// costs p + k*t (per format and head block), two resident on one SM each take longer by a
+// factor, programs run in rounds of (programs per SM) x SMs, and a split launch adds the
+// combine (a constant plus a cost per partial output vector). Only split counts that leave no
+// program without tiles are considered. The constants are per architecture (DirectCostModel).
+
+// Per-program cost of the direct kernel: p + k * t microseconds for k tiles, per head block.
+struct DirectProgramCost {
+  double p16 = 0, t16 = 0, p32 = 0, t32 = 0;
+};
+
+// The direct cost model's constants for one device architecture (docs/gpu.md, "The cost model
+// by architecture").
+struct DirectCostModel {
+  const char* source = "";  // where the constants come from
+  DirectProgramCost fp8_dsv4;
+  DirectProgramCost per_tensor_512;  // fp8_per_tensor, QK width 512
+  DirectProgramCost per_tensor_576;  // fp8_per_tensor, QK width 576
+  double shared_unit_slowdown = 1;   // each of two programs resident on one SM / CU
+  double combine_us = 0;             // a split launch's combine kernel, fixed part
+  double combine_us_per_vector = 0;  // per partial (row, head, split) vector
+};
+
+// sm_90 / sm_90a: the fit to 1,012 forced (head block, splits) measurements of the grid's decode
+// cells on the H200 (4 % RMS error; docs/results/kbench-h200.md, "Split planning").
+// Every other architecture, gfx950 included: an unmeasured default (plan.cc says what it
+// assumes), until a fit is made there.
+const DirectCostModel& DirectCostModelFor(std::string_view arch);
+
 struct DirectPlanInput {
   int64_t units = 0;  // query rows, or row pairs for paired programs
   int32_t heads = 0;  // heads per unit (16 for a pair of 8-head rows)
   int32_t tiles = 0;  // 64-key tiles of the longest unit (both segments)
   int32_t compute_units = 1;
+  std::string arch;  // DeviceInfo::arch: picks the cost model
   KvFormat format = KvFormat::kFp8Dsv4;
   int32_t qk_width = 576;
   int32_t blocks16 = 0;  // 16-head programs resident per SM (0: no 16-head program)
   int32_t blocks32 = 0;  // 32-head programs resident per SM (0: none; used where heads % 32 == 0)
 };
+
+// An input with the device's facts (compute units, architecture) filled in.
+DirectPlanInput DirectPlanInputFor(const DeviceInfo& device);
 
 struct DirectPlan {
   int32_t head_block = 16;

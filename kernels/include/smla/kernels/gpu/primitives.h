@@ -33,6 +33,10 @@ using LaneMask = uint32_t;  // one bit per lane of a warp
 
 // This lane's index in its warp (the kernels launch 1-D blocks).
 __device__ __forceinline__ int LaneId() { return static_cast<int>(threadIdx.x % kWarpSize); }
+// v itself. On gfx950 (primitives_hip.h) a value the compiler cannot hoist out of a loop; here
+// nothing, so CUDA's code does not change.
+__device__ __forceinline__ int Unhoisted(int v) { return v; }
+__device__ __forceinline__ unsigned Unhoisted(unsigned v) { return v; }
 // Bit i set when lane i's predicate is true.
 __device__ __forceinline__ LaneMask WarpBallot(bool pred) {
   return __ballot_sync(0xffffffffu, pred);

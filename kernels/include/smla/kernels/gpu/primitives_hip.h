@@ -102,6 +102,18 @@ __device__ __forceinline__ int LaneId() {
   return static_cast<int>(threadIdx.x % kWarpSize);  // the host pass never runs device code
 #endif
 }
+// v, through an empty asm the compiler must run where it stands: what is computed from it is
+// recomputed in each iteration of a loop instead of hoisted out and held in registers (or in
+// scratch, where a program is at its VGPR limit) for the whole loop.
+__device__ __forceinline__ unsigned Unhoisted(unsigned v) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  asm volatile("" : "+v"(v));
+#endif
+  return v;
+}
+__device__ __forceinline__ int Unhoisted(int v) {
+  return static_cast<int>(Unhoisted(static_cast<unsigned>(v)));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory (LDS) addresses and the gather copies.
