@@ -26,10 +26,6 @@ absl::Status CheckSpanContents(const SpanInput& s, size_t index, int32_t heads, 
   return CheckQueryCodes(s, index, heads, qk);
 }
 
-bool AllFinite(std::span<const float> v) {
-  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-}
-
 // Appends a copy, merged into the previous one where it continues it on both sides.
 void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
@@ -45,80 +41,6 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
 }
 
 }  // namespace
-
-absl::Status ModelRuntime::SetSinks(std::span<const float> sinks) {
-  const ModelProfile& p = profile();
-  if (!p.has_sink) {
-    return absl::FailedPreconditionError(Cat("model ", config_.profile, " has no attention sinks"));
-  }
-  const int64_t want = int64_t{p.num_layers()} * config_.heads_per_rank;
-  if (static_cast<int64_t>(sinks.size()) != want) {
-    return absl::InvalidArgumentError(Cat("sinks: ", p.num_layers(), " layers x ",
-                                          config_.heads_per_rank, " heads = ", want,
-                                          " values expected, got ", sinks.size()));
-  }
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    if (!std::isfinite(sinks[i])) {
-      return absl::InvalidArgumentError(Cat("sinks[", i / config_.heads_per_rank, "][",
-                                            i % config_.heads_per_rank, "]: ", sinks[i],
-                                            " is not finite"));
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  sinks_.assign(sinks.begin(), sinks.end());
-  return absl::OkStatus();
-}
-
-absl::Status ModelRuntime::SetRopeTable(kernels::Backend& backend, kernels::Stream& stream,
-                                        std::span<const float> cos_sin, int32_t num_positions) {
-  if (profile().geometry != kernels::Geometry::kRopeInside) {
-    return absl::FailedPreconditionError(Cat("model ", config_.profile, " stores ",
-                                             kernels::GeometryName(profile().geometry),
-                                             " rows: inverse RoPE applies only to rope_inside"));
-  }
-  if (num_positions < 1) {
-    return absl::InvalidArgumentError(Cat("num_positions: ", num_positions, " (at least 1)"));
-  }
-  if (static_cast<int64_t>(cos_sin.size()) != int64_t{num_positions} * 64) {
-    return absl::InvalidArgumentError(Cat("cos_sin: ", num_positions,
-                                          " positions x 64 values expected, got ", cos_sin.size(),
-                                          " values"));
-  }
-  if (!AllFinite(cos_sin)) {
-    for (size_t i = 0; i < cos_sin.size(); ++i) {
-      if (!std::isfinite(cos_sin[i])) {
-        return absl::InvalidArgumentError(
-            Cat("cos_sin[", i / 64, "][", i % 64, "]: ", cos_sin[i], " is not finite"));
-      }
-    }
-  }
-  const size_t bytes = cos_sin.size() * sizeof(float);
-  absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(bytes);
-  if (!buffer.ok()) return buffer.status();
-  SMLA_RETURN_IF_ERROR(backend.CopyToDevice(buffer->data(), cos_sin.data(), bytes, stream));
-  SMLA_RETURN_IF_ERROR(backend.Synchronize(stream));
-  auto table = std::make_shared<const kernels::Buffer>(*std::move(buffer));
-  absl::MutexLock lock(&mu_);
-  rope_ = Rope{std::move(table), num_positions};
-  return absl::OkStatus();
-}
-
-bool ModelRuntime::sinks_uploaded() const {
-  absl::MutexLock lock(&mu_);
-  return !sinks_.empty();
-}
-
-std::vector<float> ModelRuntime::LayerSink(int32_t layer) const {
-  absl::MutexLock lock(&mu_);
-  if (sinks_.empty()) return {};
-  const auto first = sinks_.begin() + int64_t{layer} * config_.heads_per_rank;
-  return std::vector<float>(first, first + config_.heads_per_rank);
-}
-
-ModelRuntime::Rope ModelRuntime::rope() const {
-  absl::MutexLock lock(&mu_);
-  return rope_;
-}
 
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
                            Events events, std::vector<ModelRuntime*> models)
@@ -388,89 +310,139 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   return absl::OkStatus();
 }
 
+// What one launch is made of, known before anything is written: the batch's spans, array
+// lengths and per-row byte sizes.
+struct StepExecutor::LaunchPlan {
+  const LayerSpec* spec = nullptr;
+  int32_t heads = 0;
+  int qk = 0;
+  size_t row_bytes = 0;  // one bf16 KV row
+  OutputFormat format = OutputFormat::kBf16;
+  bool inverse_rope = false;
+  bool mx_q = false;  // the scheduler batches one q format
+  bool want_lse = false;
+  std::vector<size_t> span_step;  // the step (index into args.steps) of each span
+  SegmentCounts counts;
+  size_t rows = 0;  // T
+  size_t q_lanes = 0, q_bytes = 0, q_scale_bytes = 0, kv_bytes = 0;
+  size_t out_row = 0, scale_row = 0, lse_row = 0;  // output bytes per row
+  std::vector<float> sink;
+  SegmentShape shape() const { return SegmentShape{*spec, window, row_bytes}; }
+  int32_t window = 0;
+};
+
+// Where a launch's host arrays lie in the arena.
+struct StepExecutor::StagedArena {
+  SegmentArrays arrays;
+  float* sink = nullptr;
+};
+
 absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
                                          std::vector<absl::StatusOr<StepResult>>& results,
                                          std::vector<size_t>& rejected) {
-  ModelRuntime& model = args.model;
-  const ModelProfile& profile = model.profile();
-  const LayerSpec& spec = profile.layers[args.layer];
-  const int32_t heads = model.config().heads_per_rank;
-  const int qk = kernels::QkWidth(profile.geometry);
-  const size_t row_bytes = size_t{2} * qk;
-  const StepRequest& head = *args.steps[args.included[0]];
-  const OutputFormat format = head.output_format;
-  const bool inverse_rope = head.inverse_rope;
-  const bool mx_q = head.q_format == QFormat::kMxfp8;  // the scheduler batches one q format
+  const LaunchPlan plan = PlanLaunch(args, work);
+  SMLA_RETURN_IF_ERROR(SizeBuffers(plan));
+  CopyStats stats;
+  absl::StatusOr<StagedArena> staged = StageInputs(plan, work, stats);
+  if (!staged.ok()) return staged.status();
+  // The input copies do not need the segments: they start now, and the segments are built
+  // while the device copies (other bytes of the arena than the gathered inputs).
+  work.inputs_at = absl::Now();
+  SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
+  CheckContents(plan, staged->arrays, work, results, rejected);
+  if (!rejected.empty()) return absl::OkStatus();
+  FillDeviceParams(args, plan, *staged, work);
+  PlanOutputs(args, plan, work, results, stats);
+  NoteCopies(stats);
+  return absl::OkStatus();
+}
 
-  std::vector<SpanRef>& spans = work.spans;
-  std::vector<size_t> span_step;  // the step (index into args.steps) of each span
-  bool want_lse = false;
+StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, DeviceWork& work) const {
+  const ModelProfile& profile = args.model.profile();
+  const StepRequest& head = *args.steps[args.included[0]];
+  LaunchPlan p;
+  p.spec = &profile.layers[args.layer];
+  p.window = profile.swa_window;
+  p.heads = args.model.config().heads_per_rank;
+  p.qk = kernels::QkWidth(profile.geometry);
+  p.row_bytes = size_t{2} * p.qk;
+  p.format = head.output_format;
+  p.inverse_rope = head.inverse_rope;
+  p.mx_q = head.q_format == QFormat::kMxfp8;
   for (size_t i : args.included) {
     const StepRequest& r = *args.steps[i];
-    want_lse = want_lse || r.want_lse;
+    p.want_lse = p.want_lse || r.want_lse;
     for (size_t si = 0; si < r.spans.size(); ++si) {
-      spans.push_back(SpanRef{&r.spans[si], args.prepared[i].get(), si});
-      span_step.push_back(i);
+      work.spans.push_back(SpanRef{&r.spans[si], args.prepared[i].get(), si});
+      p.span_step.push_back(i);
     }
   }
-  const SegmentShape shape{spec, profile.swa_window, row_bytes};
-  const SegmentCounts counts = CountSegments(shape, spans);
-  const size_t T = static_cast<size_t>(counts.rows);
+  p.counts = CountSegments(p.shape(), work.spans);
+  p.rows = static_cast<size_t>(p.counts.rows);
+  p.q_lanes = p.rows * p.heads * p.qk;
+  p.q_bytes = p.q_lanes * (p.mx_q ? 1 : 2);
+  p.q_scale_bytes = p.mx_q ? p.q_lanes / kernels::kMxQueryGroup : 0;
+  p.kv_bytes = p.rows * p.row_bytes;
+  p.out_row = size_t{p.format == OutputFormat::kBf16 ? 2u : 1u} * p.heads * kernels::kValueWidth;
+  p.scale_row = static_cast<size_t>(p.heads) * kernels::kMxGroupsPerHead;
+  p.lse_row = static_cast<size_t>(p.heads) * sizeof(float);
+  if (profile.has_sink) p.sink = args.model.LayerSink(args.layer);
+  return p;
+}
 
-  // Backend buffers: queries (bf16; MXFP8 ones are copied in as codes and scales and expanded
-  // into q_ on the device); KV rows, then compressed entries (the order of `slots`); outputs.
-  const size_t q_lanes = T * heads * qk;
-  const size_t q_bytes = q_lanes * (mx_q ? 1 : 2);
-  const size_t q_scale_bytes = mx_q ? q_lanes / kernels::kMxQueryGroup : 0;
-  const size_t kv_bytes = T * row_bytes;
-  SMLA_RETURN_IF_ERROR(Ensure(q_, q_lanes * 2));
-  if (mx_q) {
-    SMLA_RETURN_IF_ERROR(Ensure(q_codes_, q_bytes));
-    SMLA_RETURN_IF_ERROR(Ensure(q_scales_, q_scale_bytes));
+// Backend buffers: queries (bf16; MXFP8 ones are copied in as codes and scales and expanded into
+// q_ on the device); KV rows, then compressed entries (the order of `slots`); outputs.
+absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
+  SMLA_RETURN_IF_ERROR(Ensure(q_, p.q_lanes * 2));
+  if (p.mx_q) {
+    SMLA_RETURN_IF_ERROR(Ensure(q_codes_, p.q_bytes));
+    SMLA_RETURN_IF_ERROR(Ensure(q_scales_, p.q_scale_bytes));
   }
-  SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(counts.slots()) * row_bytes));
-  const size_t out_row = format == OutputFormat::kBf16 ? size_t{2} * heads * kernels::kValueWidth
-                                                       : size_t{1} * heads * kernels::kValueWidth;
-  const size_t scale_row = size_t{static_cast<size_t>(heads)} * kernels::kMxGroupsPerHead;
-  const size_t lse_row = size_t{static_cast<size_t>(heads)} * sizeof(float);
-  SMLA_RETURN_IF_ERROR(Ensure(out_, T * out_row));
-  if (format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, T * scale_row));
-  if (want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, T * lse_row));
+  SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
+  SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
+  if (p.format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, p.rows * p.scale_row));
+  if (p.want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, p.rows * p.lse_row));
+  return absl::OkStatus();
+}
 
-  // Inputs are copied from where they lie when the backend can copy from there (page-locked
-  // memory; any memory where copies are memcpys), else gathered into the arena first.
-  auto direct = [&](std::span<const uint8_t> src) {
-    return !pinned() || host_ranges_.Contains(src.data(), src.size());
-  };
+bool StepExecutor::CopiesDirect(std::span<const uint8_t> bytes) const {
+  return !pinned() || host_ranges_.Contains(bytes.data(), bytes.size());
+}
+
+// Inputs are copied from where they lie when the backend can copy from there (page-locked
+// memory; any memory where copies are memcpys), else gathered into the arena first. The arena
+// also holds the slot lists and segments (built in place), positions and the sink.
+absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const LaunchPlan& p,
+                                                                    DeviceWork& work,
+                                                                    CopyStats& stats) {
+  const bool compressed = p.spec->has_compressed();
   enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kQScales = 3, kKinds = 4 };
   size_t staged[kKinds] = {0, 0, 0, 0};
-  for (const SpanRef& ref : spans) {
+  for (const SpanRef& ref : work.spans) {
     const SpanInput& s = *ref.input;
-    if (!direct(s.q)) staged[kQ] += s.q.size();
-    if (!direct(s.q_scales)) staged[kQScales] += s.q_scales.size();
-    if (!direct(s.kv_rows)) staged[kKv] += s.kv_rows.size();
-    if (spec.has_compressed() && !direct(s.compressed_rows)) {
+    if (!CopiesDirect(s.q)) staged[kQ] += s.q.size();
+    if (!CopiesDirect(s.q_scales)) staged[kQScales] += s.q_scales.size();
+    if (!CopiesDirect(s.kv_rows)) staged[kKv] += s.kv_rows.size();
+    if (compressed && !CopiesDirect(s.compressed_rows)) {
       staged[kCompressed] += s.compressed_rows.size();
     }
   }
 
-  // The arena: slot lists and segments (built in place), positions, sink, gathered inputs.
+  const size_t T = p.rows;
   size_t total = 0;
   auto take = [&total](size_t bytes) {
     const size_t at = total;
     total = (total + bytes + 63) / 64 * 64;
     return at;
   };
-  const size_t o_slots = take(static_cast<size_t>(counts.slots()) * sizeof(int64_t));
+  const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
   const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
-  const size_t o_main = take(static_cast<size_t>(counts.main_indices) * sizeof(int32_t));
-  const size_t extra_rows = spec.has_compressed() ? T + 1 : 0;
+  const size_t o_main = take(static_cast<size_t>(p.counts.main_indices) * sizeof(int32_t));
+  const size_t extra_rows = compressed ? T + 1 : 0;
   const size_t o_extra_indptr = take(extra_rows * sizeof(int32_t));
-  const size_t o_extra = take(static_cast<size_t>(counts.extra_indices) * sizeof(int32_t));
-  const size_t o_positions = take(inverse_rope ? T * sizeof(int32_t) : 0);
-  const std::vector<float> sink =
-      profile.has_sink ? model.LayerSink(args.layer) : std::vector<float>();
-  const size_t o_sink = take(sink.size() * sizeof(float));
+  const size_t o_extra = take(static_cast<size_t>(p.counts.extra_indices) * sizeof(int32_t));
+  const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
+  const size_t o_sink = take(p.sink.size() * sizeof(float));
   size_t o_stage[kKinds];
   for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
   absl::StatusOr<uint8_t*> arena_or = HostArena(total);
@@ -480,26 +452,27 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     return std::span<int32_t>(reinterpret_cast<int32_t*>(arena + off), n);
   };
 
-  SegmentArrays arrays;
+  StagedArena out;
+  SegmentArrays& arrays = out.arrays;
   arrays.slots = std::span<int64_t>(reinterpret_cast<int64_t*>(arena + o_slots),
-                                    static_cast<size_t>(counts.slots()));
+                                    static_cast<size_t>(p.counts.slots()));
   arrays.main_indptr = i32(o_main_indptr, T + 1);
-  arrays.main_indices = i32(o_main, static_cast<size_t>(counts.main_indices));
+  arrays.main_indices = i32(o_main, static_cast<size_t>(p.counts.main_indices));
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
-  arrays.extra_indices = i32(o_extra, static_cast<size_t>(counts.extra_indices));
-  arrays.positions = i32(o_positions, inverse_rope ? T : 0);
+  arrays.extra_indices = i32(o_extra, static_cast<size_t>(p.counts.extra_indices));
+  arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
+  out.sink = reinterpret_cast<float*>(arena + o_sink);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
-  uint8_t* const dev[kKinds] = {mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
-                                rows_.as<uint8_t>(), rows_.as<uint8_t>() + kv_bytes,
+  uint8_t* const dev[kKinds] = {p.mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
+                                rows_.as<uint8_t>(), rows_.as<uint8_t>() + p.kv_bytes,
                                 q_scales_.as<uint8_t>()};
   std::vector<kernels::CopyOp> copies[kKinds];
   size_t dev_off[kKinds] = {0, 0, 0, 0}, stage_off[kKinds] = {0, 0, 0, 0};
-  CopyStats stats;
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
     const void* from = src.data();
-    const bool in_place = direct(src);
+    const bool in_place = CopiesDirect(src);
     (in_place ? stats.in_direct : stats.in_gathered) += static_cast<int64_t>(src.size());
     if (!in_place) {
       uint8_t* stage = arena + o_stage[k] + stage_off[k];
@@ -510,69 +483,76 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     AddCopy(copies[k], dev[k] + dev_off[k], from, src.size());
     dev_off[k] += src.size();
   };
-  for (const SpanRef& ref : spans) {
+  for (const SpanRef& ref : work.spans) {
     const SpanInput& s = *ref.input;
     input(kQ, s.q);
     input(kQScales, s.q_scales);
     input(kKv, s.kv_rows);
-    if (spec.has_compressed()) input(kCompressed, s.compressed_rows);
+    if (compressed) input(kCompressed, s.compressed_rows);
   }
-  SMLA_CHECK(dev_off[kQ] == q_bytes && dev_off[kQScales] == q_scale_bytes &&
-                 dev_off[kKv] == kv_bytes &&
-                 dev_off[kCompressed] == static_cast<size_t>(counts.compressed) * row_bytes,
+  SMLA_CHECK(dev_off[kQ] == p.q_bytes && dev_off[kQScales] == p.q_scale_bytes &&
+                 dev_off[kKv] == p.kv_bytes &&
+                 dev_off[kCompressed] == static_cast<size_t>(p.counts.compressed) * p.row_bytes,
              "input sizes");
   for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
-  if (mx_q) {
+  if (p.mx_q) {
     work.expand.codes = q_codes_.as<uint8_t>();
     work.expand.scales = q_scales_.as<uint8_t>();
     work.expand.out = q_.data();
-    work.expand.vectors = static_cast<int64_t>(T) * heads;
-    work.expand.width = qk;
+    work.expand.vectors = static_cast<int64_t>(T) * p.heads;
+    work.expand.width = p.qk;
   }
-  // The input copies do not need the segments: they start now, and the segments are built
-  // while the device copies (other bytes of the arena than the gathered inputs).
-  work.inputs_at = absl::Now();
-  SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
+  return out;
+}
 
-  // The inputs' contents are checked here, while the device copies them: a step with a chosen
-  // entry its row may not see, or a non-finite KV row, is answered with the error and left out.
-  const std::vector<size_t> bad_chosen = BuildSegments(shape, spans, arrays);
+// The inputs' contents are checked while the device copies them: a step with a chosen entry its
+// row may not see, or a non-finite KV row, is answered with the error and left out. Spans that
+// rewrite committed positions are checked before any row is written; spans that only append,
+// while the device attends (Launch).
+void StepExecutor::CheckContents(const LaunchPlan& p, const SegmentArrays& arrays,
+                                 DeviceWork& work,
+                                 std::vector<absl::StatusOr<StepResult>>& results,
+                                 std::vector<size_t>& rejected) {
+  const std::vector<size_t> bad_chosen = BuildSegments(p.shape(), work.spans, arrays);
   for (size_t k : bad_chosen) {
-    const SpanRef& ref = spans[k];
-    Reject(span_step[k], ExplainChosenEntries(*ref.input, ref.index, spec), results, rejected);
+    const SpanRef& ref = work.spans[k];
+    Reject(p.span_step[k], ExplainChosenEntries(*ref.input, ref.index, *p.spec), results,
+           rejected);
   }
-  // Spans that rewrite committed positions are checked before any row is written; spans that
-  // only append, while the device attends (Launch).
-  for (size_t k = 0; k < spans.size(); ++k) {
-    const SpanRef& ref = spans[k];
+  for (size_t k = 0; k < work.spans.size(); ++k) {
+    const SpanRef& ref = work.spans[k];
     if (ref.input->first_position >= ref.prepared->committed_length(ref.index)) {
-      work.append_checks.emplace_back(span_step[k], &ref);
+      work.append_checks.emplace_back(p.span_step[k], &ref);
       continue;
     }
-    absl::Status finite = CheckSpanContents(*ref.input, ref.index, heads, qk);
-    if (!finite.ok()) Reject(span_step[k], std::move(finite), results, rejected);
+    absl::Status finite = CheckSpanContents(*ref.input, ref.index, p.heads, p.qk);
+    if (!finite.ok()) Reject(p.span_step[k], std::move(finite), results, rejected);
   }
-  if (!rejected.empty()) return absl::OkStatus();
-  std::span<const float> sink_view;
-  if (!sink.empty()) {
-    std::memcpy(arena + o_sink, sink.data(), sink.size() * sizeof(float));
-    sink_view = std::span<const float>(reinterpret_cast<const float*>(arena + o_sink), sink.size());
-  }
+}
 
+void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
+                                    const StagedArena& staged, DeviceWork& work) {
+  const SegmentArrays& arrays = staged.arrays;
+  std::span<const float> sink_view;
+  if (!p.sink.empty()) {
+    std::memcpy(staged.sink, p.sink.data(), p.sink.size() * sizeof(float));
+    sink_view = std::span<const float>(staged.sink, p.sink.size());
+  }
+  ModelRuntime& model = args.model;
   work.write.cache = model.store().cache();
   work.write.slots = arrays.slots;
   work.write.rows = rows_.data();
 
   kernels::AttendParams& a = work.attend;
-  a.num_rows = static_cast<int32_t>(T);
-  a.num_heads = heads;
-  a.geometry = profile.geometry;
+  a.num_rows = static_cast<int32_t>(p.rows);
+  a.num_heads = p.heads;
+  a.geometry = model.profile().geometry;
   a.q = q_.data();
   a.softmax_scale = model.config().softmax_scale;
   a.main.cache = model.store().cache().view();
   a.main.indptr = arrays.main_indptr;
   a.main.indices = arrays.main_indices;
-  a.has_extra = spec.has_compressed();
+  a.has_extra = p.spec->has_compressed();
   if (a.has_extra) {
     a.extra.cache = a.main.cache;
     a.extra.indptr = arrays.extra_indptr;
@@ -583,26 +563,32 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   // keys), so the launch's rows come in groups of the spans' greatest common row count; with
   // even groups the backend may pair rows over their shared keys.
   a.rows_per_group = 0;
-  for (const SpanRef& sp : spans) a.rows_per_group = std::gcd(a.rows_per_group, sp.input->num_rows);
-  if (inverse_rope) {
+  for (const SpanRef& sp : work.spans) {
+    a.rows_per_group = std::gcd(a.rows_per_group, sp.input->num_rows);
+  }
+  if (p.inverse_rope) {
     SMLA_CHECK(args.rope.table != nullptr, "inverse RoPE without a table");
     a.epilogue.positions = arrays.positions;
     a.epilogue.cos_sin = args.rope.table->as<const float>();
     a.epilogue.num_positions = args.rope.positions;
   }
-  a.out.format = format;
-  if (format == OutputFormat::kBf16) {
+  a.out.format = p.format;
+  if (p.format == OutputFormat::kBf16) {
     a.out.bf16 = out_.data();
   } else {
     a.out.mx_data = out_.as<uint8_t>();
     a.out.mx_scales = scales_.as<uint8_t>();
   }
-  a.out.lse = want_lse ? lse_.as<float>() : nullptr;
+  a.out.lse = p.want_lse ? lse_.as<float>() : nullptr;
   // Slots come from page tables of this pool, and the arrays stay put until Synchronize.
   a.ids_in_range = true;
   a.arrays_pinned = pinned();
+}
 
-  // Each step's rows go back to its own destination when it named one, else to its result.
+// Each step's rows go back to its own destination when it named one, else to its result.
+void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
+                               std::vector<absl::StatusOr<StepResult>>& results,
+                               CopyStats& stats) {
   size_t row0 = 0, step = 0;
   auto output = [&]<typename V>(std::span<uint8_t> dst, V& fallback, const uint8_t* src,
                                 size_t bytes) {
@@ -624,18 +610,17 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
     results[i] = StepResult();
     StepResult& res = *results[i];
     res.num_rows = static_cast<int32_t>(n);
-    res.num_heads = heads;
-    res.output_format = format;
+    res.num_heads = p.heads;
+    res.output_format = p.format;
     const OutputDestination& dst = r.destination;
-    output(dst.out, res.out, out_.as<uint8_t>() + row0 * out_row, n * out_row);
-    if (format == OutputFormat::kMxfp8) {
-      output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * scale_row, n * scale_row);
+    output(dst.out, res.out, out_.as<uint8_t>() + row0 * p.out_row, n * p.out_row);
+    if (p.format == OutputFormat::kMxfp8) {
+      output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * p.scale_row,
+             n * p.scale_row);
     }
-    if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * lse_row, n * lse_row);
+    if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * p.lse_row, n * p.lse_row);
     row0 += n;
   }
-  NoteCopies(stats);
-  return absl::OkStatus();
 }
 
 void StepExecutor::NoteCopies(const CopyStats& s) {

@@ -36,43 +36,11 @@
 #include "smla/server/host_ranges.h"
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
+#include "smla/server/model_runtime.h"
 #include "smla/server/scheduler.h"
+#include "smla/server/segment_builder.h"
 
 namespace smla::server {
-
-// One served model: its resolved configuration, KV store and uploaded tables.
-class ModelRuntime {
- public:
-  ModelRuntime(const ModelConfig& config, std::unique_ptr<KvStore> store)
-      : config_(config), store_(std::move(store)) {}
-
-  const ModelConfig& config() const { return config_; }
-  const ModelProfile& profile() const { return store_->profile(); }
-  KvStore& store() const { return *store_; }
-
-  // [layers, heads_per_rank] f32, finite.
-  absl::Status SetSinks(std::span<const float> sinks);
-  // [P, 64] f32, finite; uploaded to backend memory. Batches already launched keep the table
-  // they started with.
-  absl::Status SetRopeTable(kernels::Backend& backend, kernels::Stream& stream,
-                            std::span<const float> cos_sin, int32_t num_positions);
-
-  bool sinks_uploaded() const;
-  // The sink of one layer ([heads_per_rank]), empty when none was uploaded.
-  std::vector<float> LayerSink(int32_t layer) const;
-  struct Rope {
-    std::shared_ptr<const kernels::Buffer> table;
-    int32_t positions = 0;
-  };
-  Rope rope() const;
-
- private:
-  const ModelConfig config_;
-  std::unique_ptr<KvStore> store_;
-  mutable absl::Mutex mu_;
-  std::vector<float> sinks_ ABSL_GUARDED_BY(mu_);
-  Rope rope_ ABSL_GUARDED_BY(mu_);
-};
 
 class StepExecutor : public BatchRunner {
  public:
@@ -136,6 +104,22 @@ class StepExecutor : public BatchRunner {
   absl::Status PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
                              std::vector<absl::StatusOr<StepResult>>& results,
                              std::vector<size_t>& rejected);
+  // PrepareLaunch's phases, in order.
+  struct LaunchPlan;   // the batch's spans and sizes (step_executor.cc)
+  struct StagedArena;  // where the host arrays lie in the arena
+  LaunchPlan PlanLaunch(const LaunchArgs& args, DeviceWork& work) const;
+  absl::Status SizeBuffers(const LaunchPlan& plan);
+  absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
+                                          CopyStats& stats);
+  void CheckContents(const LaunchPlan& plan, const SegmentArrays& arrays, DeviceWork& work,
+                     std::vector<absl::StatusOr<StepResult>>& results,
+                     std::vector<size_t>& rejected);
+  void FillDeviceParams(const LaunchArgs& args, const LaunchPlan& plan, const StagedArena& staged,
+                        DeviceWork& work);
+  void PlanOutputs(const LaunchArgs& args, const LaunchPlan& plan, DeviceWork& work,
+                   std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats);
+  // Whether the backend can copy `bytes` from where they lie (registered or any memory).
+  bool CopiesDirect(std::span<const uint8_t> bytes) const;
   // The start event, the input copies and the event after them.
   absl::Status EnqueueInputs(const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
