@@ -52,17 +52,13 @@ void FillSpan(const PySpan& in, size_t index, v1::Span* s) {
   }
 }
 
-// An output buffer: named in `ref` when it lies in a region, else filled by copy.
-bool TakeBuffer(const py::object& buffer, Want want, const char* what, v1::RegionRef* ref) {
+// An output buffer: its RegionRef when it lies in a region (the server writes it there),
+// else nullopt (the response is copied in).
+std::optional<v1::RegionRef> TakeBuffer(const py::object& buffer, Want want, const char* what) {
   if (py::isinstance<py::array>(buffer) && !py::array(buffer).writeable()) {
     throw py::type_error(std::string(what) + ": read-only");
   }
-  HostTensor h = ReadTensor(buffer, want, what, /*convert=*/false);
-  if (std::optional<v1::RegionRef> r = RegionRefOf(h)) {
-    *ref = *std::move(r);
-    return false;
-  }
-  return true;
+  return RegionRefOf(ReadTensor(buffer, want, what, /*convert=*/false));
 }
 
 // Copies a response tensor's inline bytes into the caller's buffer.
@@ -94,16 +90,21 @@ std::shared_ptr<PyRequest> MakeRequest(const std::string& model, int32_t layer,
   for (size_t i = 0; i < spans.size(); ++i) FillSpan(spans[i], i, q.add_spans());
   const bool mx = q.output_format() == v1::OUTPUT_FORMAT_MXFP8;
   if (!out.is_none()) {
-    r->out_copy = TakeBuffer(out, mx ? Want::kU8 : Want::kBf16, "out", q.mutable_out_region());
+    auto ref = TakeBuffer(out, mx ? Want::kU8 : Want::kBf16, "out");
+    if (ref) *q.mutable_out_region() = *ref;
+    r->out_copy = !ref;
     r->out = out;
   }
   if (!mx_scales_out.is_none()) {
-    r->mx_scales_copy =
-        TakeBuffer(mx_scales_out, Want::kU8, "mx_scales_out", q.mutable_mx_scales_region());
+    auto ref = TakeBuffer(mx_scales_out, Want::kU8, "mx_scales_out");
+    if (ref) *q.mutable_mx_scales_region() = *ref;
+    r->mx_scales_copy = !ref;
     r->mx_scales = mx_scales_out;
   }
   if (!lse_out.is_none()) {
-    r->lse_copy = TakeBuffer(lse_out, Want::kF32, "lse_out", q.mutable_lse_region());
+    auto ref = TakeBuffer(lse_out, Want::kF32, "lse_out");
+    if (ref) *q.mutable_lse_region() = *ref;
+    r->lse_copy = !ref;
     r->lse = lse_out;
   }
   return r;
