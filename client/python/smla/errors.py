@@ -44,7 +44,8 @@ FailedPrecondition = _subclass(
     "FailedPrecondition", 9, "FAILED_PRECONDITION",
     "Server state is missing (sinks, rope table, regions not enabled, ...); fix it, retry.")
 Aborted = _subclass("Aborted", 10, "ABORTED", "The operation was aborted.")
-OutOfRange = _subclass("OutOfRange", 11, "OUT_OF_RANGE", "A range does not fit (e.g. a region too small).")
+OutOfRange = _subclass(
+    "OutOfRange", 11, "OUT_OF_RANGE", "A range does not fit (e.g. a region too small).")
 Unimplemented = _subclass("Unimplemented", 12, "UNIMPLEMENTED", "Not supported by this server.")
 Internal = _subclass(
     "Internal", 13, "INTERNAL", "A backend failure or server bug; move the work elsewhere.")

@@ -23,7 +23,9 @@ void Write(Stream& s, const std::shared_ptr<PyRequest>& r) {
     py::gil_scoped_release release;
     ok = s.stream->Write(r->request);
   }
-  if (!ok) throw StatusError(absl::UnavailableError("step stream: the write failed (stream ended; finish() says why)"));
+  if (!ok)
+    throw StatusError(
+        absl::UnavailableError("step stream: the write failed (stream ended; finish() says why)"));
   s.pending.push_back(r);
 }
 
@@ -91,14 +93,10 @@ void RegisterClient(py::module_& m) {
            py::arg("model"), py::arg("id"))
       .def_readonly("model", &client::Sequence::model)
       .def_readonly("id", &client::Sequence::id)
-      .def("__eq__",
-           [](const client::Sequence& a, const client::Sequence& b) {
-             return a.model == b.model && a.id == b.id;
-           })
+      .def("__eq__", [](const client::Sequence& a,
+                        const client::Sequence& b) { return a.model == b.model && a.id == b.id; })
       .def("__hash__",
-           [](const client::Sequence& s) {
-             return py::hash(py::make_tuple(s.model, s.id));
-           })
+           [](const client::Sequence& s) { return py::hash(py::make_tuple(s.model, s.id)); })
       .def("__repr__", [](const client::Sequence& s) {
         return absl::StrCat("smla.Sequence(model='", s.model, "', id='", s.id, "')");
       });
@@ -122,17 +120,18 @@ call.)")
              return c;
            }),
            py::arg("target"))
-      .def("info",
-           [](const std::shared_ptr<PyClient>& c) {
-             v1::ServerInfo info;
-             {
-               py::gil_scoped_release release;
-               info = Unwrap(Of(c).Info());
-             }
-             return MessageToDict(info);
-           },
-           "ServerInfo as a dict (versions, device, models with their layers, pools, limits, "
-           "shm_socket).")
+      .def(
+          "info",
+          [](const std::shared_ptr<PyClient>& c) {
+            v1::ServerInfo info;
+            {
+              py::gil_scoped_release release;
+              info = Unwrap(Of(c).Info());
+            }
+            return MessageToDict(info);
+          },
+          "ServerInfo as a dict (versions, device, models with their layers, pools, limits, "
+          "shm_socket).")
       .def(
           "health",
           [](const std::shared_ptr<PyClient>& c, const std::string& service) {
@@ -142,8 +141,7 @@ call.)")
           py::arg("service") = "", "True when grpc.health.v1 says SERVING.")
       .def(
           "create_sequence",
-          [](const std::shared_ptr<PyClient>& c, const std::string& model,
-             const std::string& id) {
+          [](const std::shared_ptr<PyClient>& c, const std::string& model, const std::string& id) {
             py::gil_scoped_release release;
             return Unwrap(Of(c).CreateSequence(model, id));
           },
@@ -176,8 +174,7 @@ call.)")
             if (t.shape.size() != 2) throw py::value_error("cos_sin: needs [positions, 64]");
             const auto* f = reinterpret_cast<const float*>(t.data);
             py::gil_scoped_release release;
-            CheckOk(Of(c).SetRopeTable(model, {f, t.bytes / 4},
-                                       static_cast<int32_t>(t.shape[0])));
+            CheckOk(Of(c).SetRopeTable(model, {f, t.bytes / 4}, static_cast<int32_t>(t.shape[0])));
           },
           py::arg("model"), py::arg("cos_sin"),
           "float32 [P, 64]: cos(p*theta_k) for k = 0..31, then sin.")
@@ -225,13 +222,15 @@ call.)")
 
 Responses come in request order; a failed step raises its error from read()/step() and the
 stream goes on. write() and read() may run on different threads.)")
-      .def("write",
-           [](PyStream& s, const std::shared_ptr<PyRequest>& r) {
-             Write(static_cast<Stream&>(s), r);
-           },
-           py::arg("request"))
-      .def("read", [](PyStream& s) { return Read(static_cast<Stream&>(s)); },
-           "The next StepResult, or None when the stream has ended (finish() says why).")
+      .def(
+          "write",
+          [](PyStream& s, const std::shared_ptr<PyRequest>& r) {
+            Write(static_cast<Stream&>(s), r);
+          },
+          py::arg("request"))
+      .def(
+          "read", [](PyStream& s) { return Read(static_cast<Stream&>(s)); },
+          "The next StepResult, or None when the stream has ended (finish() says why).")
       .def(
           "step",
           [](PyStream& s, const std::shared_ptr<PyRequest>& r) {
@@ -256,18 +255,19 @@ stream goes on. write() and read() may run on different threads.)")
              py::gil_scoped_release release;
              return s.stream->WritesDone();
            })
-      .def("finish",
-           [](PyStream& s) {
-             if (s.ended) return;
-             absl::Status status;
-             {
-               py::gil_scoped_release release;
-               status = s.stream->Finish();
-             }
-             s.ended = true;
-             CheckOk(status);
-           },
-           "Waits for the stream's end; raises its status unless OK.")
+      .def(
+          "finish",
+          [](PyStream& s) {
+            if (s.ended) return;
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = s.stream->Finish();
+            }
+            s.ended = true;
+            CheckOk(status);
+          },
+          "Waits for the stream's end; raises its status unless OK.")
       .def("cancel", [](PyStream& s) { s.stream->Cancel(); })
       .def("__enter__", [](const std::shared_ptr<PyStream>& s) { return s; })
       .def("__exit__", [](PyStream& s, py::handle, py::handle, py::handle) {

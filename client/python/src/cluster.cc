@@ -1,7 +1,8 @@
 // smla.Cluster: one logical service over several servers (cluster.h), sequences placed by
 // consistent hashing and routed to their server.
-#include "requests.h"
 #include "smla/client/cluster.h"
+
+#include "requests.h"
 #include "tensors.h"
 
 namespace smla::python {
@@ -33,9 +34,8 @@ are reported lost (smla.DataLoss) until released.)")
              c->cluster = Unwrap(client::Cluster::Connect(o));
              return c;
            }),
-           py::arg("servers") = std::vector<std::string>{}, py::kw_only(),
-           py::arg("dns_name") = "", py::arg("virtual_nodes") = 160,
-           py::arg("probe_timeout") = 2.0)
+           py::arg("servers") = std::vector<std::string>{}, py::kw_only(), py::arg("dns_name") = "",
+           py::arg("virtual_nodes") = 160, py::arg("probe_timeout") = 2.0)
       .def("servers", [](const PyCluster& c) { return c.cluster->Servers(); })
       .def("live_servers", [](const PyCluster& c) { return c.cluster->LiveServers(); })
       .def(
@@ -105,8 +105,8 @@ are reported lost (smla.DataLoss) until released.)")
             if (t.shape.size() != 2) throw py::value_error("cos_sin: needs [positions, 64]");
             const auto* f = reinterpret_cast<const float*>(t.data);
             py::gil_scoped_release release;
-            CheckOk(c.cluster->SetRopeTable(model, {f, t.bytes / 4},
-                                            static_cast<int32_t>(t.shape[0])));
+            CheckOk(
+                c.cluster->SetRopeTable(model, {f, t.bytes / 4}, static_cast<int32_t>(t.shape[0])));
           },
           py::arg("model"), py::arg("cos_sin"))
       .def(
@@ -116,8 +116,7 @@ are reported lost (smla.DataLoss) until released.)")
             if (t.shape.size() != 2) throw py::value_error("sinks: needs [layers, heads]");
             const auto* f = reinterpret_cast<const float*>(t.data);
             py::gil_scoped_release release;
-            CheckOk(c.cluster->SetSinks(model, {f, t.bytes / 4},
-                                        static_cast<int32_t>(t.shape[0]),
+            CheckOk(c.cluster->SetSinks(model, {f, t.bytes / 4}, static_cast<int32_t>(t.shape[0]),
                                         static_cast<int32_t>(t.shape[1])));
           },
           py::arg("model"), py::arg("sinks"))

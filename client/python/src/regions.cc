@@ -60,7 +60,8 @@ PyResult Wait(PyRing& r, uint64_t ticket, absl::Duration timeout) {
     st = r.ring->Wait(ticket, response.get(), timeout);
   }
   std::shared_ptr<PyRequest> request;
-  if (auto it = r.pending.find(ticket); it != r.pending.end() && st.code() != absl::StatusCode::kDeadlineExceeded) {
+  if (auto it = r.pending.find(ticket);
+      it != r.pending.end() && st.code() != absl::StatusCode::kDeadlineExceeded) {
     request = std::move(it->second);
     r.pending.erase(it);
   }
@@ -85,39 +86,41 @@ uint64_t Submit(PyRing& r, const std::shared_ptr<PyRequest>& request) {
 }  // namespace
 
 void RegisterRegions(py::module_& m) {
-  py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "Region", R"(Shared memory registered with a server.
+  py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "Region",
+                                                  R"(Shared memory registered with a server.
 
 Region(client, label, size): a sealed memfd of `size` bytes, handed over to and registered with
 the server behind `client` (same host, --allow_shm). Arrays from array() view it; tensors in it
 travel by reference (RegionRef) in any StepRequest, and output buffers in it are written by the
 server in place. The registration lasts until unregister() or until the region is dropped.)")
-      .def(py::init([](const std::shared_ptr<PyClient>& c, const std::string& label,
-                       uint64_t size) {
-             auto r = std::make_shared<PyRegion>();
-             r->client = c;
-             {
-               py::gil_scoped_release release;
-               r->region = Unwrap(client::ShmRegion::Create(c->client, label, size));
-             }
-             AddRegion(r);
-             return r;
-           }),
-           py::arg("client"), py::arg("label"), py::arg("size"))
+      .def(
+          py::init([](const std::shared_ptr<PyClient>& c, const std::string& label, uint64_t size) {
+            auto r = std::make_shared<PyRegion>();
+            r->client = c;
+            {
+              py::gil_scoped_release release;
+              r->region = Unwrap(client::ShmRegion::Create(c->client, label, size));
+            }
+            AddRegion(r);
+            return r;
+          }),
+          py::arg("client"), py::arg("label"), py::arg("size"))
       .def_property_readonly("name", [](const PyRegion& r) { return Live(r).name(); })
       .def_property_readonly("size", [](const PyRegion& r) { return Live(r).size(); })
       .def_property_readonly("fd", [](const PyRegion& r) { return Live(r).fd(); })
       .def("array", &View, py::arg("offset"), py::arg("shape"), py::arg("dtype"),
            "A writable NumPy view of the region: `shape` of `dtype` at `offset` bytes.")
-      .def("unregister",
-           [](PyRegion& r) {
-             client::ShmRegion& region = Live(r);
-             py::gil_scoped_release release;
-             CheckOk(region.Unregister());
-           },
-           "Ends the registration; later steps naming the region fail with NotFound.")
+      .def(
+          "unregister",
+          [](PyRegion& r) {
+            client::ShmRegion& region = Live(r);
+            py::gil_scoped_release release;
+            CheckOk(region.Unregister());
+          },
+          "Ends the registration; later steps naming the region fail with NotFound.")
       .def("__repr__", [](const PyRegion& r) {
-        return r.region ? absl::StrCat("smla.Region(name='", r.region->name(), "', size=",
-                                       r.region->size(), ")")
+        return r.region ? absl::StrCat("smla.Region(name='", r.region->name(),
+                                       "', size=", r.region->size(), ")")
                         : std::string("smla.Region(closed)");
       });
 
@@ -135,14 +138,14 @@ from region arrays); the stream, region and ring must stay alive together. One t
              r->region = region;
              client::ShmRegion& shm = Live(*region);
              py::gil_scoped_release release;
-             r->ring = Unwrap(client::StepRing::Attach(stream->stream.get(), &shm, offset, slots,
-                                                       slot_bytes));
+             r->ring = Unwrap(
+                 client::StepRing::Attach(stream->stream.get(), &shm, offset, slots, slot_bytes));
              return r;
            }),
            py::arg("stream"), py::arg("region"), py::arg("offset"), py::arg("slots"),
            py::arg("slot_bytes"))
-      .def_static("bytes_for", &client::StepRing::BytesFor, py::arg("slots"),
-                  py::arg("slot_bytes"), "Bytes a ring of `slots` slots takes in a region.")
+      .def_static("bytes_for", &client::StepRing::BytesFor, py::arg("slots"), py::arg("slot_bytes"),
+                  "Bytes a ring of `slots` slots takes in a region.")
       .def("submit", &Submit, py::arg("request"),
            "Writes the request into the next slot; returns its ticket. ResourceExhausted when "
            "more than `slots` are in flight.")

@@ -33,12 +33,11 @@ void FillSpan(const PySpan& in, size_t index, v1::Span* s) {
               s->mutable_q_scales());
   }
   if (!in.compressed_rows.is_none()) {
-    PutTensor(ReadTensor(in.compressed_rows, Want::kBf16, at + "compressed_rows"),
-              v1::DTYPE_BF16, s->mutable_compressed_rows());
+    PutTensor(ReadTensor(in.compressed_rows, Want::kBf16, at + "compressed_rows"), v1::DTYPE_BF16,
+              s->mutable_compressed_rows());
   }
   if (!in.topk.is_none()) {
-    PutTensor(ReadTensor(in.topk, Want::kInt32, at + "topk"), v1::DTYPE_INT32,
-              s->mutable_topk());
+    PutTensor(ReadTensor(in.topk, Want::kInt32, at + "topk"), v1::DTYPE_INT32, s->mutable_topk());
   }
   if (!in.roles.is_none()) {
     for (py::handle r : in.roles) {
@@ -66,8 +65,8 @@ void CopyOut(const py::object& buffer, Want want, const v1::Tensor& t, const cha
   HostTensor h = ReadTensor(buffer, want, what, false);
   const std::string& bytes = t.inline_data();
   if (t.has_region() || bytes.size() != h.bytes) {
-    throw py::value_error(absl::StrCat(what, ": the buffer holds ", h.bytes,
-                                       " bytes, the response ", bytes.size()));
+    throw py::value_error(
+        absl::StrCat(what, ": the buffer holds ", h.bytes, " bytes, the response ", bytes.size()));
   }
   std::memcpy(const_cast<uint8_t*>(h.data), bytes.data(), bytes.size());
 }
@@ -168,8 +167,7 @@ of ROW_VERIFY / ROW_DRAFT per row, or drafts=k for the last k rows.)")
            }),
            py::arg("sequence"), py::arg("first_position"), py::arg("kv_rows"), py::arg("q"),
            py::kw_only(), py::arg("compressed_rows") = py::none(), py::arg("topk") = py::none(),
-           py::arg("q_scales") = py::none(), py::arg("roles") = py::none(),
-           py::arg("drafts") = 0)
+           py::arg("q_scales") = py::none(), py::arg("roles") = py::none(), py::arg("drafts") = 0)
       .def_readwrite("sequence_id", &PySpan::sequence_id)
       .def_readwrite("first_position", &PySpan::first_position)
       .def_readwrite("kv_rows", &PySpan::kv_rows)
@@ -188,16 +186,15 @@ lse_out name caller buffers for the outputs (inside a region: the server writes 
 elsewhere: the response is copied in); the result then returns those buffers.)")
       .def(py::init(&MakeRequest), py::arg("model"), py::arg("layer"), py::arg("spans"),
            py::kw_only(), py::arg("output_format") = "bf16", py::arg("want_lse") = false,
-           py::arg("inverse_rope") = false, py::arg("timeout_us") = 0,
-           py::arg("request_id") = "", py::arg("out") = py::none(),
-           py::arg("mx_scales_out") = py::none(), py::arg("lse_out") = py::none())
+           py::arg("inverse_rope") = false, py::arg("timeout_us") = 0, py::arg("request_id") = "",
+           py::arg("out") = py::none(), py::arg("mx_scales_out") = py::none(),
+           py::arg("lse_out") = py::none())
       .def_property_readonly("model", [](const PyRequest& r) { return r.request.model(); })
       .def_property_readonly("layer", [](const PyRequest& r) { return r.request.layer(); })
       .def_property(
           "request_id", [](const PyRequest& r) { return r.request.request_id(); },
           [](PyRequest& r, const std::string& id) { r.request.set_request_id(id); })
-      .def_property_readonly("num_spans",
-                             [](const PyRequest& r) { return r.request.spans_size(); })
+      .def_property_readonly("num_spans", [](const PyRequest& r) { return r.request.spans_size(); })
       .def_property_readonly("num_rows",
                              [](const PyRequest& r) {
                                int64_t n = 0;
@@ -235,17 +232,18 @@ elsewhere: the response is copied in); the result then returns those buffers.)")
 points the outputs there; returns the end offset. layout: 'per_span' or 'packed' (the form
 the step ring takes). Results of a placed request are views of the region, valid until the
 next step placed at the same offset.)")
-      .def("bytes_for",
-           [](const PyRequest& r) { return client::ShmRegion::BytesFor(r.request); },
-           "Bytes place() needs for this request.")
-      .def("byte_size", [](const PyRequest& r) { return r.request.ByteSizeLong(); },
-           "The serialized request's size (what a ring slot must hold).")
+      .def(
+          "bytes_for", [](const PyRequest& r) { return client::ShmRegion::BytesFor(r.request); },
+          "Bytes place() needs for this request.")
+      .def(
+          "byte_size", [](const PyRequest& r) { return r.request.ByteSizeLong(); },
+          "The serialized request's size (what a ring slot must hold).")
       .def("uses_regions",
            [](const PyRequest& r) {
              // Whether any tensor travels by reference.
              for (const auto& s : r.request.spans()) {
-               for (const v1::Tensor* t : {&s.kv_rows(), &s.q(), &s.compressed_rows(),
-                                           &s.topk(), &s.q_scales()}) {
+               for (const v1::Tensor* t :
+                    {&s.kv_rows(), &s.q(), &s.compressed_rows(), &s.topk(), &s.q_scales()}) {
                  if (t->has_region()) return true;
                }
              }
@@ -284,12 +282,9 @@ reused), or are the caller's buffers.)")
       .def_property_readonly("request_id",
                              [](const PyResult& r) { return r.response->request_id(); })
       .def_property_readonly("timings",
-                             [](const PyResult& r) {
-                               return MessageToDict(r.response->timings());
-                             })
+                             [](const PyResult& r) { return MessageToDict(r.response->timings()); })
       .def_property_readonly("code", [](const PyResult& r) { return r.response->code(); })
-      .def_property_readonly("message",
-                             [](const PyResult& r) { return r.response->message(); });
+      .def_property_readonly("message", [](const PyResult& r) { return r.response->message(); });
 }
 
 }  // namespace smla::python

@@ -157,8 +157,8 @@ HostTensor ReadTensor(py::handle obj, Want want, const std::string& what, bool c
   if (!py::isinstance<py::array>(obj) && py::hasattr(obj, "__dlpack__")) {
     if (std::optional<HostTensor> h = ReadDlpack(obj, want, what)) return *std::move(h);
     if (!convert) {
-      throw py::type_error(absl::StrCat(what, ": a DLPack tensor that is not contiguous ",
-                                        WantName(want)));
+      throw py::type_error(
+          absl::StrCat(what, ": a DLPack tensor that is not contiguous ", WantName(want)));
     }
     return ReadNumpy(py::module_::import("numpy").attr("from_dlpack")(obj), want, what, true);
   }
@@ -177,7 +177,7 @@ void AddRegion(const std::shared_ptr<PyRegion>& region) {
   Registry& r = Regions();
   std::lock_guard<std::mutex> lock(r.mu);
   r.by_address[reinterpret_cast<uintptr_t>(region->region->data())] = {region->region->size(),
-                                                                        region};
+                                                                       region};
   r.by_name[region->region->name()] = region;
 }
 
@@ -265,9 +265,9 @@ py::object TensorView(const v1::Tensor& t, const std::shared_ptr<const void>& ow
     }
     const uint64_t size = region->region->size();
     if (ref.size() != bytes || ref.offset() > size || bytes > size - ref.offset()) {
-      throw StatusError(absl::DataLossError(absl::StrCat(
-          "the response's range ", ref.offset(), "+", ref.size(), " of region ", ref.region(),
-          " does not hold ", bytes, " bytes")));
+      throw StatusError(absl::DataLossError(absl::StrCat("the response's range ", ref.offset(), "+",
+                                                         ref.size(), " of region ", ref.region(),
+                                                         " does not hold ", bytes, " bytes")));
     }
     auto* keep = new std::shared_ptr<PyRegion>(region);
     py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<PyRegion>*>(p); });
