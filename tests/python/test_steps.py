@@ -62,7 +62,7 @@ def encode_mxfp8_query(values):
     amax = np.maximum(np.abs(v).max(axis=-1), 2.0**-126)
     e = np.clip(np.ceil(np.log2(amax / 448)) + 127, 0, 254)
     scaled = v * np.exp2(127 - e)[..., None]
-    table = smla.E4M3_VALUES if hasattr(smla, "E4M3_VALUES") else smla.tensors.E4M3_VALUES
+    table = smla.tensors.E4M3_VALUES
     finite = np.where(np.isnan(table), np.inf, table).astype(np.float64)
     codes = np.abs(scaled[..., None] - finite).argmin(axis=-1).astype(np.uint8)
     return codes.reshape(values.shape), e.astype(np.uint8)
@@ -210,6 +210,6 @@ def test_gil_released_during_calls():
             time.sleep(0.001)
         t.join()
         assert time.monotonic() - start >= 0.25
-        assert ticks > 50, ticks
+        assert ticks >= 5, ticks  # with the GIL held during the call this thread gets ~1
     finally:
         s.terminate()

@@ -12,7 +12,7 @@ shared-memory regions and the step ring, Cluster, TLS and tokens, and the errors
 """
 
 from . import errors
-from ._smla import (  # noqa: F401
+from ._smla import (
     __version__,
     ROW_DRAFT,
     ROW_VERIFY,
@@ -26,7 +26,7 @@ from ._smla import (  # noqa: F401
     StepRing,
     StepStream,
 )
-from .errors import (  # noqa: F401
+from .errors import (
     Aborted,
     AlreadyExists,
     Cancelled,
@@ -45,7 +45,7 @@ from .errors import (  # noqa: F401
     Unimplemented,
     Unknown,
 )
-from .tensors import (  # noqa: F401
+from .tensors import (
     bf16_to_float32,
     decode_mxfp8,
     decode_mxfp8_query,
@@ -53,3 +53,42 @@ from .tensors import (  # noqa: F401
     e8m0_to_float32,
     float32_to_bf16,
 )
+
+__all__ = [
+    "errors",
+    "__version__",
+    "ROW_DRAFT",
+    "ROW_VERIFY",
+    "Client",
+    "Cluster",
+    "Region",
+    "Sequence",
+    "Span",
+    "StepRequest",
+    "StepResult",
+    "StepRing",
+    "StepStream",
+    "Aborted",
+    "AlreadyExists",
+    "Cancelled",
+    "DataLoss",
+    "DeadlineExceeded",
+    "Error",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "NotFound",
+    "OutOfRange",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "bf16_to_float32",
+    "decode_mxfp8",
+    "decode_mxfp8_query",
+    "e4m3_to_float32",
+    "e8m0_to_float32",
+    "float32_to_bf16",
+]
