@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the service, starts smla-server on loopback (GPU backend when one is present, else the
-# CPU backend), runs `smla info`, `smla health` and `smla demo` against it, then stops the
-# server with SIGTERM (a graceful drain). Exit status is the demo's.
+# CPU backend), runs `smla info`, `smla health` and `smla demo` against it, and, when the Python
+# package is built (pybind11 present), `import smla` and a health call from Python; then stops
+# the server with SIGTERM (a graceful drain). Exit status is the demo's.
 # Usage: scripts/demo.sh [build-dir]   (SMLA_SERVER_ARGS adds server flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,13 @@ jobs="${SMLA_JOBS:-$(nproc)}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=OFF \
   -DSMLA_BUILD_BENCH=OFF
 cmake --build "$build" -j "$jobs" --target smla-server smla
+# The Python package exists when CMake found pybind11 (it then lays out $build/python/smla).
+python=""
+if [ -f "$build/python/smla/__init__.py" ]; then
+  cmake --build "$build" -j "$jobs" --target _smla
+  python="$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")"
+  python="${python:-python3}"
+fi
 
 log="$(mktemp -t smla-server.XXXXXX.log)"
 # shellcheck disable=SC2086
@@ -32,6 +40,13 @@ head -n1 "$log"
 "$build/client/smla" --server "$addr" health
 status=0
 "$build/client/smla" --server "$addr" demo || status=$?
+if [ -n "$python" ]; then
+  PYTHONPATH="$build/python" "$python" -c "import smla, sys
+c = smla.Client(sys.argv[1])
+print('python: smla', smla.__version__, 'at', sys.argv[1], 'health', c.health())" "$addr" ||
+    status=$?
+  echo "demo: Python package in $build/python (export PYTHONPATH=\$PWD/$build/python)"
+fi
 
 kill -TERM "$server_pid"
 wait "$server_pid" && echo "demo: server drained and exited 0" || echo "demo: server exit $?"

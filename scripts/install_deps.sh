@@ -11,6 +11,7 @@ packages=(
   openssl                                           # test certificates (security tests)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml                              # tests/deploy
+  python3-dev pybind11-dev python3-numpy python3-pytest  # the Python client and its tests
 )
 
 # The HIP compile check (scripts/hip_compile_check.sh, docs/gpu.md) needs clang-22, Debian's HIP
