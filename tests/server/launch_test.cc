@@ -153,6 +153,7 @@ class LaunchTest : public ::testing::Test {
     StepRequest r;
     r.tenant = std::string(kTenant);
     r.model = std::string(kModel);
+    r.model_index = 0;
     r.layer = kLayer;
     r.output_format = kernels::OutputFormat::kMxfp8;
     r.want_lse = true;
@@ -252,7 +253,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(*config, backend, 8);
   ASSERT_TRUE(store.ok()) << store.status();
-  ModelRuntime model(*config, *std::move(store));
+  ModelRuntime model(0, *config, *std::move(store));
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(backend, {&model});
   ASSERT_TRUE(executor.ok()) << executor.status();
   StepExecutor& ex = **executor;

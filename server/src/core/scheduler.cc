@@ -46,7 +46,7 @@ absl::Status Scheduler::Submit(StepRequest&& request, StepCallback&& done, int64
   }
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("server is draining: no new steps are admitted");
-  std::unique_ptr<Queue>& slot = queues_[QueueKey(request.model, request.layer)];
+  std::unique_ptr<Queue>& slot = queues_[QueueKey(request.model_index, request.layer)];
   if (slot == nullptr) slot = std::make_unique<Queue>();
   Queue& q = *slot;
   if (static_cast<int64_t>(q.steps.size()) >= limits_.max_queued_requests) {

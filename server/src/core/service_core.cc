@@ -49,7 +49,8 @@ class ServiceCoreImpl : public ServiceCore {
       if (!store.ok()) return store.status();
       (*store)->SetTenantQuota(config_.limits.tenant_max_sequences,
                                config_.limits.tenant_max_pages);
-      auto runtime = std::make_unique<ModelRuntime>(*resolved, *std::move(store));
+      auto runtime = std::make_unique<ModelRuntime>(static_cast<int32_t>(order_.size()), *resolved,
+                                                    *std::move(store));
       order_.push_back(runtime.get());
       models_[resolved->profile] = std::move(runtime);
     }
@@ -154,6 +155,7 @@ class ServiceCoreImpl : public ServiceCore {
       return done(absl::UnavailableError("not serving: an earlier backend failure"));
     }
     const ModelRuntime& model = **m;
+    request.model_index = model.index();
     StepContext ctx;
     ctx.config = &model.config();
     ctx.profile = &model.profile();

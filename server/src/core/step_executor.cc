@@ -45,7 +45,10 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
                            Events events, std::vector<ModelRuntime*> models)
     : backend_(backend), stream_(std::move(stream)), events_(std::move(events)) {
-  for (ModelRuntime* m : models) models_[m->config().profile] = m;
+  for (ModelRuntime* m : models) {
+    SMLA_CHECK(m->index() == static_cast<int32_t>(models_.size()), "models out of index order");
+    models_.push_back(m);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
@@ -102,7 +105,7 @@ absl::StatusOr<uint8_t*> StepExecutor::HostArena(size_t bytes) {
 }
 
 absl::Status StepExecutor::WarmUp() {
-  for (auto& [name, model] : models_) {
+  for (ModelRuntime* model : models_) {
     const int32_t heads = model->config().heads_per_rank;
     const int qk = kernels::QkWidth(model->profile().geometry);
     SMLA_RETURN_IF_ERROR(Ensure(q_, size_t{2} * heads * qk));
@@ -129,9 +132,10 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
     std::span<const StepRequest* const> steps) {
   std::vector<absl::StatusOr<StepResult>> results(steps.size(),
                                                   absl::InternalError("step was not run"));
-  auto it = models_.find(steps[0]->model);
-  SMLA_CHECK(it != models_.end(), "batch for a model the executor does not serve");
-  ModelRuntime& model = *it->second;
+  const int32_t index = steps[0]->model_index;
+  SMLA_CHECK(index >= 0 && index < static_cast<int32_t>(models_.size()),
+             "batch for a model the executor does not serve");
+  ModelRuntime& model = *models_[index];
   const int32_t layer = steps[0]->layer;
   KvStore& store = model.store();
   const ModelRuntime::Rope rope = model.rope();
@@ -141,7 +145,7 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   std::vector<size_t> included;
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRequest& r = *steps[i];
-    SMLA_CHECK(r.model == steps[0]->model && r.layer == layer, "batch mixes queues");
+    SMLA_CHECK(r.model_index == index && r.layer == layer, "batch mixes queues");
     // The table may have been replaced by a shorter one since admission.
     if (r.inverse_rope) {
       absl::Status rope_status;

@@ -19,8 +19,11 @@ namespace smla::server {
 
 class ModelRuntime {
  public:
-  ModelRuntime(const ModelConfig& config, std::unique_ptr<KvStore> store)
-      : config_(config), store_(std::move(store)) {}
+  // `index`: the model's place in the server's configuration order (StepRequest::model_index).
+  ModelRuntime(int32_t index, const ModelConfig& config, std::unique_ptr<KvStore> store)
+      : index_(index), config_(config), store_(std::move(store)) {}
+
+  int32_t index() const { return index_; }
 
   const ModelConfig& config() const { return config_; }
   const ModelProfile& profile() const { return store_->profile(); }
@@ -43,6 +46,7 @@ class ModelRuntime {
   Rope rope() const;
 
  private:
+  const int32_t index_;
   const ModelConfig config_;
   std::unique_ptr<KvStore> store_;
   mutable absl::Mutex mu_;

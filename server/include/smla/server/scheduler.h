@@ -83,7 +83,7 @@ class Scheduler {
     std::vector<std::unique_ptr<Queued>> steps;  // FIFO; front is steps[0]
     int64_t rows = 0;
   };
-  using QueueKey = std::pair<std::string, int32_t>;  // (model, layer)
+  using QueueKey = std::pair<int32_t, int32_t>;  // (StepRequest::model_index, layer)
 
   void Loop();
   // Spins up to limits_.scheduler_spin until a step is queued or the scheduler stops.

@@ -61,6 +61,9 @@ struct StepRequest {
   std::string request_id;  // for logs
   std::string tenant;
   std::string model;
+  // Set by the service core at admission: the model's place in the core's configuration order,
+  // so that the scheduler and the executor need not look it up by name again.
+  int32_t model_index = -1;
   int32_t layer = 0;
   std::vector<SpanInput> spans;
   QFormat q_format = QFormat::kBf16;

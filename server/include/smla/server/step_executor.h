@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -44,7 +43,8 @@ namespace smla::server {
 
 class StepExecutor : public BatchRunner {
  public:
-  // `models` outlive the executor; the executor owns its stream and staging buffers.
+  // `models` (in index order: models[i]->index() == i) outlive the executor; the executor owns
+  // its stream and staging buffers.
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(kernels::Backend& backend,
                                                               std::vector<ModelRuntime*> models);
 
@@ -133,7 +133,7 @@ class StepExecutor : public BatchRunner {
   kernels::Backend& backend_;
   std::unique_ptr<kernels::Stream> stream_;
   Events events_;
-  absl::flat_hash_map<std::string, ModelRuntime*> models_;
+  std::vector<ModelRuntime*> models_;  // by ModelRuntime::index()
   std::atomic<bool> healthy_{true};
   HostRanges host_ranges_;
   // Buffers in backend memory, grown as needed; only the executor thread uses them.
