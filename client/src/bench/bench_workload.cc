@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/workload.h"
 
 namespace smla::bench {
 namespace {

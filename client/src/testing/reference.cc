@@ -1,4 +1,4 @@
-#include "smla/client/reference.h"
+#include "smla/client/testing/reference.h"
 
 #include <algorithm>
 #include <cmath>
