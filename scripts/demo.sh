@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 jobs="${SMLA_JOBS:-$(nproc)}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=OFF \
-  -DSMLA_BUILD_BENCH=OFF
+cmake --preset service -B "$build"
 cmake --build "$build" -j "$jobs" --target smla-server smla
 
 log="$(mktemp -t smla-server.XXXXXX.log)"
