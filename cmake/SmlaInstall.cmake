@@ -1,8 +1,11 @@
-# Install rules, in two components:
+# Install rules, in three components:
 #   runtime      bin/smla-server, bin/smla, bin/smla-bench and share/smla/server.textproto;
 #   development  the client library and the wire API (headers, .proto files, static libraries)
 #                with lib/cmake/smla, so that a frontend can find_package(smla) and link
 #                smla::client (docs/integration.md).
+#   runtime_deps what a container's runtime stage needs besides the binaries (scripts/
+#                container_build.sh): shared libraries from vendor toolkits copied into lib/,
+#                and share/smla/runtime-packages.txt. Only when asked for by name.
 # The build tree exports the same targets (smla_DIR=<build dir>).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -53,3 +56,8 @@ configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/smlaConfig.cmake.in
                               INSTALL_DESTINATION ${PROJECT_BINARY_DIR}
                               INSTALL_PREFIX ${PROJECT_BINARY_DIR})
 
+# Resolved from the build tree's binaries at install time (cmake/SmlaRuntimeDeps.cmake).
+install(CODE "set(SMLA_RUNTIME_BINARIES \"$<TARGET_FILE:smla-server>;$<TARGET_FILE:smla>;\
+$<TARGET_FILE:smla-bench>\")
+include(\"${CMAKE_CURRENT_LIST_DIR}/SmlaRuntimeDeps.cmake\")"
+        COMPONENT runtime_deps EXCLUDE_FROM_ALL)
