@@ -20,9 +20,10 @@ install(FILES ${PROJECT_SOURCE_DIR}/deploy/server.textproto
 set_target_properties(smla_client PROPERTIES EXPORT_NAME client)
 set_target_properties(smla_proto PROPERTIES EXPORT_NAME proto)
 set_target_properties(smla_codec PROPERTIES EXPORT_NAME codec)
-# smla::codec is a private, header-only dependency of the client; exported as an empty target
-# because a static library's private links are listed in its export.
-install(TARGETS smla_client smla_proto smla_codec EXPORT smlaTargets
+set_target_properties(smla_base PROPERTIES EXPORT_NAME base)
+# smla::codec and smla::base are private, header-only dependencies of the client; exported
+# without headers because a static library's private links are listed in its export.
+install(TARGETS smla_client smla_proto smla_codec smla_base EXPORT smlaTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
