@@ -1,6 +1,7 @@
 // smla-bench against the real smla-server: what the bench says it did matches the server's
 // own metrics exactly (calls by method, rows), and its reports are produced and well-formed.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -61,13 +62,15 @@ size_t Count(const std::string& text, const std::string& what) {
 // Runs smla-bench with `args`; returns its exit status and its stdout in `out`. The binary is
 // the build's, or $SMLA_BENCH_BINARY (a bundle carried to a GPU machine, like the server's).
 int RunBench(const std::vector<std::string>& args, std::string* out) {
-  const std::string log = ::testing::TempDir() + "/bench_stdout.txt";
+  // One file per test process: ctest runs these tests in parallel, and TempDir() is shared.
+  const std::string log = absl::StrCat(::testing::TempDir(), "/bench_stdout_", getpid(), ".txt");
   const char* binary = std::getenv("SMLA_BENCH_BINARY");
   std::string cmd = binary != nullptr ? binary : SMLA_BENCH_BINARY;
   for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
   absl::StrAppend(&cmd, " > '", log, "' 2>&1");
   const int rc = std::system(cmd.c_str());
   *out = ReadAll(log);
+  std::remove(log.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
