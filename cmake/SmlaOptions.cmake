@@ -1,7 +1,5 @@
-# Warnings and sanitizers for host code, applied per target through smla_host_target().
-add_library(smla_warnings INTERFACE)
-target_compile_options(smla_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
+# Warnings and sanitizers for host code; the warnings are applied per target through
+# smla_host_target().
 
 if(SMLA_SANITIZE)
   string(REPLACE ";" "," _smla_san "${SMLA_SANITIZE}")
@@ -11,8 +9,11 @@ if(SMLA_SANITIZE)
   add_link_options(-fsanitize=${_smla_san})
 endif()
 
+# Compile options rather than a linked interface target: a static library's private links are
+# part of its export (cmake/SmlaInstall.cmake), and these flags are this build's only.
 function(smla_host_target target)
-  target_link_libraries(${target} PRIVATE smla_warnings)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
 endfunction()
 
 # HIP defaults, set before the top level enables the HIP language: gfx950 (MI355X) unless the

@@ -2,10 +2,12 @@
 # The build the container images run (Dockerfile, deploy/cuda/Dockerfile), kept here so the
 # Dockerfiles stay thin and CI runs the same steps where no container engine exists:
 #   1. install the build dependencies (scripts/install_deps.sh),
-#   2. configure and build smla-server and smla for the chosen GPU backend and architecture,
-#   3. install them into PREFIX: bin/, share/smla/server.textproto (the example config),
-#      lib/ (shared libraries from outside the distribution, e.g. ROCm's, copied), and
-#      share/smla/runtime-packages.txt (the distribution packages that provide every other
+#   2. configure (CMake preset "service") and build smla-server, smla and smla-bench for the
+#      chosen GPU backend and architecture,
+#   3. install them into PREFIX with the install rules (cmake/SmlaInstall.cmake): component
+#      runtime (bin/, share/smla/server.textproto, the example config), then runtime_deps
+#      (lib/: shared libraries from outside the distribution, e.g. ROCm's, copied, and
+#      share/smla/runtime-packages.txt: the distribution packages that provide every other
 #      shared library the binaries load; the runtime stage installs exactly these),
 #   4. check the installed binaries start: --helpfull, and with --smoke a CPU-backend server
 #      on loopback answering `smla health` (the image's HEALTHCHECK command).
@@ -16,7 +18,6 @@
 #   --install-only  steps 3-4 from an existing build directory (what the ctest check runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src="$(pwd)"
 
 backend=none
 arch=""
@@ -46,8 +47,7 @@ log() { echo "container_build: $*"; }
 
 if [ "$install_only" -eq 0 ]; then
   [ "$skip_deps" -eq 1 ] || ./scripts/install_deps.sh
-  cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=OFF -DSMLA_BUILD_BENCH=OFF
-              -DSMLA_BUILD_SERVICE=ON "-DSMLA_GPU_BACKEND=$backend")
+  cmake_args=(-DSMLA_BUILD_SERVICE=ON "-DSMLA_GPU_BACKEND=$backend")
   if [ "$backend" = hip ]; then
     [ -n "$arch" ] && cmake_args+=("-DCMAKE_HIP_ARCHITECTURES=$arch")
     rocm="${ROCM_PATH:-/opt/rocm}"
@@ -55,52 +55,18 @@ if [ "$install_only" -eq 0 ]; then
   elif [ "$backend" = cuda ] && [ -n "$arch" ]; then
     cmake_args+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
   fi
-  log "configure ${cmake_args[*]}"
-  cmake -S "$src" -B "$build" "${cmake_args[@]}"
-  cmake --build "$build" -j "$jobs" --target smla-server smla
+  log "configure --preset service ${cmake_args[*]}"
+  cmake --preset service -B "$build" "${cmake_args[@]}"
+  cmake --build "$build" -j "$jobs" --target smla-server smla smla-bench
 fi
 
-server_bin="$build/server/smla-server"
-client_bin="$build/client/smla"
-for b in "$server_bin" "$client_bin"; do
-  [ -x "$b" ] || { echo "container_build: $b not built" >&2; exit 1; }
-done
-
 log "install into $prefix"
-install -d "$prefix/bin" "$prefix/lib" "$prefix/share/smla"
-install -m 0755 "$server_bin" "$client_bin" "$prefix/bin/"
-install -m 0644 deploy/server.textproto "$prefix/share/smla/server.textproto"
-
-# Runtime libraries: those of a distribution package become a package name; vendor
-# toolkits' (under /opt or /usr/local: ROCm, CUDA) are copied into lib/, since their packages
-# come from the vendor's repository, which the runtime image does not have.
-packages_file="$prefix/share/smla/runtime-packages.txt"
-declare -A packages=()
-while read -r lib; do
-  pkg=""
-  case "$(readlink -f "$lib")" in
-    /opt/* | /usr/local/*) ;;
-    *)
-      for candidate in "$lib" "$(readlink -f "$lib")" "/usr$lib" "${lib#/usr}"; do
-        pkg="$(dpkg-query -S "$candidate" 2>/dev/null | head -n1 | cut -d: -f1 || true)"
-        [ -n "$pkg" ] && break
-      done
-      ;;
-  esac
-  if [ -n "$pkg" ]; then
-    packages["$pkg"]=1
-  else
-    cp -L "$lib" "$prefix/lib/"
-    log "bundled $lib"
-  fi
-done < <(ldd "$prefix/bin/smla-server" "$prefix/bin/smla" |
-  sed -n 's/.*=> \(\/[^ ]*\) (0x.*/\1/p' | sort -u)
-printf '%s\n' "${!packages[@]}" | sort >"$packages_file"
-log "$(wc -l <"$packages_file") runtime packages: $(tr '\n' ' ' <"$packages_file")"
+cmake --install "$build" --prefix "$prefix" --component runtime
+cmake --install "$build" --prefix "$prefix" --component runtime_deps
 
 export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Both binaries load (every shared library found) and know their flags; --helpfull exits 1.
-for check in "smla-server:--listen" "smla:--server"; do
+# The binaries load (every shared library found) and know their flags; --helpfull exits 1.
+for check in "smla-server:--listen" "smla:--server" "smla-bench:--server"; do
   help="$("$prefix/bin/${check%%:*}" --helpfull 2>&1 || true)"
   grep -q -- "${check#*:}" <<<"$help" || {
     echo "$help" | head -n 20 >&2

@@ -8,8 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 jobs="${SMLA_JOBS:-$(nproc)}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=OFF \
-  -DSMLA_BUILD_BENCH=OFF
+cmake --preset service -B "$build"
 cmake --build "$build" -j "$jobs" --target smla-server smla
 # The Python package exists when CMake found pybind11 (it then lays out $build/python/smla).
 python=""

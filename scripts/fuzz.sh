@@ -19,9 +19,7 @@ if ! command -v clang++ >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
     clang
 fi
-CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DSMLA_BUILD_TESTS=ON -DSMLA_BUILD_BENCH=OFF -DSMLA_GPU_BACKEND=none -DSMLA_FUZZ=ON \
-  "-DSMLA_SANITIZE=fuzzer-no-link;address;undefined"
+cmake --preset fuzz -B "$build"
 cmake --build "$build" -j "$jobs" --target smla_step_fuzzer smla_region_fuzzer \
   smla_fuzz_make_seeds
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"

@@ -6,8 +6,7 @@ cd "$(dirname "$0")/.."
 build="${1:-build-test}"
 jobs="${SMLA_JOBS:-$(nproc)}"
 # shellcheck disable=SC2086
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMLA_BUILD_TESTS=ON \
-  -DSMLA_BUILD_BENCH=ON ${SMLA_CMAKE_ARGS:-}
+cmake --preset release -B "$build" ${SMLA_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 cd "$build"
 log="$(mktemp)"

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "smla/base/status_macros.h"
 
 namespace smla::client {
 namespace {
@@ -61,17 +62,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
   if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadPem(options.tls_ca, "tls_ca");
-      if (!ca.ok()) return ca.status();
-      ssl.pem_root_certs = *ca;
+      SMLA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_ca, "tls_ca"));
     }
     if (!options.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "tls_cert");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(options.tls_key, "tls_key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
+      SMLA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(options.tls_cert, "tls_cert"));
+      SMLA_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(options.tls_key, "tls_key"));
     }
     creds = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) {

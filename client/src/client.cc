@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "channel_auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "smla/base/status_macros.h"
 #include "smla/client/tensor.h"
 #include "smla/v1/allocator.h"
 #include "step_codec.h"
@@ -62,9 +63,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [name, value] : options.grpc_args) args.SetInt(name, value);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(options, args);
-  if (!channel.ok()) return channel.status();
-  c->channel_ = *std::move(channel);
+  SMLA_ASSIGN_OR_RETURN(c->channel_, MakeChannel(options, args));
   c->stub_ = v1::Smla::NewStub(c->channel_);
   c->step_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/smla.v1.Smla/StepStream", grpc::internal::RpcMethod::BIDI_STREAMING, c->channel_);
@@ -84,8 +83,7 @@ absl::StatusOr<v1::ServerInfo> Client::Info() {
   grpc::ClientContext ctx;
   Prepare(&ctx, absl::ZeroDuration());
   v1::ServerInfo info;
-  absl::Status st = FromGrpcStatus(stub_->GetServerInfo(&ctx, v1::ServerInfoRequest(), &info));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetServerInfo(&ctx, v1::ServerInfoRequest(), &info)));
   return info;
 }
 
@@ -96,8 +94,7 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
-  absl::Status st = FromGrpcStatus(health->Check(&ctx, req, &resp));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(health->Check(&ctx, req, &resp)));
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }
 
@@ -108,8 +105,7 @@ absl::StatusOr<Sequence> Client::CreateSequence(const std::string& model, const 
   req.set_model(model);
   req.set_sequence_id(id);
   v1::CreateSequenceResponse resp;
-  absl::Status st = FromGrpcStatus(stub_->CreateSequence(&ctx, req, &resp));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateSequence(&ctx, req, &resp)));
   return Sequence{model, id};
 }
 
@@ -142,8 +138,7 @@ absl::StatusOr<int64_t> Client::Length(const Sequence& sequence, int32_t layer) 
   req.set_sequence_id(sequence.id);
   req.set_layer(layer);
   v1::GetSequenceResponse resp;
-  absl::Status st = FromGrpcStatus(stub_->GetSequence(&ctx, req, &resp));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetSequence(&ctx, req, &resp)));
   return resp.length();
 }
 
@@ -174,8 +169,7 @@ absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request,
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout);
   v1::StepResponse resp;
-  absl::Status st = FromGrpcStatus(stub_->Step(&ctx, request, &resp));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(stub_->Step(&ctx, request, &resp)));
   return resp;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "smla/base/status_macros.h"
 
 namespace smla::client {
 namespace {
@@ -74,16 +75,15 @@ void HashRing::Remove(const std::string& server) {
 }
 
 absl::StatusOr<std::vector<std::string>> ResolveServers(const std::string& host_port) {
-  auto split = SplitHostPort(host_port);
-  if (!split.ok()) return split.status();
+  SMLA_ASSIGN_OR_RETURN(auto split, SplitHostPort(host_port));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* result = nullptr;
-  const int rc = getaddrinfo(split->first.c_str(), split->second.c_str(), &hints, &result);
+  const int rc = getaddrinfo(split.first.c_str(), split.second.c_str(), &hints, &result);
   if (rc != 0) {
     return absl::UnavailableError(
-        absl::StrCat("resolving '", split->first, "': ", gai_strerror(rc)));
+        absl::StrCat("resolving '", split.first, "': ", gai_strerror(rc)));
   }
   std::set<std::string> out;
   for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
@@ -92,12 +92,12 @@ absl::StatusOr<std::vector<std::string>> ResolveServers(const std::string& host_
         0) {
       continue;
     }
-    out.insert(a->ai_family == AF_INET6 ? absl::StrCat("[", host, "]:", split->second)
-                                        : absl::StrCat(host, ":", split->second));
+    out.insert(a->ai_family == AF_INET6 ? absl::StrCat("[", host, "]:", split.second)
+                                        : absl::StrCat(host, ":", split.second));
   }
   freeaddrinfo(result);
   if (out.empty()) {
-    return absl::UnavailableError(absl::StrCat("'", split->first, "' has no addresses"));
+    return absl::UnavailableError(absl::StrCat("'", split.first, "' has no addresses"));
   }
   return std::vector<std::string>(out.begin(), out.end());
 }
@@ -110,9 +110,8 @@ bool IsSequenceLost(const absl::Status& status) {
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(const ClusterOptions& options) {
   std::vector<std::string> servers = options.servers;
   if (!options.dns_name.empty()) {
-    auto resolved = ResolveServers(options.dns_name);
-    if (!resolved.ok()) return resolved.status();
-    servers.insert(servers.end(), resolved->begin(), resolved->end());
+    SMLA_ASSIGN_OR_RETURN(auto resolved, ResolveServers(options.dns_name));
+    servers.insert(servers.end(), resolved.begin(), resolved.end());
   }
   if (servers.empty()) return absl::InvalidArgumentError("cluster: no servers and no dns_name");
   if (options.virtual_nodes < 1) return absl::InvalidArgumentError("cluster: virtual_nodes < 1");
@@ -120,11 +119,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(const ClusterOptions& 
   {
     absl::MutexLock lock(&c->mu_);
     for (const std::string& s : servers) {
-      if (auto split = SplitHostPort(s); !split.ok()) return split.status();
+      SMLA_RETURN_IF_ERROR(SplitHostPort(s).status());
       c->AddServerLocked(s);
     }
   }
-  if (absl::Status st = c->Refresh(); !st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(c->Refresh());
   return c;
 }
 
@@ -209,10 +208,10 @@ absl::Status Cluster::ReplayTables(Client& client) {
     sinks = sinks_;
   }
   for (const auto& [model, t] : rope) {
-    if (absl::Status st = client.SetRopeTable(model, t.values, t.dim0); !st.ok()) return st;
+    SMLA_RETURN_IF_ERROR(client.SetRopeTable(model, t.values, t.dim0));
   }
   for (const auto& [model, t] : sinks) {
-    if (absl::Status st = client.SetSinks(model, t.values, t.dim0, t.dim1); !st.ok()) return st;
+    SMLA_RETURN_IF_ERROR(client.SetSinks(model, t.values, t.dim0, t.dim1));
   }
   return absl::OkStatus();
 }
@@ -293,15 +292,13 @@ absl::StatusOr<std::pair<std::string, Client*>> Cluster::Route(const std::string
 }
 
 absl::StatusOr<std::string> Cluster::ServerOf(const Sequence& sequence) const {
-  auto r = Route(sequence.model, sequence.id);
-  if (!r.ok()) return r.status();
-  return r->first;
+  SMLA_ASSIGN_OR_RETURN(auto r, Route(sequence.model, sequence.id));
+  return r.first;
 }
 
 absl::StatusOr<Client*> Cluster::ClientFor(const Sequence& sequence) {
-  auto r = Route(sequence.model, sequence.id);
-  if (!r.ok()) return r.status();
-  return r->second;
+  SMLA_ASSIGN_OR_RETURN(auto r, Route(sequence.model, sequence.id));
+  return r.second;
 }
 
 absl::Status Cluster::AfterFailure(const absl::Status& status, const std::string& server,
@@ -321,16 +318,15 @@ absl::StatusOr<v1::StepResponse> Cluster::Step(const v1::StepRequest& request,
   Client* client = nullptr;
   std::string first;
   for (const v1::Span& span : request.spans()) {
-    auto r = Route(request.model(), span.sequence_id());
-    if (!r.ok()) return r.status();
+    SMLA_ASSIGN_OR_RETURN(auto r, Route(request.model(), span.sequence_id()));
     if (server.empty()) {
-      server = r->first;
-      client = r->second;
+      server = r.first;
+      client = r.second;
       first = span.sequence_id();
-    } else if (r->first != server) {
+    } else if (r.first != server) {
       return absl::InvalidArgumentError(
           absl::StrCat("cluster: one step spans two servers: '", first, "' is on ", server, ", '",
-                       span.sequence_id(), "' on ", r->first, " (send one step per server)"));
+                       span.sequence_id(), "' on ", r.first, " (send one step per server)"));
     }
   }
   auto resp = client->Step(request, timeout);
@@ -339,18 +335,16 @@ absl::StatusOr<v1::StepResponse> Cluster::Step(const v1::StepRequest& request,
 }
 
 absl::Status Cluster::Truncate(const Sequence& sequence, int64_t length) {
-  auto r = Route(sequence.model, sequence.id);
-  if (!r.ok()) return r.status();
-  absl::Status st = r->second->Truncate(sequence, length);
-  return st.ok() ? st : AfterFailure(st, r->first, Key(sequence.model, sequence.id));
+  SMLA_ASSIGN_OR_RETURN(auto r, Route(sequence.model, sequence.id));
+  absl::Status st = r.second->Truncate(sequence, length);
+  return st.ok() ? st : AfterFailure(st, r.first, Key(sequence.model, sequence.id));
 }
 
 absl::StatusOr<int64_t> Cluster::Length(const Sequence& sequence, int32_t layer) {
-  auto r = Route(sequence.model, sequence.id);
-  if (!r.ok()) return r.status();
-  auto len = r->second->Length(sequence, layer);
+  SMLA_ASSIGN_OR_RETURN(auto r, Route(sequence.model, sequence.id));
+  auto len = r.second->Length(sequence, layer);
   if (len.ok()) return len;
-  return AfterFailure(len.status(), r->first, Key(sequence.model, sequence.id));
+  return AfterFailure(len.status(), r.first, Key(sequence.model, sequence.id));
 }
 
 absl::Status Cluster::Release(const Sequence& sequence) {

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "smla/client/reference.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/reference.h"
+#include "smla/client/testing/workload.h"
 
 namespace smla::client {
 namespace {

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "smla/base/status_macros.h"
 #include "smla/kernels/formats.h"
 #include "smla/v1/shm_handover.h"
 
@@ -126,30 +127,26 @@ absl::StatusOr<std::string> HandOver(const std::string& socket, int fd) {
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
                                                              const std::string& label,
                                                              uint64_t size) {
-  absl::StatusOr<v1::ServerInfo> info = client->Info();
-  if (!info.ok()) return info.status();
-  if (info->shm_socket().empty()) {
+  SMLA_ASSIGN_OR_RETURN(v1::ServerInfo info, client->Info());
+  if (info.shm_socket().empty()) {
     return absl::FailedPreconditionError(
         "shared-memory regions are not enabled on this server (start it with --allow_shm)");
   }
   std::unique_ptr<ShmRegion> r(new ShmRegion());
   r->client_ = client;
-  absl::StatusOr<int> fd = SealedMemfd(label, size);
-  if (!fd.ok()) return fd.status();
-  r->fd_ = *fd;
+  SMLA_ASSIGN_OR_RETURN(r->fd_, SealedMemfd(label, size));
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
   if (p == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("mmap smla-", label, ": ", std::strerror(errno)));
   }
   r->data_ = static_cast<uint8_t*>(p);
   r->size_ = size;
-  absl::StatusOr<std::string> token = HandOver(info->shm_socket(), r->fd_);
-  if (!token.ok()) return token.status();
+  SMLA_ASSIGN_OR_RETURN(std::string token, HandOver(info.shm_socket(), r->fd_));
   // The registration is a server-streaming call held open; its first message is the ack.
   r->lease_context_ = std::make_unique<grpc::ClientContext>();
   v1::RegisterRegionRequest req;
   req.set_size(size);
-  req.set_handover(*token);
+  req.set_handover(token);
   r->lease_ = client->stub()->RegisterRegion(r->lease_context_.get(), req);
   v1::RegisterRegionResponse ack;
   if (!r->lease_->Read(&ack)) {
@@ -167,12 +164,11 @@ absl::Status ShmRegion::Unregister() {
   v1::UnregisterRegionRequest req;
   req.set_name(name_);
   v1::UnregisterRegionResponse resp;
-  absl::Status st = FromGrpcStatus(client_->stub()->UnregisterRegion(&ctx, req, &resp));
-  if (!st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(FromGrpcStatus(client_->stub()->UnregisterRegion(&ctx, req, &resp)));
   v1::RegisterRegionResponse more;
   while (lease_->Read(&more)) {
   }
-  st = FromGrpcStatus(lease_->Finish());
+  absl::Status st = FromGrpcStatus(lease_->Finish());
   lease_.reset();
   return st;
 }
@@ -262,7 +258,7 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
         bytes += (s.*field)()->inline_data().size();
       }
       if (!any) return absl::OkStatus();
-      if (absl::Status st = take(bytes, ref); !st.ok()) return st;
+      SMLA_RETURN_IF_ERROR(take(bytes, ref));
       uint64_t at_bytes = ref->offset();
       for (v1::Span& s : *request->mutable_spans()) {
         if (!(s.*has)()) continue;
@@ -301,7 +297,7 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
     }
     if (topk_width >= 0) {
       const uint64_t bytes = static_cast<uint64_t>(topk_rows * topk_width) * 4;
-      if (absl::Status st = take(bytes, packed->mutable_topk()); !st.ok()) return st;
+      SMLA_RETURN_IF_ERROR(take(bytes, packed->mutable_topk()));
       int32_t* out = reinterpret_cast<int32_t*>(data + packed->topk().offset());
       for (const v1::Span& s : request->spans()) {
         const int64_t rows = s.topk().shape(0), k = s.topk().shape(1);
@@ -324,16 +320,16 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
   for (v1::Tensor* t : layout == Layout::kPacked ? std::vector<v1::Tensor*>{} : Inputs(request)) {
     std::string bytes = std::move(*t->mutable_inline_data());
     v1::RegionRef ref;
-    if (absl::Status st = take(bytes.size(), &ref); !st.ok()) return st;
+    SMLA_RETURN_IF_ERROR(take(bytes.size(), &ref));
     if (!bytes.empty()) std::memcpy(data + ref.offset(), bytes.data(), bytes.size());
     *t->mutable_region() = ref;
   }
-  if (absl::Status st = take(o.out, request->mutable_out_region()); !st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(take(o.out, request->mutable_out_region()));
   if (o.scales > 0) {
-    if (absl::Status st = take(o.scales, request->mutable_mx_scales_region()); !st.ok()) return st;
+    SMLA_RETURN_IF_ERROR(take(o.scales, request->mutable_mx_scales_region()));
   }
   if (o.lse > 0) {
-    if (absl::Status st = take(o.lse, request->mutable_lse_region()); !st.ok()) return st;
+    SMLA_RETURN_IF_ERROR(take(o.lse, request->mutable_lse_region()));
   }
   return at;
 }
@@ -354,9 +350,8 @@ absl::Status ShmRegion::Inline(v1::StepResponse* response) const {
   for (v1::Tensor* t :
        {response->mutable_out(), response->mutable_mx_scales(), response->mutable_lse()}) {
     if (t->data_case() != v1::Tensor::kRegion) continue;
-    auto b = Bytes(*t);
-    if (!b.ok()) return b.status();
-    t->set_inline_data(b->data(), b->size());
+    SMLA_ASSIGN_OR_RETURN(auto b, Bytes(*t));
+    t->set_inline_data(b.data(), b.size());
   }
   // mutable_* above created empty tensors for unset fields; drop them again.
   if (response->mx_scales().dtype() == v1::DTYPE_UNSPECIFIED) response->clear_mx_scales();

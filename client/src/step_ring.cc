@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "smla/base/status_macros.h"
 #include "smla/v1/step_ring.h"
 
 namespace smla::client {
@@ -130,9 +131,8 @@ absl::Status StepRing::Wait(uint64_t ticket, v1::StepResponse* response, absl::D
 
 absl::Status StepRing::Call(const v1::StepRequest& request, v1::StepResponse* response,
                             absl::Duration timeout) {
-  absl::StatusOr<uint64_t> ticket = Submit(request);
-  if (!ticket.ok()) return ticket.status();
-  return Wait(*ticket, response, timeout);
+  SMLA_ASSIGN_OR_RETURN(uint64_t ticket, Submit(request));
+  return Wait(ticket, response, timeout);
 }
 
 }  // namespace smla::client

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "smla/base/status_macros.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 
@@ -62,18 +63,16 @@ absl::StatusOr<std::vector<float>> UnpackF32(const v1::Tensor& t) {
 absl::StatusOr<std::vector<uint8_t>> UnpackBytes(const v1::Tensor& t, v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_BF16: {
-      auto v = Unpack<uint16_t>(t, dtype);
-      if (!v.ok()) return v.status();
-      std::vector<uint8_t> b(v->size() * 2);
-      if (!b.empty()) std::memcpy(b.data(), v->data(), b.size());
+      SMLA_ASSIGN_OR_RETURN(auto v, Unpack<uint16_t>(t, dtype));
+      std::vector<uint8_t> b(v.size() * 2);
+      if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
       return b;
     }
     case v1::DTYPE_F32:
     case v1::DTYPE_INT32: {
-      auto v = Unpack<uint32_t>(t, dtype);
-      if (!v.ok()) return v.status();
-      std::vector<uint8_t> b(v->size() * 4);
-      if (!b.empty()) std::memcpy(b.data(), v->data(), b.size());
+      SMLA_ASSIGN_OR_RETURN(auto v, Unpack<uint32_t>(t, dtype));
+      std::vector<uint8_t> b(v.size() * 4);
+      if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
       return b;
     }
     default:
@@ -98,9 +97,8 @@ absl::Status EncodeSpanQuery(v1::Span* span) {
   if (q.shape_size() != 3 || q.shape(2) % kernels::kMxQueryGroup != 0) {
     return absl::InvalidArgumentError("q: not [rows, heads, width] with width a multiple of 32");
   }
-  auto bits = UnpackBf16(q);
-  if (!bits.ok()) return bits.status();
-  Mxfp8Query mx = EncodeMxfp8Query(*bits, q.shape(0), q.shape(1), q.shape(2));
+  SMLA_ASSIGN_OR_RETURN(auto bits, UnpackBf16(q));
+  Mxfp8Query mx = EncodeMxfp8Query(bits, q.shape(0), q.shape(1), q.shape(2));
   *span->mutable_q() = std::move(mx.codes);
   *span->mutable_q_scales() = std::move(mx.scales);
   return absl::OkStatus();
@@ -108,16 +106,14 @@ absl::Status EncodeSpanQuery(v1::Span* span) {
 
 absl::StatusOr<std::vector<uint16_t>> SpanQueryBf16(const v1::Span& span) {
   if (span.q().dtype() != v1::DTYPE_E4M3) return UnpackBf16(span.q());
-  auto codes = Unpack<uint8_t>(span.q(), v1::DTYPE_E4M3);
-  if (!codes.ok()) return codes.status();
-  auto scales = Unpack<uint8_t>(span.q_scales(), v1::DTYPE_E8M0);
-  if (!scales.ok()) return scales.status();
-  if (scales->size() * kernels::kMxQueryGroup != codes->size()) {
+  SMLA_ASSIGN_OR_RETURN(auto codes, Unpack<uint8_t>(span.q(), v1::DTYPE_E4M3));
+  SMLA_ASSIGN_OR_RETURN(auto scales, Unpack<uint8_t>(span.q_scales(), v1::DTYPE_E8M0));
+  if (scales.size() * kernels::kMxQueryGroup != codes.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("q_scales: ", scales->size(), " bytes for ", codes->size(), " e4m3 lanes"));
+        absl::StrCat("q_scales: ", scales.size(), " bytes for ", codes.size(), " e4m3 lanes"));
   }
-  std::vector<uint16_t> out(codes->size());
-  kernels::DecodeMxfp8Query(codes->data(), scales->data(), static_cast<int64_t>(codes->size()),
+  std::vector<uint16_t> out(codes.size());
+  kernels::DecodeMxfp8Query(codes.data(), scales.data(), static_cast<int64_t>(codes.size()),
                             out.data());
   return out;
 }

@@ -8,7 +8,7 @@
 
 #include "fuzz_world.h"
 #include "packed_seed.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/workload.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

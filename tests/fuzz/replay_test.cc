@@ -11,7 +11,7 @@
 #include "fuzz_world.h"
 #include "packed_seed.h"
 #include "gtest/gtest.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/workload.h"
 
 namespace smla::fuzz {
 namespace {

@@ -70,6 +70,7 @@ int RunBench(const std::vector<std::string>& args, std::string* out) {
   absl::StrAppend(&cmd, " > '", log, "' 2>&1");
   const int rc = std::system(cmd.c_str());
   *out = ReadAll(log);
+  std::remove(log.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 

@@ -11,8 +11,8 @@
 #include "gtest/gtest.h"
 #include "server_process.h"
 #include "smla/client/client.h"
-#include "smla/client/reference.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/reference.h"
+#include "smla/client/testing/workload.h"
 
 namespace smla::testing {
 

@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "smla/client/shm.h"
 #include "smla/client/tensor.h"
-#include "smla/client/workload.h"
+#include "smla/client/testing/workload.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step_validation.h"
 

@@ -7,7 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "smla/client/workload.h"
+#include "smla/base/status_macros.h"
+#include "smla/client/testing/workload.h"
 
 namespace smla::bench {
 namespace {
@@ -139,8 +140,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   std::mt19937_64 rng(seed + 7919 * static_cast<uint64_t>(index_));
   for (int j = 0; j < spec_.SequencesPerWorker(); ++j) {
     std::string id = absl::StrCat("bench-", getpid(), "-w", index_, "-s", j);
-    auto seq = conn_->client->CreateSequence(model_.profile(), id);
-    if (!seq.ok()) return seq.status();
+    SMLA_ASSIGN_OR_RETURN(auto seq, conn_->client->CreateSequence(model_.profile(), id));
     sequences_.push_back(id);
   }
   // The timed requests, inline first.
@@ -206,26 +206,21 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     }  // else: the server takes no regions, so the pre-fill goes inline too
     uint64_t at = 0;
     for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
-      auto end = region_->Place(requests_[i].get(), at,
-                               transport_ == Transport::kShmSpans
-                                   ? client::ShmRegion::Layout::kPerSpan
-                                   : client::ShmRegion::Layout::kPacked);
-      if (!end.ok()) return end.status();
-      at = *end;
+      SMLA_ASSIGN_OR_RETURN(at, region_->Place(requests_[i].get(), at,
+                                               transport_ == Transport::kShmSpans
+                                                   ? client::ShmRegion::Layout::kPerSpan
+                                                   : client::ShmRegion::Layout::kPacked));
     }
   }
-  if (absl::Status st = Prefill(chunk, rng); !st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(Prefill(chunk, rng));
   if (streaming_) {
-    auto s = conn_->client->OpenStream();
-    if (!s.ok()) return s.status();
-    stream_ = *std::move(s);
+    SMLA_ASSIGN_OR_RETURN(stream_, conn_->client->OpenStream());
   }
   if (transport_ == Transport::kRing) {
     if (!streaming_) return absl::InvalidArgumentError("--transport ring needs --mode stream");
-    auto r = client::StepRing::Attach(stream_.get(), region_.get(), ring_offset_, kRingSlots,
-                                      ring_slot_bytes_);
-    if (!r.ok()) return r.status();
-    ring_ = *std::move(r);
+    SMLA_ASSIGN_OR_RETURN(
+        ring_, client::StepRing::Attach(stream_.get(), region_.get(), ring_offset_, kRingSlots,
+                                        ring_slot_bytes_));
     ring_->set_spin(ring_spin_);
   }
   return absl::OkStatus();
@@ -249,8 +244,7 @@ absl::Status Worker::Prefill(int chunk, std::mt19937_64& rng) {
         tmpl = client::MakeStep(model_, layers_[slot], spans, client::StepOptions{}, rng);
         tmpl_rows = aligned ? rows : -1;
         if (region_) {
-          auto end = region_->Place(&tmpl, prefill_offset_);
-          if (!end.ok()) return end.status();
+          SMLA_RETURN_IF_ERROR(region_->Place(&tmpl, prefill_offset_).status());
         }
       }
       for (const std::string& seq : sequences_) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "smla/base/status_macros.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/plan.h"
 
@@ -23,7 +24,7 @@ absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int
                              bool ids_in_range) {
   const std::string name(name_view);
   const std::string what = absl::StrCat(name, " segment cache");
-  if (absl::Status s = ValidateCacheView(seg.cache, what); !s.ok()) return s;
+  SMLA_RETURN_IF_ERROR(ValidateCacheView(seg.cache, what));
   const size_t expected = static_cast<size_t>(num_rows) + 1;
   if (seg.indptr.size() != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -127,7 +128,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
         "main segment cache has geometry ", std::string(GeometryName(p.main.cache.geometry)),
         " but the call is ", std::string(GeometryName(p.geometry))));
   }
-  if (absl::Status s = ValidateSegment(p.main, "main", p.num_rows, p.ids_in_range); !s.ok()) return s;
+  SMLA_RETURN_IF_ERROR(ValidateSegment(p.main, "main", p.num_rows, p.ids_in_range));
   if (p.has_extra) {
     if (p.extra.cache.geometry != p.geometry) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -135,7 +136,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
           " but the main segment has ", std::string(GeometryName(p.geometry)),
           " (both segments share the geometry)"));
     }
-    if (absl::Status s = ValidateSegment(p.extra, "extra", p.num_rows, p.ids_in_range); !s.ok()) return s;
+    SMLA_RETURN_IF_ERROR(ValidateSegment(p.extra, "extra", p.num_rows, p.ids_in_range));
   }
   if (p.num_rows > 0 && p.q == nullptr) return absl::InvalidArgumentError("q is null");
   if (!p.sink.empty()) {
@@ -199,7 +200,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
 }
 
 absl::Status ValidateWriteRows(const WriteRowsParams& p) {
-  if (absl::Status s = ValidateCacheView(p.cache.view(), "cache"); !s.ok()) return s;
+  SMLA_RETURN_IF_ERROR(ValidateCacheView(p.cache.view(), "cache"));
   if (!p.slots.empty() && p.rows == nullptr) {
     return absl::InvalidArgumentError("rows is null");
   }

@@ -3,7 +3,8 @@
 // format, its own slot layout), and computes each step's expected output with the operator.
 // It shares no code with the server's KV store, paging or step builder.
 //
-// Not thread-safe; one Reference per model.
+// Part of smla::client_testing (it links the kernels). Not thread-safe; one Reference per
+// model.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "smla/client/reference.h"
+#include "smla/client/testing/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "smla/base/status_macros.h"
 #include "smla/client/tensor.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/mxfp8.h"
@@ -49,12 +50,8 @@ absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(const v1::ModelInfo
   r->qk_ = kernels::QkWidth(*g);
   r->pitch_ = kernels::ServingPitch(*f, *g, r->page_rows_);
   r->capacity_rows_ = (capacity_rows + r->page_rows_ - 1) / r->page_rows_ * r->page_rows_;
-  auto backend = kernels::CreateCpuBackend();
-  if (!backend.ok()) return backend.status();
-  r->backend_ = std::move(*backend);
-  auto stream = r->backend_->CreateStream();
-  if (!stream.ok()) return stream.status();
-  r->stream_ = std::move(*stream);
+  SMLA_ASSIGN_OR_RETURN(r->backend_, kernels::CreateCpuBackend());
+  SMLA_ASSIGN_OR_RETURN(r->stream_, r->backend_->CreateStream());
   return r;
 }
 
@@ -67,17 +64,15 @@ absl::StatusOr<Reference::LayerPool*> Reference::Pool(int32_t layer) {
   auto it = pools_.find(layer);
   if (it != pools_.end()) return &it->second;
   const int64_t pages = capacity_rows_ / page_rows_;
-  auto mem = backend_->Allocate(pages * pitch_);
-  if (!mem.ok()) return mem.status();
+  SMLA_ASSIGN_OR_RETURN(auto mem, backend_->Allocate(pages * pitch_));
   LayerPool& p = pools_[layer];
-  p.memory = std::move(*mem);
+  p.memory = std::move(mem);
   return &p;
 }
 
 absl::StatusOr<int32_t> Reference::WriteRow(int32_t layer, const uint8_t* bf16_row) {
-  auto pool = Pool(layer);
-  if (!pool.ok()) return pool.status();
-  LayerPool& p = **pool;
+  SMLA_ASSIGN_OR_RETURN(auto pool, Pool(layer));
+  LayerPool& p = *pool;
   if (p.next_slot >= capacity_rows_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("reference: layer ", layer, " pool of ", capacity_rows_, " rows is full"));
@@ -93,7 +88,7 @@ absl::StatusOr<int32_t> Reference::WriteRow(int32_t layer, const uint8_t* bf16_r
              model_.kv_scale() > 0 ? model_.kv_scale() : 1.0f};
   w.slots = std::span<const int64_t>(&slot, 1);
   w.rows = bf16_row;
-  if (absl::Status st = backend_->WriteRows(w, *stream_); !st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(backend_->WriteRows(w, *stream_));
   return static_cast<int32_t>(slot);
 }
 
@@ -128,9 +123,9 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
     sl.slot_of_position.resize(f);
     const auto& kv = s.kv_rows().inline_data();
     for (int32_t t = 0; t < s.num_rows(); ++t) {
-      auto slot = WriteRow(layer, reinterpret_cast<const uint8_t*>(kv.data()) + t * row_bytes);
-      if (!slot.ok()) return slot.status();
-      sl.slot_of_position.push_back(*slot);
+      SMLA_ASSIGN_OR_RETURN(
+          auto slot, WriteRow(layer, reinterpret_cast<const uint8_t*>(kv.data()) + t * row_bytes));
+      sl.slot_of_position.push_back(slot);
     }
     if (li.compression_ratio() > 0) {
       const int64_t first_entry = f / li.compression_ratio();
@@ -138,9 +133,9 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
       const auto& c = s.compressed_rows().inline_data();
       const int64_t n = static_cast<int64_t>(c.size()) / row_bytes;
       for (int64_t e = 0; e < n; ++e) {
-        auto slot = WriteRow(layer, reinterpret_cast<const uint8_t*>(c.data()) + e * row_bytes);
-        if (!slot.ok()) return slot.status();
-        sl.slot_of_entry.push_back(*slot);
+        SMLA_ASSIGN_OR_RETURN(
+            auto slot, WriteRow(layer, reinterpret_cast<const uint8_t*>(c.data()) + e * row_bytes));
+        sl.slot_of_entry.push_back(slot);
       }
     }
   }
@@ -154,9 +149,8 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
         s.has_topk() && s.topk().shape_size() == 2 ? static_cast<int32_t>(s.topk().shape(1)) : 0;
     std::vector<int32_t> topk(int64_t{s.num_rows()} * k);
     if (k > 0) std::memcpy(topk.data(), s.topk().inline_data().data(), topk.size() * 4);
-    auto span_q = SpanQueryBf16(s);
-    if (!span_q.ok()) return span_q.status();
-    q.insert(q.end(), span_q->begin(), span_q->end());
+    SMLA_ASSIGN_OR_RETURN(auto span_q, SpanQueryBf16(s));
+    q.insert(q.end(), span_q.begin(), span_q.end());
     for (int32_t t = 0; t < s.num_rows(); ++t) {
       const int64_t p = s.first_position() + t;
       positions.push_back(static_cast<int32_t>(p));
@@ -186,9 +180,8 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
   const int32_t rows = static_cast<int32_t>(positions.size());
 
   // 3. The operator on the reference pool.
-  auto pool = Pool(layer);
-  if (!pool.ok()) return pool.status();
-  kernels::CacheView cache{(*pool)->memory.data(),
+  SMLA_ASSIGN_OR_RETURN(auto pool, Pool(layer));
+  kernels::CacheView cache{pool->memory.data(),
                            format_,
                            geometry_,
                            capacity_rows_ / page_rows_,
@@ -236,8 +229,8 @@ absl::StatusOr<Expected> Reference::Step(const v1::StepRequest& req) {
     e.lse.resize(int64_t{rows} * h);
     a.out.lse = e.lse.data();
   }
-  if (absl::Status st = backend_->Attend(a, *stream_); !st.ok()) return st;
-  if (absl::Status st = backend_->Synchronize(*stream_); !st.ok()) return st;
+  SMLA_RETURN_IF_ERROR(backend_->Attend(a, *stream_));
+  SMLA_RETURN_IF_ERROR(backend_->Synchronize(*stream_));
   return e;
 }
 

@@ -1,6 +1,6 @@
 // Random but valid step requests for a served model: KV rows, compressed entries, queries and
 // top-k choices (distinct visible entries, neighbouring rows overlapping as real indexers do).
-// Used by the demo and the tests.
+// Part of smla::client_testing; used by the demo, smla-bench and the tests.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "smla/client/workload.h"
+#include "smla/client/testing/workload.h"
 
 #include <algorithm>
 #include <cmath>
