@@ -17,6 +17,9 @@ endif()
 if(SMLA_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)
 endif()
+if(SMLA_BUILD_SERVICE OR SMLA_BUILD_BENCH)
+  find_package(nlohmann_json CONFIG REQUIRED)  # the JSON reports of smla-bench and smla-kbench
+endif()
 
 # The Python client (client/python): Debian's pybind11, numpy and pytest install for the system
 # interpreter, so it is preferred over whatever `python3` comes first on PATH (pyenv, a venv);

@@ -8,6 +8,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc grpc-proto   # gRPC's CMake config; health.proto
   libcpp-httplib-dev libssl-dev
+  nlohmann-json3-dev                                # smla-bench's JSON report
   openssl                                           # test certificates (security tests)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml                              # tests/deploy

@@ -21,12 +21,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 
 echo "kernel_profile: timing the cell (${*})"
-"$kbench" "$@" --iters 20 --no-gemm > "$out/cell.log" 2>&1
+"$kbench" "$@" --iters 20 --nogemm > "$out/cell.log" 2>&1
 grep -E "programs=|bar:" "$out/cell.log" || true
 
 echo "kernel_profile: ncu on one launch of /$kernel/ after 3 warm-up launches"
 ncu --clock-control none -k "regex:$kernel" -s 3 -c 1 --set full --import-source no \
-    -f -o "$out/profile" "$kbench" "$@" --iters 20 --no-gemm > "$out/ncu.log" 2>&1
+    -f -o "$out/profile" "$kbench" "$@" --iters 20 --nogemm > "$out/ncu.log" 2>&1
 ncu -i "$out/profile.ncu-rep" --page details > "$out/details.txt"
 ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass | gzip > "$out/source.csv.gz"
 

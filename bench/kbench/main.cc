@@ -11,21 +11,54 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gpu/attend_launch.h"
 #include "kbench/device_kernels.h"
 #include "kbench/workload.h"
+#include "nlohmann/json.hpp"
 #include "smla/kernels/gpu/runtime.h"
 #include "smla/kernels/gpu_backend.h"
+
+// Cell filters: comma-separated lists; a cell runs when it matches every filter given.
+ABSL_FLAG(std::vector<std::string>, model, {}, "model names, e.g. dsv4.1-flash,glm-5.3-flash");
+ABSL_FLAG(std::vector<std::string>, format, {}, "KV formats, e.g. fp8_dsv4,bf16");
+ABSL_FLAG(std::vector<std::string>, tp, {}, "TP degrees, e.g. 4,8");
+ABSL_FLAG(std::vector<std::string>, shape, {},
+          "shapes ('decode C=32') or kinds (decode, decode1, prefill)");
+ABSL_FLAG(std::vector<std::string>, context, {}, "contexts, e.g. 128K,256K");
+ABSL_FLAG(bool, grid, false, "every cell of the grid (filters still narrow it)");
+ABSL_FLAG(bool, bar, false,
+          "the bar cells (with --grid or a filter, those select instead); the default when "
+          "nothing selects cells");
+ABSL_FLAG(int, iters, 30, "timed runs per cell (at least 20)");
+ABSL_FLAG(std::string, json, "kbench.json", "where the results go (JSON)");
+ABSL_FLAG(std::string, md, "", "also write the results as a markdown table here");
+ABSL_FLAG(std::string, out, "auto",
+          "output format: auto (MXFP8 for rope_inside models, else bf16), bf16 or mxfp8");
+ABSL_FLAG(int, splits, 0, "force the split count (0: the plan's)");
+ABSL_FLAG(int, head_block, 0, "force the head block (0: the plan's)");
+ABSL_FLAG(bool, gemm, true, "measure the bf16 GEMM ceiling (--nogemm skips it)");
+ABSL_FLAG(bool, tile_kernel, false,
+          "run the tile kernel even on fp8_dsv4 / fp8_per_tensor pools (A/B)");
+ABSL_FLAG(bool, fold, true,
+          "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
+ABSL_FLAG(std::string, pairs, "auto",
+          "half pairs of rows: auto (the plan's), always (also 16-head multiples, A/B) or "
+          "never");
 
 namespace smla::kbench {
 namespace {
@@ -397,8 +430,6 @@ class Runner {
   double gemm_tflops_ = 0, mma_tflops_ = 0;
 };
 
-std::vector<std::string> List(const char* v) { return absl::StrSplit(v, ',', absl::SkipEmpty()); }
-
 bool IsBarCell(const Cell& c) {
   if (c.context != 131072) return false;
   if (c.model->name == "dsv4.1-flash" && c.format == KvFormat::kFp8Dsv4 &&
@@ -408,69 +439,138 @@ bool IsBarCell(const Cell& c) {
   return c.model->name == "glm-5.3-flash" && c.tp == 4 && c.shape == "decode C=32";
 }
 
-int Main(int argc, char** argv) {
+// Options from the flags; exits with a usage error for a bad value.
+Options ParseOptions(bool* grid, bool* any_filter) {
   Options o;
-  bool any_filter = false, grid = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") {
-      o.filter.models = List(val());
-      any_filter = true;
-    } else if (a == "--format") {
-      o.filter.formats = List(val());
-      any_filter = true;
-    } else if (a == "--tp") {
-      for (const std::string& t : List(val())) o.filter.tps.push_back(std::atoi(t.c_str()));
-      any_filter = true;
-    } else if (a == "--shape") {
-      o.filter.shapes = List(val());
-      any_filter = true;
-    } else if (a == "--context") {
-      o.filter.contexts = List(val());
-      any_filter = true;
-    } else if (a == "--grid") {
-      grid = true;
-    } else if (a == "--bar") {
-      o.bar = true;
-    } else if (a == "--iters") {
-      o.iters = std::max(20, std::atoi(val()));
-    } else if (a == "--json") {
-      o.json = val();
-    } else if (a == "--md") {
-      o.markdown = val();
-    } else if (a == "--out") {
-      o.out = val();
-    } else if (a == "--splits") {
-      o.force_splits = std::atoi(val());
-    } else if (a == "--head-block") {
-      o.force_head_block = std::atoi(val());
-    } else if (a == "--no-gemm") {
-      o.gemm = false;
-    } else if (a == "--tile-kernel") {
-      o.tile_kernel = true;
-    } else if (a == "--no-fold") {
-      o.no_fold = true;
-    } else if (a == "--pairs") {
-      o.pairs = kernels::RowPairs::kAlways;
-    } else if (a == "--no-pairs") {
-      o.pairs = kernels::RowPairs::kNever;
-    } else {
-      std::fprintf(
-          stderr,
-          "usage: smla-kbench [--grid | --bar | --model M,.. --format F,.. --tp N,.. "
-          "--shape 'decode C=32',.. --context 128K,..] [--iters N>=20] [--json PATH] [--md PATH] "
-          "[--out auto|bf16|mxfp8] [--splits N] [--head-block N] [--no-gemm] [--tile-kernel] "
-          "[--no-fold] [--pairs | --no-pairs]\n");
-      return 2;
+  o.filter.models = absl::GetFlag(FLAGS_model);
+  o.filter.formats = absl::GetFlag(FLAGS_format);
+  o.filter.shapes = absl::GetFlag(FLAGS_shape);
+  o.filter.contexts = absl::GetFlag(FLAGS_context);
+  for (const std::string& t : absl::GetFlag(FLAGS_tp)) {
+    int tp = 0;
+    if (!absl::SimpleAtoi(t, &tp) || tp <= 0) {
+      std::fprintf(stderr, "--tp: '%s' is not a positive integer\n", t.c_str());
+      std::exit(2);
     }
+    o.filter.tps.push_back(tp);
   }
+  *any_filter = !o.filter.models.empty() || !o.filter.formats.empty() ||
+                !o.filter.shapes.empty() || !o.filter.contexts.empty() || !o.filter.tps.empty();
+  *grid = absl::GetFlag(FLAGS_grid);
+  o.bar = absl::GetFlag(FLAGS_bar);
+  o.iters = std::max(20, absl::GetFlag(FLAGS_iters));
+  o.json = absl::GetFlag(FLAGS_json);
+  o.markdown = absl::GetFlag(FLAGS_md);
+  o.out = absl::GetFlag(FLAGS_out);
+  o.force_splits = absl::GetFlag(FLAGS_splits);
+  o.force_head_block = absl::GetFlag(FLAGS_head_block);
+  o.gemm = absl::GetFlag(FLAGS_gemm);
+  o.tile_kernel = absl::GetFlag(FLAGS_tile_kernel);
+  o.no_fold = !absl::GetFlag(FLAGS_fold);
+  const std::string pairs = absl::GetFlag(FLAGS_pairs);
+  if (pairs == "auto") {
+    o.pairs = kernels::RowPairs::kAuto;
+  } else if (pairs == "always") {
+    o.pairs = kernels::RowPairs::kAlways;
+  } else if (pairs == "never") {
+    o.pairs = kernels::RowPairs::kNever;
+  } else {
+    std::fprintf(stderr, "--pairs must be auto, always or never, not '%s'\n", pairs.c_str());
+    std::exit(2);
+  }
+  if (o.out != "auto" && o.out != "bf16" && o.out != "mxfp8") {
+    std::fprintf(stderr, "--out must be auto, bf16 or mxfp8, not '%s'\n", o.out.c_str());
+    std::exit(2);
+  }
+  return o;
+}
+
+// Rounded to `digits` decimals: the report carries no more precision than the timing has.
+double Round(double v, int digits) {
+  const double scale = std::pow(10.0, digits);
+  return std::round(v * scale) / scale;
+}
+
+// The results file: device, ceilings, and per cell plan, times, key counts, bytes, rates.
+bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double gemm, double mma,
+               int iters, const std::vector<Result>& results) {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  using Json = nlohmann::ordered_json;  // keys in the order written
+  Json j;
+  j["device"] = info.name;
+  j["arch"] = info.arch;
+  j["sms"] = info.compute_units;
+  j["date"] = date;
+  j["gemm_bf16_tflops"] = Round(gemm, 1);
+  j["mma_f16_tflops"] = Round(mma, 1);
+  j["iterations"] = iters;
+  Json cases = Json::array();
+  for (const Result& r : results) {
+    Json c;
+    c["name"] = r.name;
+    c["model"] = r.cell.model->name;
+    c["format"] = std::string(kernels::KvFormatName(r.cell.format));
+    c["tp"] = r.cell.tp;
+    c["heads"] = r.cell.heads;
+    c["shape"] = r.cell.shape;
+    c["context"] = r.cell.context;
+    c["rows"] = r.cell.rows();
+    c["layer"] = r.cell.model->layer_name;
+    c["output"] = r.output;
+    c["head_block"] = r.head_block;
+    c["splits"] = r.splits;
+    c["paired"] = r.paired;
+    c["median_us"] = Round(r.median_us, 2);
+    c["min_us"] = Round(r.min_us, 2);
+    c["runs"] = r.runs;
+    c["attended_keys"] = r.attended;
+    c["unique_rows_main"] = r.unique_main;
+    c["unique_rows_extra"] = r.unique_extra;
+    c["bytes"] = std::llround(r.bytes);
+    c["flop"] = std::llround(r.flop);
+    c["tflops"] = Round(r.tflops, 2);
+    c["gbps"] = Round(r.gbps, 1);
+    c["gather_ceiling_gbps"] = Round(r.gather_gbps, 1);
+    c["ratio_gather"] = Round(r.ratio_gather, 3);
+    c["ratio_gemm"] = Round(r.ratio_gemm, 3);
+    c["ratio_mma"] = Round(r.ratio_mma, 3);
+    c["union_flop"] = std::llround(r.union_flop);
+    cases.push_back(std::move(c));
+  }
+  j["cases"] = std::move(cases);
+  std::ofstream f(path);
+  f << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  // --help lists this file's flags (abseil matches flags to the program by file name).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "kbench/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "the sparse MLA kernels on the workload grid. With neither --grid nor a filter "
+      "(--model, --format, --tp, --shape, --context), the bar cells.\n"
+      "  smla-kbench --grid --iters=20 --json=kbench.json --md=table.md\n"
+      "  smla-kbench --model=dsv4.1-flash --format=fp8_dsv4 --tp=4 "
+      "--shape='decode C=32' --context=128K");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "unexpected argument '%s' (see --help)\n", rest[1]);
+    return 2;
+  }
+  bool grid = false, any_filter = false;
+  Options o = ParseOptions(&grid, &any_filter);
   if (!grid && !any_filter && !o.bar) o.bar = true;
   std::vector<Cell> cells = GridCells(o.filter);
   if (o.bar && !grid && !any_filter) {
@@ -496,43 +596,7 @@ int Main(int argc, char** argv) {
                info.name.c_str(), info.compute_units, gemm, mma);
   const std::vector<Result> results = runner.RunAll(cells);
 
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  FILE* f = std::fopen(o.json.c_str(), "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
-    return 1;
-  }
-  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"arch\": \"%s\",\n  \"sms\": %d,\n  \"date\": \"%s\",\n",
-               info.name.c_str(), info.arch.c_str(), info.compute_units, date);
-  std::fprintf(f,
-               "  \"gemm_bf16_tflops\": %.1f,\n  \"mma_f16_tflops\": %.1f,\n  \"iterations\": %d,\n"
-               "  \"cases\": [\n",
-               gemm, mma, o.iters);
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    std::fprintf(
-        f,
-        "    {\"name\": \"%s\", \"model\": \"%s\", \"format\": \"%s\", \"tp\": %d, \"heads\": %d, "
-        "\"shape\": \"%s\", \"context\": %lld, \"rows\": %d, \"layer\": \"%s\", "
-        "\"output\": \"%s\", \"head_block\": %d, \"splits\": %d, \"paired\": %s, "
-        "\"median_us\": %.2f, \"min_us\": %.2f, \"runs\": %d, "
-        "\"attended_keys\": %lld, \"unique_rows_main\": %lld, \"unique_rows_extra\": %lld, "
-        "\"bytes\": %.0f, \"flop\": %.0f, \"tflops\": %.2f, \"gbps\": %.1f, "
-        "\"gather_ceiling_gbps\": %.1f, \"ratio_gather\": %.3f, \"ratio_gemm\": %.3f, "
-        "\"ratio_mma\": %.3f, \"union_flop\": %.0f}%s\n",
-        r.name.c_str(), r.cell.model->name.c_str(),
-        std::string(kernels::KvFormatName(r.cell.format)).c_str(), r.cell.tp, r.cell.heads,
-        r.cell.shape.c_str(), static_cast<long long>(r.cell.context), r.cell.rows(),
-        r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block, r.splits,
-        r.paired ? "true" : "false", r.median_us, r.min_us, r.runs,
-        static_cast<long long>(r.attended), static_cast<long long>(r.unique_main),
-        static_cast<long long>(r.unique_extra), r.bytes, r.flop, r.tflops, r.gbps, r.gather_gbps,
-        r.ratio_gather, r.ratio_gemm, r.ratio_mma, r.union_flop, i + 1 < results.size() ? "," : "");
-  }
-  std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
+  if (!WriteJson(o.json, info, gemm, mma, o.iters, results)) return 1;
 
   if (!o.markdown.empty()) {
     FILE* md = std::fopen(o.markdown.c_str(), "w");

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "harness.h"
+#include "nlohmann/json.hpp"
 #include "prometheus_text.h"
 
 namespace smla::testing {
@@ -39,18 +39,6 @@ std::string ReadAll(const std::string& path) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
-}
-
-// The integer after "key": in the JSON text (first occurrence), or -1.
-int64_t JsonInt(const std::string& json, const std::string& key) {
-  const std::string k = absl::StrCat("\"", key, "\": ");
-  const size_t at = json.find(k);
-  if (at == std::string::npos) return -1;
-  size_t end = at + k.size();
-  while (end < json.size() && (isdigit(json[end]) || json[end] == '-')) ++end;
-  int64_t v = -1;
-  if (!absl::SimpleAtoi(json.substr(at + k.size(), end - at - k.size()), &v)) return -1;
-  return v;
 }
 
 size_t Count(const std::string& text, const std::string& what) {
@@ -93,18 +81,29 @@ void CheckAgainstServer(const std::vector<std::string>& bench_args, const std::s
   const Counts after = Scrape(**server);
   const std::string json = ReadAll(json_path);
   ASSERT_FALSE(json.empty()) << out;
-  EXPECT_THAT(json, ::testing::HasSubstr("\"q_format\": \"" + q_format + "\"")) << json;
+  const auto report = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << "not JSON: " << json;
+  EXPECT_EQ(report.value("tool", ""), "smla-bench") << json;
+  EXPECT_EQ(report.value("q_format", ""), q_format) << json;
 
-  const int64_t stream_ok = JsonInt(json, "stream_ok"), unary_ok = JsonInt(json, "unary_ok");
-  const int64_t rows_ok = JsonInt(json, "rows_ok");
-  EXPECT_EQ(JsonInt(json, "failed"), 0) << json;
-  EXPECT_GT(JsonInt(json, "calls"), 0) << json;
+  const nlohmann::json totals = report.value("totals", nlohmann::json::object());
+  const int64_t stream_ok = totals.value("stream_ok", int64_t{-1});
+  const int64_t unary_ok = totals.value("unary_ok", int64_t{-1});
+  const int64_t rows_ok = totals.value("rows_ok", int64_t{-1});
+  EXPECT_EQ(totals.value("failed", int64_t{-1}), 0) << json;
   EXPECT_EQ(after.stream_ok - before.stream_ok, stream_ok) << json;
   EXPECT_EQ(after.unary_ok - before.unary_ok, unary_ok) << json;
   EXPECT_EQ(after.rows - before.rows, rows_ok) << json;
   EXPECT_GT(rows_ok, 0);
-  // Every run's calls are among the calls the server counted.
-  EXPECT_LE(JsonInt(json, "calls"), stream_ok + unary_ok);
+  const nlohmann::json runs = report.value("runs", nlohmann::json::array());
+  ASSERT_FALSE(runs.empty()) << json;
+  for (const nlohmann::json& run : runs) {
+    const int64_t calls = run.value("calls", int64_t{-1});
+    EXPECT_GT(calls, 0) << json;
+    // Every run's calls are among the calls the server counted.
+    EXPECT_LE(calls, stream_ok + unary_ok);
+    EXPECT_TRUE(run.contains("call_ms") && run["call_ms"].contains("p99")) << json;
+  }
 
   const std::string html = ReadAll(html_path);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);

@@ -1,11 +1,8 @@
 #include "server_process.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "httplib.h"
 
 #ifndef SMLA_SERVER_BINARY
 #error "SMLA_SERVER_BINARY must name the smla-server binary"
@@ -154,32 +152,19 @@ absl::StatusOr<std::string> ServerProcess::ScrapeMetrics() const {
 }
 
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(10);
+  http.set_read_timeout(30);
+  const httplib::Result res = http.Get(path);
+  if (!res) {
+    return absl::UnavailableError(absl::StrCat("GET 127.0.0.1:", port, path, " failed: ",
+                                               httplib::to_string(res.error())));
   }
-  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return absl::UnavailableError("write failed");
+  if (res->status != 200) {
+    return absl::InternalError(
+        absl::StrCat("GET ", path, ": HTTP ", res->status, ": ", res->body.substr(0, 200)));
   }
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, n);
-  close(fd);
-  const size_t split = resp.find("\r\n\r\n");
-  if (split == std::string::npos || resp.rfind("HTTP/1.", 0) != 0 ||
-      resp.find(" 200 ") == std::string::npos || resp.find(" 200 ") > split) {
-    return absl::InternalError(absl::StrCat("bad HTTP response: ", resp.substr(0, 200)));
-  }
-  return resp.substr(split + 4);
+  return res->body;
 }
 
 }  // namespace smla::testing

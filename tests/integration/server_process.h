@@ -67,7 +67,7 @@ class ServerProcess {
   int exit_status_ = -1;
 };
 
-// GET http://127.0.0.1:port/path over a plain socket; returns the body of a 200 response.
+// GET http://127.0.0.1:port/path; returns the body of a 200 response.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
 }  // namespace smla::testing

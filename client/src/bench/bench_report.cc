@@ -2,46 +2,71 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 
 namespace smla::bench {
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        o += "\\\"";
-        break;
-      case '\\':
-        o += "\\\\";
-        break;
-      case '\n':
-        o += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          o += absl::StrFormat("\\u%04x", c);
-        } else {
-          o += c;
-        }
-    }
-  }
-  return o + "\"";
+// Six significant digits, as measured timings carry no more; non-finite values become JSON
+// null (nlohmann writes NaN and infinities as null).
+double Sig6(double v) {
+  if (!std::isfinite(v)) return v;
+  return std::strtod(absl::StrFormat("%.6g", v).c_str(), nullptr);
 }
 
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.6g", v);
+// Keys in insertion order, so the report reads like the struct.
+using Json = nlohmann::ordered_json;
+
+Json JsonPercentiles(const Percentiles& p) {
+  return Json{{"p50", Sig6(p.p50)}, {"p90", Sig6(p.p90)}, {"p95", Sig6(p.p95)},
+              {"p99", Sig6(p.p99)}, {"max", Sig6(p.max)}, {"mean", Sig6(p.mean)}};
 }
 
-std::string JsonPercentiles(const Percentiles& p) {
-  return absl::StrCat("{\"p50\": ", Num(p.p50), ", \"p90\": ", Num(p.p90),
-                      ", \"p95\": ", Num(p.p95), ", \"p99\": ", Num(p.p99),
-                      ", \"max\": ", Num(p.max), ", \"mean\": ", Num(p.mean), "}");
+Json JsonRun(const RunStats& r) {
+  Json j;
+  j["concurrency"] = r.concurrency;
+  j["rate"] = Sig6(r.rate);
+  j["seconds"] = Sig6(r.seconds);
+  j["calls"] = r.calls;
+  j["steps"] = r.steps;
+  j["rows"] = r.rows;
+  j["calls_per_s"] = Sig6(r.calls_per_s);
+  j["steps_per_s"] = Sig6(r.steps_per_s);
+  j["rows_per_s"] = Sig6(r.rows_per_s);
+  const std::pair<const char*, const Percentiles*> parts[] = {
+      {"call_ms", &r.call_ms},
+      {"step_ms", &r.step_ms},
+      {"overhead_ms", &r.overhead_ms},
+      {"transport_ms", &r.transport_ms},
+      {"service_ms", &r.service_ms},
+      {"queue_ms", &r.queue_ms},
+      {"kernel_ms", &r.kernel_ms},
+      {"e2e_minus_kernel_ms", &r.e2e_minus_kernel_ms},
+      {"parse_ms", &r.parse_ms},
+      {"admit_ms", &r.admit_ms},
+      {"batch_extra_ms", &r.batch_extra_ms},
+      {"prep_ms", &r.prep_ms},
+      {"attend_ms", &r.attend_ms},
+      {"copy_in_ms", &r.copy_in_ms},
+      {"copy_out_ms", &r.copy_out_ms}};
+  for (const auto& [name, p] : parts) j[name] = JsonPercentiles(*p);
+  j["mean_batch_requests"] = Sig6(r.mean_batch_requests);
+  j["good_steps"] = r.good_steps;
+  j["goodput_steps_per_s"] = Sig6(r.goodput_steps_per_s);
+  j["goodput_rows_per_s"] = Sig6(r.goodput_rows_per_s);
+  j["slo_met"] = r.slo_met;
+  Json errors = Json::object();
+  for (const auto& [code, n] : r.errors) errors[code] = n;
+  j["errors"] = std::move(errors);
+  Json histogram = Json::array();
+  for (const auto& bin : r.histogram) histogram.push_back(Json{Sig6(bin.upper_ms), bin.count});
+  j["histogram"] = std::move(histogram);
+  return j;
 }
 
 std::string Html(const std::string& s) {
@@ -254,63 +279,28 @@ std::string TextSummary(const RunStats& r) {
 }
 
 std::string ToJson(const Report& rep) {
-  std::string o = "{\n";
-  absl::StrAppend(
-      &o, "  \"tool\": \"smla-bench\",\n  \"cell\": ", JsonString(rep.cell),
-      ",\n  \"transport\": ", JsonString(rep.transport), ",\n  \"mode\": ", JsonString(rep.mode),
-      ",\n  \"q_format\": ", JsonString(rep.q_format), ",\n  \"loop\": ", JsonString(rep.loop),
-      ",\n  \"device\": ", JsonString(rep.device), ",\n  \"date\": ", JsonString(rep.date),
-      ",\n  \"servers\": [");
-  for (size_t i = 0; i < rep.servers.size(); ++i) {
-    absl::StrAppend(&o, i ? ", " : "", JsonString(rep.servers[i]));
-  }
-  absl::StrAppend(&o, "],\n  \"connections\": ", rep.connections,
-                  ",\n  \"slo_ms\": ", Num(rep.slo_ms),
-                  ",\n  \"stop_reason\": ", JsonString(rep.stop_reason),
-                  ",\n  \"totals\": {\"unary_ok\": ", rep.total_unary_ok,
-                  ", \"stream_ok\": ", rep.total_stream_ok, ", \"rows_ok\": ", rep.total_rows_ok,
-                  ", \"failed\": ", rep.total_failed, "},\n  \"runs\": [\n");
-  for (size_t i = 0; i < rep.runs.size(); ++i) {
-    const RunStats& r = rep.runs[i];
-    absl::StrAppend(
-        &o, "    {\"concurrency\": ", r.concurrency, ", \"rate\": ", Num(r.rate),
-        ", \"seconds\": ", Num(r.seconds), ", \"calls\": ", r.calls, ", \"steps\": ", r.steps,
-        ", \"rows\": ", r.rows, ",\n     \"calls_per_s\": ", Num(r.calls_per_s),
-        ", \"steps_per_s\": ", Num(r.steps_per_s), ", \"rows_per_s\": ", Num(r.rows_per_s),
-        ",\n     \"call_ms\": ", JsonPercentiles(r.call_ms),
-        ",\n     \"step_ms\": ", JsonPercentiles(r.step_ms),
-        ",\n     \"overhead_ms\": ", JsonPercentiles(r.overhead_ms),
-        ",\n     \"transport_ms\": ", JsonPercentiles(r.transport_ms),
-        ",\n     \"service_ms\": ", JsonPercentiles(r.service_ms),
-        ",\n     \"queue_ms\": ", JsonPercentiles(r.queue_ms),
-        ",\n     \"kernel_ms\": ", JsonPercentiles(r.kernel_ms),
-        ",\n     \"e2e_minus_kernel_ms\": ", JsonPercentiles(r.e2e_minus_kernel_ms),
-        ",\n     \"parse_ms\": ", JsonPercentiles(r.parse_ms),
-        ",\n     \"admit_ms\": ", JsonPercentiles(r.admit_ms),
-        ",\n     \"batch_extra_ms\": ", JsonPercentiles(r.batch_extra_ms),
-        ",\n     \"prep_ms\": ", JsonPercentiles(r.prep_ms),
-        ",\n     \"attend_ms\": ", JsonPercentiles(r.attend_ms),
-        ",\n     \"copy_in_ms\": ", JsonPercentiles(r.copy_in_ms),
-        ",\n     \"copy_out_ms\": ", JsonPercentiles(r.copy_out_ms),
-        ",\n     \"mean_batch_requests\": ", Num(r.mean_batch_requests),
-        ", \"good_steps\": ", r.good_steps,
-        ", \"goodput_steps_per_s\": ", Num(r.goodput_steps_per_s),
-        ", \"goodput_rows_per_s\": ", Num(r.goodput_rows_per_s),
-        ", \"slo_met\": ", r.slo_met ? "true" : "false", ",\n     \"errors\": {");
-    bool first = true;
-    for (const auto& [code, n] : r.errors) {
-      absl::StrAppend(&o, first ? "" : ", ", JsonString(code), ": ", n);
-      first = false;
-    }
-    o += "},\n     \"histogram\": [";
-    for (size_t k = 0; k < r.histogram.size(); ++k) {
-      absl::StrAppend(&o, k ? ", " : "", "[", Num(r.histogram[k].upper_ms), ", ",
-                      r.histogram[k].count, "]");
-    }
-    absl::StrAppend(&o, "]}", i + 1 < rep.runs.size() ? "," : "", "\n");
-  }
-  o += "  ]\n}\n";
-  return o;
+  Json j;
+  j["tool"] = "smla-bench";
+  j["cell"] = rep.cell;
+  j["transport"] = rep.transport;
+  j["mode"] = rep.mode;
+  j["q_format"] = rep.q_format;
+  j["loop"] = rep.loop;
+  j["device"] = rep.device;
+  j["date"] = rep.date;
+  j["servers"] = rep.servers;
+  j["connections"] = rep.connections;
+  j["slo_ms"] = Sig6(rep.slo_ms);
+  j["stop_reason"] = rep.stop_reason;
+  j["totals"] = Json{{"unary_ok", rep.total_unary_ok},
+                     {"stream_ok", rep.total_stream_ok},
+                     {"rows_ok", rep.total_rows_ok},
+                     {"failed", rep.total_failed}};
+  Json runs = Json::array();
+  for (const RunStats& r : rep.runs) runs.push_back(JsonRun(r));
+  j["runs"] = std::move(runs);
+  // Invalid UTF-8 in a string (a cell name from the command line) is replaced, not thrown.
+  return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 std::string ToHtml(const Report& rep) {

@@ -1,6 +1,14 @@
 // A small Prometheus metrics registry: counters, gauges and fixed-bucket histograms with
-// labels, rendered in the text exposition format (version 0.0.4). Debian has no Prometheus
-// C++ client, and the service needs only this much.
+// labels, rendered in the text exposition format (version 0.0.4).
+//
+// Why not prometheus-cpp: Debian 12 and Ubuntu 24.04 both ship it (prometheus-cpp-dev), but
+// - several counters (smla_batches_total, ...) are totals the executor keeps and are copied in
+//   at scrape time; prometheus::Counter can only be incremented, so each would need a
+//   hand-written Collectable anyway;
+// - the service serves /metrics through cpp-httplib, so only the core library's serializer
+//   would be used, yet prometheus-cpp-dev and its CMake config pull in civetweb and libcurl
+//   development packages for the pull and push exporters;
+// - this file is small, covered by tests, and its output format is fixed by them.
 //
 // Thread-safety: every metric is safe to update from any thread; references returned by the
 // registry stay valid for the registry's lifetime.
