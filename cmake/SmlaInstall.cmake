@@ -21,9 +21,11 @@ set_target_properties(smla_client PROPERTIES EXPORT_NAME client)
 set_target_properties(smla_proto PROPERTIES EXPORT_NAME proto)
 set_target_properties(smla_codec PROPERTIES EXPORT_NAME codec)
 set_target_properties(smla_base PROPERTIES EXPORT_NAME base)
+set_target_properties(smla_wire_headers PROPERTIES EXPORT_NAME wire_headers)
 # smla::codec and smla::base are private, header-only dependencies of the client; exported
 # without headers because a static library's private links are listed in its export.
-install(TARGETS smla_client smla_proto smla_codec smla_base EXPORT smlaTargets
+# smla::wire_headers is proto's: its headers are installed with smla/v1 below.
+install(TARGETS smla_client smla_proto smla_codec smla_base smla_wire_headers EXPORT smlaTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

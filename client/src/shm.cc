@@ -19,13 +19,12 @@
 #include "smla/base/status_macros.h"
 #include "smla/kernels/formats.h"
 #include "smla/v1/shm_handover.h"
+#include "smla/v1/shm_region.h"
 
 namespace smla::client {
 namespace {
 
-constexpr uint64_t kAlign = 64;
-
-uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+using v1::region::AlignUp;
 
 // Every inline input tensor of a request, in a fixed order.
 std::vector<v1::Tensor*> Inputs(v1::StepRequest* r) {
@@ -68,7 +67,7 @@ absl::StatusOr<int> SealedMemfd(const std::string& label, uint64_t size) {
   }
   // The server maps the memfd only once its size can never change (it could fault otherwise).
   if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      fcntl(fd, F_ADD_SEALS, v1::region::kRegionSeals) != 0) {
     const int err = errno;
     close(fd);
     return absl::InternalError(
@@ -208,7 +207,7 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
   const OutputBytes o = OutputsOf(*request);  // before packing clears the spans' q
   uint64_t at = AlignUp(offset);
   auto take = [&](uint64_t bytes, v1::RegionRef* ref) -> absl::Status {
-    if (bytes > size || at > size - bytes) {
+    if (!v1::region::RefInBounds(at, bytes, size)) {
       return absl::OutOfRangeError(absl::StrCat(
           "region ", name, " of ", size, " bytes is too small for the step at offset ", offset));
     }
@@ -339,9 +338,8 @@ absl::StatusOr<std::span<const uint8_t>> ShmRegion::Bytes(const v1::Tensor& tens
     return absl::InvalidArgumentError(absl::StrCat("tensor does not name region ", name_));
   }
   const v1::RegionRef& r = tensor.region();
-  if (r.offset() > size_ || r.size() > size_ - r.offset()) {
-    return absl::OutOfRangeError(absl::StrCat("offset ", r.offset(), " + size ", r.size(),
-                                              " outside region ", name_, " of ", size_));
+  if (!v1::region::RefInBounds(r.offset(), r.size(), size_)) {
+    return absl::OutOfRangeError(v1::region::OutsideText(r.offset(), r.size(), name_, size_));
   }
   return std::span<const uint8_t>(data_ + r.offset(), r.size());
 }

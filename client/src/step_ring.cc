@@ -108,7 +108,7 @@ absl::Status StepRing::Wait(uint64_t ticket, v1::StepResponse* response, absl::D
                                                       " within ", absl::FormatDuration(timeout)));
     }
     if (now < spin_until) {
-      for (int i = 0; i < 16; ++i) ring::CpuRelax();
+      for (int i = 0; i < 16; ++i) v1::CpuRelax();
       continue;
     }
     const uint32_t seen = ring::Load(s->response_seq);

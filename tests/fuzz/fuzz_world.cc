@@ -184,8 +184,7 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   const auto it = models_.find(pb.model());
   const server::edge::RegionContext regions{regions_.get(), kTenant};
   absl::Status st = server::edge::ParseStepRequest(
-      pb, it == models_.end() ? nullptr : &it->second, limits_.max_rows_per_step,
-      limits_.max_spans_per_step, &step, &storage, &regions);
+      pb, it == models_.end() ? nullptr : &it->second, limits_, &step, &storage, &regions);
   if (st.ok()) {
     step.tenant = kTenant;
     absl::Notification done;

@@ -199,9 +199,15 @@ class WireTest : public ::testing::Test {
   }
   absl::Status Parse(const v1::StepRequest& r) {
     out_ = StepRequest();
-    return ParseStepRequest(r, &model_, 100, 4, &out_, &storage_);
+    return ParseStepRequest(r, &model_, limits_, &out_, &storage_);
   }
   WireModel model_{2, 512};
+  const Limits limits_ = [] {
+    Limits l;
+    l.max_rows_per_step = 100;
+    l.max_spans_per_step = 4;
+    return l;
+  }();
   StepRequest out_;
   ParseStorage storage_;
 };
@@ -264,12 +270,12 @@ TEST_F(WireTest, ErrorsNameTheFieldAndValue) {
     v1::StepRequest r = Valid(60);
     *r.add_spans() = Valid(60).spans(0);
     EXPECT_THAT(std::string(Parse(r).message()),
-                HasSubstr("spans[1].num_rows: 120 rows in the step, the limit is 100"));
+                HasSubstr("spans[1].num_rows: 120 rows in the step, at most 100"));
   }
   {
     v1::StepRequest r = Valid(1);
     for (int i = 0; i < 4; ++i) *r.add_spans() = r.spans(0);
-    EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans: 5 spans, the limit is 4"));
+    EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans: 5 spans, at most 4"));
   }
 }
 
@@ -293,21 +299,33 @@ TEST_F(WireTest, ShapesWhoseCountWouldOverflowAreRefused) {
   q->add_shape(int64_t{1} << 40);
   q->clear_inline_data();
   out_ = StepRequest();
-  EXPECT_THAT(std::string(ParseStepRequest(r, nullptr, 100, 4, &out_, &storage_).message()),
+  EXPECT_THAT(std::string(ParseStepRequest(r, nullptr, limits_, &out_, &storage_).message()),
               HasSubstr("spans[0].q: shape [1, 1099511627776, 1099511627776] is too large"));
 }
 
-// first_position + num_rows must fit in int64: the positions of the span's compressed entries
-// are computed from it.
-TEST_F(WireTest, PositionsPastTheLargestAreRefused) {
+// The edge sizes tensors from first_position + num_rows, so it runs the core's extent rules
+// (ValidateStepExtent) before any tensor: a sum that would wrap int64 is refused there.
+TEST_F(WireTest, PositionsPastTheLongestContextAreRefused) {
   v1::StepRequest r = Valid(2);
   r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 1);
   const absl::Status st = Parse(r);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()),
-              HasSubstr("spans[0].first_position: 9223372036854775806 + 2 rows"));
-  r.mutable_spans(0)->set_first_position(std::numeric_limits<int64_t>::max() - 2);
-  EXPECT_TRUE(Parse(r).ok());  // the core bounds it by the longest context
+              HasSubstr("spans[0]: 2 rows from position 9223372036854775806 exceed the longest "
+                        "context"));
+  r.mutable_spans(0)->set_first_position(limits_.max_context - 2);
+  EXPECT_TRUE(Parse(r).ok());
+}
+
+// Enum values are the wire's to check: the core's enums cannot hold an unknown one.
+TEST_F(WireTest, UnknownEnumValuesAreRefused) {
+  v1::StepRequest r = Valid(2);
+  r.set_output_format(static_cast<v1::OutputFormat>(7));
+  EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("output_format: unknown value 7"));
+  r = Valid(2);
+  r.mutable_spans(0)->add_roles(v1::ROW_ROLE_DRAFT);
+  r.mutable_spans(0)->add_roles(static_cast<v1::RowRole>(9));
+  EXPECT_THAT(std::string(Parse(r).message()), HasSubstr("spans[0].roles[1]: unknown role 9"));
 }
 
 TEST_F(WireTest, UnalignedInt32DataIsCopied) {

@@ -105,7 +105,7 @@ class PackedWireTest : public ::testing::Test {
     out_ = StepRequest();
     storage_ = ParseStorage();
     const RegionContext ctx{regions ? &registry_ : nullptr, tenant};
-    return ParseStepRequest(r, &model_, 1000, 64, &out_, &storage_, &ctx);
+    return ParseStepRequest(r, &model_, limits_, &out_, &storage_, &ctx);
   }
   // Whether `b` lies in the server's mapping of the region (its own, at another address).
   bool InRegion(std::span<const uint8_t> b) const {
@@ -117,6 +117,12 @@ class PackedWireTest : public ::testing::Test {
   const ModelProfile* profile_ = nullptr;
   v1::ModelInfo info_;
   WireModel model_;
+  const Limits limits_ = [] {
+    Limits l;
+    l.max_rows_per_step = 1000;
+    l.max_spans_per_step = 64;
+    return l;
+  }();
   std::string name_;
   uint8_t* data_ = nullptr;
   RegionRegistry registry_;

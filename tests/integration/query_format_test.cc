@@ -128,11 +128,12 @@ TEST(QueryFormatTest, NaNCodesAndScalesAreRejectedAndChangeNothing) {
     Poke(r.mutable_spans(0)->mutable_q_scales(), (1 * H + 3) * (W / 32) + 5, 0xff);
     ExpectError(h.client->Step(r), "spans[0].q_scales[1][3][5]: scale byte 255");
   }
-  // The wire's checks, each naming the field.
+  // The wire's checks and ValidateStep's, each naming the field.
   {
     v1::StepRequest r = AsMxfp8(h.Make(2, {{"s", 40, 2, 0}}));
     r.mutable_spans(0)->clear_q_scales();
-    ExpectError(h.client->Step(r), "spans[0].q_scales: unset");
+    ExpectError(h.client->Step(r), absl::StrCat("spans[0].q_scales: 2 rows x ", H, " heads x ",
+                                                W / 32, " scale bytes expected, got 0 bytes"));
     r = AsMxfp8(h.Make(2, {{"s", 40, 2, 0}}));
     r.mutable_spans(0)->mutable_q_scales()->set_shape(2, 18);
     ExpectError(h.client->Step(r), "spans[0].q_scales: shape");

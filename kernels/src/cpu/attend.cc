@@ -26,7 +26,7 @@ struct KeyRef {
 struct Scratch {
   std::vector<KeyRef> keys;
   std::vector<float> q;     // [head_block, width]
-  std::vector<float> tile;  // [kTileKeys, width]
+  std::vector<float> tile;  // [kKeyTile, width]
   std::vector<float> score_scale, sigma;
   std::vector<float> m, l;  // [head_block]
   std::vector<float> acc;   // [head_block, 512]
@@ -117,9 +117,9 @@ void RunItem(Call& c, int32_t t, int32_t hb, int32_t split) {
   const int32_t heads = std::min(c.head_block, p.num_heads - h0);
   const int w = c.width;
   sc.q.resize(size_t{static_cast<size_t>(heads)} * w);
-  sc.tile.resize(size_t{kTileKeys} * w);
-  sc.score_scale.resize(kTileKeys);
-  sc.sigma.resize(kTileKeys);
+  sc.tile.resize(size_t{kKeyTile} * w);
+  sc.score_scale.resize(kKeyTile);
+  sc.sigma.resize(kKeyTile);
   sc.m.assign(heads, -INFINITY);
   sc.l.assign(heads, 0.0f);
   sc.acc.assign(size_t{static_cast<size_t>(heads)} * kValueWidth, 0.0f);
@@ -132,8 +132,8 @@ void RunItem(Call& c, int32_t t, int32_t hb, int32_t split) {
   const int64_t end = n * (split + 1) / splits;
   if (end > begin) StageQ(c, t, h0, heads, sc.q.data());
 
-  for (int64_t b = begin; b < end; b += kTileKeys) {
-    const int cnt = static_cast<int>(std::min<int64_t>(kTileKeys, end - b));
+  for (int64_t b = begin; b < end; b += kKeyTile) {
+    const int cnt = static_cast<int>(std::min<int64_t>(kKeyTile, end - b));
     for (int j = 0; j < cnt; ++j) {
       const KeyRef& k = sc.keys[b + j];
       const SegmentLayout& layout = c.seg[k.segment];

@@ -35,7 +35,7 @@ template <int G>
     for (int j = 0; j < 4; ++j) {
       float s = 0;
       for (int l = 0; l < kLanes; ++l) s += acc[g][j][l];
-      scores[g * kTileKeys + j] = s;
+      scores[g * kKeyTile + j] = s;
     }
   }
 }
@@ -66,7 +66,7 @@ template <int G>
     const float* __restrict v3 = v2 + w;
     for (int i = 0; i < kValueWidth; ++i) {
       for (int g = 0; g < G; ++g) {
-        const float* p = probs + g * kTileKeys + j;
+        const float* p = probs + g * kKeyTile + j;
         acc[g * kValueWidth + i] += ((p[0] * v0[i] + p[1] * v1[i]) + (p[2] * v2[i] + p[3] * v3[i]));
       }
     }
@@ -74,7 +74,7 @@ template <int G>
   for (; j < n; ++j) {
     const float* __restrict vj = v + j * w;
     for (int i = 0; i < kValueWidth; ++i) {
-      for (int g = 0; g < G; ++g) acc[g * kValueWidth + i] += probs[g * kTileKeys + j] * vj[i];
+      for (int g = 0; g < G; ++g) acc[g * kValueWidth + i] += probs[g * kKeyTile + j] * vj[i];
     }
   }
 }
@@ -114,17 +114,17 @@ template <int G>
 [[gnu::always_inline]] inline void HeadGroup(const TileArgs& a, int h) {
   const int n = a.n;
   const int w = a.width;
-  float scores[G * kTileKeys];
-  float probs[G * kTileKeys];
+  float scores[G * kKeyTile];
+  float probs[G * kKeyTile];
   const float* q = a.q + h * w;
   int j = 0;
   for (; j + 4 <= n; j += 4) Dots4<G>(q, a.keys + j * w, w, scores + j);
   for (; j < n; ++j) {
-    for (int g = 0; g < G; ++g) scores[g * kTileKeys + j] = Dot1(q + g * w, a.keys + j * w, w);
+    for (int g = 0; g < G; ++g) scores[g * kKeyTile + j] = Dot1(q + g * w, a.keys + j * w, w);
   }
   bool any = false;
   for (int g = 0; g < G; ++g) {
-    any |= SoftmaxStep(a, scores + g * kTileKeys, probs + g * kTileKeys, a.m[h + g], a.l[h + g],
+    any |= SoftmaxStep(a, scores + g * kKeyTile, probs + g * kKeyTile, a.m[h + g], a.l[h + g],
                        a.acc + (h + g) * kValueWidth);
   }
   // A head whose tile added nothing has all-zero probabilities: adding them changes nothing.

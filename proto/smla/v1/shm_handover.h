@@ -2,9 +2,8 @@
 // and client both include this header; it is part of the wire API, like step_ring.h.
 //
 // A region is a memfd (memfd_create with MFD_ALLOW_SEALING) of at least the registered size,
-// sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL: its size can never change again, so
-// the server's mapping of it can never fault, whatever the client does to it afterwards. The
-// server refuses anything else (a POSIX shm_open object cannot be sealed).
+// sealed as shm_region.h says (its size can never change again). The server refuses anything
+// else.
 //
 // The handover socket is a Unix datagram socket; the server names its address in
 // ServerInfo.shm_socket: a filesystem path, or "@name" for the abstract name "name".

@@ -41,6 +41,9 @@
 #include <atomic>
 #include <cstdint>
 
+#include "smla/v1/cpu_relax.h"
+#include "smla/v1/shm_region.h"
+
 namespace smla::v1::ring {
 
 inline constexpr uint32_t kMagic = 0x474E5253;  // "SRNG"
@@ -49,7 +52,7 @@ inline constexpr uint32_t kVersion = 1;
 inline constexpr uint32_t kMaxSlots = 256;
 inline constexpr uint32_t kMinSlotBytes = 1024;
 inline constexpr uint32_t kMaxSlotBytes = 1u << 20;
-inline constexpr uint64_t kAlign = 64;  // ring offset, slot_bytes
+inline constexpr uint64_t kAlign = region::kRegionAlign;  // ring offset, slot_bytes
 
 struct Header {
   // Written by the client before it attaches; the server checks them against the attach.
@@ -94,15 +97,6 @@ inline uint32_t Load(const uint32_t& w, std::memory_order o = std::memory_order_
 }
 inline void Store(uint32_t& w, uint32_t v, std::memory_order o = std::memory_order_release) {
   std::atomic_ref<uint32_t>(w).store(v, o);
-}
-
-// A pause in spin loops.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 // Sleeps while *word == expected, at most `timeout_ns` (shared futex: the word may be in a

@@ -5,20 +5,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/v1/cpu_relax.h"
 
 namespace smla::server {
 namespace {
 
 bool IsCancelled(const StepRequest& r) {
   return r.cancelled != nullptr && r.cancelled->load(std::memory_order_relaxed);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 }  // namespace
@@ -180,7 +173,7 @@ void Scheduler::SpinForWork() const {
           stop_hint_.load(std::memory_order_acquire)) {
         return;
       }
-      CpuRelax();
+      v1::CpuRelax();
     }
     if (absl::Now() >= until) return;
   }

@@ -125,6 +125,44 @@ int64_t StepBytes(const StepRequest& request, const ModelProfile& profile, int32
   return bytes;
 }
 
+absl::Status ValidateStepExtent(const StepRequest& r, const Limits& limits) {
+  if (r.spans.empty()) return absl::InvalidArgumentError("spans: a step needs at least one span");
+  if (static_cast<int64_t>(r.spans.size()) > limits.max_spans_per_step) {
+    return absl::InvalidArgumentError(
+        Cat("spans: ", r.spans.size(), " spans, at most ", limits.max_spans_per_step));
+  }
+  int64_t total_rows = 0;
+  for (size_t i = 0; i < r.spans.size(); ++i) {
+    const SpanInput& s = r.spans[i];
+    if (s.num_rows < 1) {
+      return absl::InvalidArgumentError(
+          Cat("spans[", i, "].num_rows: ", s.num_rows, ", must be positive"));
+    }
+    total_rows += s.num_rows;
+    if (total_rows > limits.max_rows_per_step) {
+      return absl::InvalidArgumentError(Cat("spans[", i, "].num_rows: ", total_rows,
+                                            " rows in the step, at most ",
+                                            limits.max_rows_per_step));
+    }
+    if (s.first_position < 0) {
+      return absl::InvalidArgumentError(
+          Cat("spans[", i, "].first_position: ", s.first_position, " is negative"));
+    }
+    // Compared so that it cannot wrap (num_rows >= 1 and 0 <= first_position here): past this
+    // check first_position + num_rows fits, and every position is computed from it.
+    if (s.first_position > limits.max_context - s.num_rows) {
+      return absl::InvalidArgumentError(Cat("spans[", i, "]: ", s.num_rows, " rows from position ",
+                                            s.first_position, " exceed the longest context (",
+                                            limits.max_context, " positions)"));
+    }
+    if (!s.roles.empty() && static_cast<int64_t>(s.roles.size()) != s.num_rows) {
+      return absl::InvalidArgumentError(
+          Cat("spans[", i, "].roles: ", s.roles.size(), " roles for ", s.num_rows, " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
   const ModelConfig& config = *ctx.config;
   const ModelProfile& profile = *ctx.profile;
@@ -134,11 +172,6 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
                                    " has layers 0..", profile.num_layers() - 1, ")"));
   }
   const LayerSpec& spec = profile.layers[r.layer];
-  if (r.output_format != kernels::OutputFormat::kBf16 &&
-      r.output_format != kernels::OutputFormat::kMxfp8) {
-    return absl::InvalidArgumentError(
-        Cat("output_format: unknown value ", static_cast<int>(r.output_format)));
-  }
   if (profile.has_sink && !ctx.sinks_uploaded) {
     return absl::FailedPreconditionError(
         Cat("model ", config.profile,
@@ -159,15 +192,10 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
     return absl::InvalidArgumentError(
         Cat("q_format: unknown value ", static_cast<int>(r.q_format)));
   }
-  if (r.spans.empty()) return absl::InvalidArgumentError("spans: a step needs at least one span");
-  if (static_cast<int64_t>(r.spans.size()) > limits.max_spans_per_step) {
-    return absl::InvalidArgumentError(
-        Cat("spans: ", r.spans.size(), " spans, at most ", limits.max_spans_per_step));
-  }
+  if (absl::Status extent = ValidateStepExtent(r, limits); !extent.ok()) return extent;
   const int qk = kernels::QkWidth(profile.geometry);
   const int64_t row_bytes = int64_t{qk} * 2;
   const int32_t heads = config.heads_per_rank;
-  int64_t total_rows = 0;
   absl::flat_hash_map<std::string_view, size_t> seen;
   for (size_t i = 0; i < r.spans.size(); ++i) {
     const SpanInput& s = r.spans[i];
@@ -180,36 +208,8 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       return absl::InvalidArgumentError(Cat(field, ".sequence_id '", LogField(s.sequence_id),
                                             "' repeats spans[", it->second, "]"));
     }
-    if (s.num_rows < 1) {
-      return absl::InvalidArgumentError(Cat(field, ".num_rows: ", s.num_rows, " (at least 1)"));
-    }
-    total_rows += s.num_rows;
-    if (total_rows > limits.max_rows_per_step) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".num_rows: the step's rows exceed ", limits.max_rows_per_step));
-    }
-    if (s.first_position < 0) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".first_position: ", s.first_position, " is negative"));
-    }
-    // Compared so that it cannot wrap (num_rows >= 1 and 0 <= first_position here): past this
-    // check first_position + num_rows fits, and every position below is computed from it.
-    if (s.first_position > limits.max_context - s.num_rows) {
-      return absl::InvalidArgumentError(Cat(field, ": ", s.num_rows, " rows from position ",
-                                            s.first_position, " exceed the longest context (",
-                                            limits.max_context, " positions)"));
-    }
+    // ValidateStepExtent bounded the positions: this cannot wrap.
     const int64_t end = s.first_position + s.num_rows;
-    if (!s.roles.empty() && static_cast<int64_t>(s.roles.size()) != s.num_rows) {
-      return absl::InvalidArgumentError(
-          Cat(field, ".roles: ", s.roles.size(), " roles for ", s.num_rows, " rows"));
-    }
-    for (size_t j = 0; j < s.roles.size(); ++j) {
-      if (s.roles[j] != RowRole::kVerify && s.roles[j] != RowRole::kDraft) {
-        return absl::InvalidArgumentError(
-            Cat(field, ".roles[", j, "]: unknown role ", static_cast<int>(s.roles[j])));
-      }
-    }
     const int64_t want_kv = s.num_rows * row_bytes;
     if (static_cast<int64_t>(s.kv_rows.size()) != want_kv) {
       return absl::InvalidArgumentError(Cat(field, ".kv_rows: ", s.num_rows, " rows x ", row_bytes,

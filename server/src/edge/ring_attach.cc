@@ -32,13 +32,10 @@ absl::StatusOr<RingPlace> CheckRingAttach(const RegionRegistry* registry, const 
                                                    ", a ring of ", slots, " slots of ", slot_bytes,
                                                    " bytes takes ", need));
   }
-  if (ref.offset() % ring::kAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_attach.ring: offset ", ref.offset(),
-                                                   " is not a multiple of ", ring::kAlign));
-  }
   absl::StatusOr<std::shared_ptr<ShmMapping>> mapping =
       registry->Lookup(tenant, "ring_attach.ring", ref.region());
   if (!mapping.ok()) return mapping.status();
+  // Slice checks the bounds and the offset's alignment to ring::kAlign.
   absl::StatusOr<std::span<uint8_t>> bytes = RegionRegistry::Slice(
       **mapping, "ring_attach.ring", ref.region(), ref.offset(), ref.size(), ring::kAlign);
   if (!bytes.ok()) return bytes.status();

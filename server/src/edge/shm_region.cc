@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "smla/server/log_field.h"
 #include "absl/strings/str_format.h"
+#include "smla/v1/shm_region.h"
 #include "spdlog/spdlog.h"
 
 namespace smla::server::edge {
@@ -25,10 +26,7 @@ namespace {
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
-constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010
-#endif
+namespace region = v1::region;
 
 }  // namespace
 
@@ -42,14 +40,14 @@ absl::StatusOr<uint64_t> CheckSealedObject(int fd) {
         "region memory: not a memfd (regions are memfds sealed with F_SEAL_SHRINK, "
         "F_SEAL_GROW and F_SEAL_SEAL; hugetlb memfds are not taken)");
   }
-  if ((seals & kRequiredSeals) != kRequiredSeals) {
+  if ((seals & region::kRegionSeals) != region::kRegionSeals) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "region memory: seals 0x%x lack F_SEAL_SHRINK, F_SEAL_GROW or F_SEAL_SEAL (a region's "
         "size must be fixed for good: the server maps it; POSIX shm objects cannot be sealed, "
         "use memfd_create with MFD_ALLOW_SEALING)",
         seals));
   }
-  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+  if ((seals & region::kRegionWriteSeals) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "region memory: memfd seals 0x%x forbid writes (the server writes outputs into regions)",
         seals));
@@ -260,15 +258,13 @@ absl::StatusOr<std::span<uint8_t>> RegionRegistry::Slice(const ShmMapping& mappi
                                                          const std::string& field,
                                                          const std::string& name, uint64_t offset,
                                                          uint64_t size, uint64_t align) {
-  // offset + size <= region size, written so that it cannot overflow.
-  if (offset > mapping.size() || size > mapping.size() - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + size ", size,
-                                                   " is outside region '", name, "' of ",
-                                                   mapping.size(), " bytes"));
+  if (!region::RefInBounds(offset, size, mapping.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", region::OutsideText(offset, size, name, mapping.size())));
   }
-  if (align > 1 && offset % align != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": offset ", offset, " is not a multiple of ", align, " (the element size)"));
+  if (!region::RefAligned(offset, align)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", region::MisalignedText(offset, align)));
   }
   return std::span<uint8_t>(mapping.data() + offset, size);
 }

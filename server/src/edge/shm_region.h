@@ -4,18 +4,14 @@
 // each region once, read/write, and hands the core views of the mapping, so inputs are read in
 // place and outputs are written straight into it.
 //
-// Rules:
-// - A region is a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL (CheckSealedObject):
-//   its size is fixed for good, so no client action can make an access to the mapping fault.
-//   POSIX shm_open objects (which cannot be sealed) are not taken.
+// Rules (what a region and a reference obey, sealing, bounds and alignment, is the wire's
+// contract, smla/v1/shm_region.h; CheckSealedObject and RegionRegistry::Slice apply it):
 // - The server names each region ("/smla-" and 32 random hex characters): whoever hands the
 //   memory over owns the region, and no tenant can claim, squat or guess another's.
 // - A region belongs to the tenant that registered it (naming another tenant's region is
 //   PERMISSION_DENIED) and to the session (the registering call) that keeps it alive; it is
 //   unmapped when it is unregistered or its session ends, and not before the last step that
 //   uses it has finished (steps hold a reference to the mapping).
-// - A reference must lie within the registered size (overflow-safe), and its offset must be a
-//   multiple of the element size of its tensor's dtype.
 #pragma once
 
 #include <atomic>
@@ -113,7 +109,7 @@ class RegionRegistry {
   void CloseAll();
 
   // Resolves (name, offset, size) for `tenant`. `field` names the reference in errors;
-  // `align` is the element size its offset must be a multiple of.
+  // `align` is the element size its offset must be a multiple of (region::RefAligned).
   absl::StatusOr<RegionBytes> Resolve(const std::string& tenant, const std::string& field,
                                       const std::string& name, uint64_t offset, uint64_t size,
                                       uint64_t align) const;

@@ -175,8 +175,7 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
   // answered under a request id of the server's.
   absl::Status st = CheckStepIds(pb);
   if (st.ok()) {
-    st = ParseStepRequest(pb, model, options_.limits.max_rows_per_step,
-                          options_.limits.max_spans_per_step, out, storage, &regions);
+    st = ParseStepRequest(pb, model, options_.limits, out, storage, &regions);
   }
   if (out->request_id.empty()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));

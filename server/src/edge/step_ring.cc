@@ -110,7 +110,7 @@ void StepRing::Poll() {
         }
         // Between checks let any other runnable thread on this core go first (a no-op on an
         // idle core): the spin should not slow the work it waits for.
-        for (int i = 0; i < 16; ++i) ring::CpuRelax();
+        for (int i = 0; i < 16; ++i) v1::CpuRelax();
         std::this_thread::yield();
         continue;
       }
@@ -121,7 +121,7 @@ void StepRing::Poll() {
       } else if (now >= spin_until) {
         break;
       }
-      for (int i = 0; i < 16; ++i) ring::CpuRelax();
+      for (int i = 0; i < 16; ++i) v1::CpuRelax();
     }
     if (ready) continue;
     // Sleep: announce it, then re-check, so a request published meanwhile is not missed (the

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -130,8 +129,10 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
 }
 
 // A span's query tensors: bf16 q, or MXFP8 (e4m3 q codes with q_scales). The first span sets
-// the step's query format and every other span must use the same one. NaN codes and scale
-// bytes are the launch's to reject (CheckQueryCodes): their bytes may lie in a client's region.
+// the step's query format and every other span must use the same one. Scale bytes are read
+// whenever sent: whether the format takes them, and how many, is ValidateStep's to judge. NaN
+// codes and scale bytes are the launch's to reject (CheckQueryCodes): their bytes may lie in a
+// client's region.
 absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span_index, int64_t n,
                                int64_t h, int64_t w, StepRequest* out, SpanInput* span,
                                const RegionContext* regions, ParseStorage* storage) {
@@ -149,17 +150,7 @@ absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span
                        storage);
   if (!q.ok()) return q.status();
   span->q = *q;
-  if (!mx) {
-    if (s.has_q_scales()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(f, ".q_scales: set for bf16 queries (only e4m3 queries have scales)"));
-    }
-    return absl::OkStatus();
-  }
-  if (!s.has_q_scales()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(f, ".q_scales: unset, e4m3 queries need their scale bytes"));
-  }
+  if (!s.has_q_scales()) return absl::OkStatus();
   auto scales = CheckTensor(s.q_scales(), f + ".q_scales", v1::DTYPE_E8M0,
                             {n, h, w >= 0 ? w / kernels::kMxQueryGroup : -1}, regions, storage);
   if (!scales.ok()) return scales.status();
@@ -327,8 +318,7 @@ WireModel MakeWireModel(int32_t heads, const ModelProfile& profile) {
 }
 
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
-                              int32_t max_rows_per_step, int32_t max_spans_per_step,
-                              StepRequest* out, ParseStorage* storage,
+                              const Limits& limits, StepRequest* out, ParseStorage* storage,
                               const RegionContext* regions) {
   out->request_id = pb.request_id();
   out->model = pb.model();
@@ -346,65 +336,31 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
   }
   out->want_lse = pb.want_lse();
   out->inverse_rope = pb.inverse_rope();
-  if (pb.spans_size() == 0)
-    return absl::InvalidArgumentError("spans: a step needs at least one span");
-  if (pb.spans_size() > max_spans_per_step) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spans: ", pb.spans_size(), " spans, the limit is ", max_spans_per_step));
-  }
-  const int64_t w = model ? model->qk_width : -1;
-  const int64_t h = model ? model->heads : -1;
-  int64_t total_rows = 0;
-  const bool packed = pb.has_packed();
   out->spans.clear();
   out->spans.reserve(pb.spans_size());
   for (int i = 0; i < pb.spans_size(); ++i) {
     const v1::Span& s = pb.spans(i);
-    const std::string f = absl::StrCat("spans[", i, "]");
-    SpanInput span;
+    SpanInput& span = out->spans.emplace_back();
     span.sequence_id = s.sequence_id();
-    if (span.sequence_id.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(f, ".sequence_id: empty"));
-    }
     span.first_position = s.first_position();
-    if (span.first_position < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(f, ".first_position: ", span.first_position, " is negative"));
-    }
     span.num_rows = s.num_rows();
-    if (span.num_rows <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(f, ".num_rows: ", span.num_rows, ", must be positive"));
-    }
-    // The span's positions are computed from first_position + num_rows (its compressed entries
-    // below): that sum must not wrap. The core bounds it by the longest context.
-    if (span.first_position > std::numeric_limits<int64_t>::max() - span.num_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(f, ".first_position: ", span.first_position,
-                                                     " + ", span.num_rows,
-                                                     " rows is past the largest position"));
-    }
-    total_rows += span.num_rows;
-    if (total_rows > max_rows_per_step) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          f, ".num_rows: ", total_rows, " rows in the step, the limit is ", max_rows_per_step));
-    }
-    const int64_t n = span.num_rows;
-    if (s.roles_size() != 0) {
-      span.roles.reserve(s.roles_size());
-      if (s.roles_size() != n) {
+    span.roles.reserve(s.roles_size());
+    for (int r = 0; r < s.roles_size(); ++r) {
+      const int role = s.roles(r);
+      if (role != v1::ROW_ROLE_VERIFY && role != v1::ROW_ROLE_DRAFT) {
         return absl::InvalidArgumentError(
-            absl::StrCat(f, ".roles: ", s.roles_size(), " roles for ", n, " rows"));
+            absl::StrCat("spans[", i, "].roles[", r, "]: unknown role ", role));
       }
-      for (int r = 0; r < s.roles_size(); ++r) {
-        const int role = s.roles(r);
-        if (role != v1::ROW_ROLE_VERIFY && role != v1::ROW_ROLE_DRAFT) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(f, ".roles[", r, "]: unknown role ", role));
-        }
-        span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
-      }
+      span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
     }
-    if (packed) {
+  }
+  // Tensors are sized from the spans' rows and positions: those are bounded first, by the
+  // core's rules.
+  if (absl::Status st = ValidateStepExtent(*out, limits); !st.ok()) return st;
+  const int64_t total_rows = StepRows(*out);
+  if (pb.has_packed()) {
+    for (int i = 0; i < pb.spans_size(); ++i) {
+      const v1::Span& s = pb.spans(i);
       // The packed ranges carry every span's tensors.
       for (const auto& [set, name] :
            {std::pair{s.has_kv_rows(), "kv_rows"}, std::pair{s.has_q(), "q"},
@@ -412,13 +368,22 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
             std::pair{s.has_q_scales(), "q_scales"}}) {
         if (set) {
           return absl::InvalidArgumentError(
-              absl::StrCat(f, ".", name, ": set in a packed request (packed.", name,
+              absl::StrCat("spans[", i, "].", name, ": set in a packed request (packed.", name,
                            " carries every span's)"));
         }
       }
-      out->spans.push_back(std::move(span));
-      continue;
     }
+    absl::Status st = ParsePackedInputs(pb, model, total_rows, out, storage, regions);
+    if (!st.ok()) return st;
+    return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
+  }
+  const int64_t w = model ? model->qk_width : -1;
+  const int64_t h = model ? model->heads : -1;
+  for (int i = 0; i < pb.spans_size(); ++i) {
+    const v1::Span& s = pb.spans(i);
+    const std::string f = absl::StrCat("spans[", i, "]");
+    SpanInput& span = out->spans[i];
+    const int64_t n = span.num_rows;
     auto kv = CheckTensor(s.kv_rows(), f + ".kv_rows", v1::DTYPE_BF16, {n, w}, regions, storage);
     if (!kv.ok()) return kv.status();
     span.kv_rows = *kv;
@@ -440,11 +405,6 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       span.topk = AsInt32(*t, storage);
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));
     }
-    out->spans.push_back(std::move(span));
-  }
-  if (packed) {
-    absl::Status st = ParsePackedInputs(pb, model, total_rows, out, storage, regions);
-    if (!st.ok()) return st;
   }
   return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
 }

@@ -1,7 +1,8 @@
-// Wire <-> in-process conversion of steps: checks what only the wire can get wrong (dtype,
-// shape, byte counts, region references), naming the field, and builds a StepRequest whose
-// tensor views point into the protobuf message. Semantic checks (positions, ids, capacity)
-// belong to the service core.
+// Wire <-> in-process conversion of steps: checks what only the wire can get wrong (enum
+// values, dtype, shape against byte counts, region references), naming the field, and builds a
+// StepRequest whose tensor views point into the protobuf message. Every other rule (span count,
+// rows, positions, ids, roles per row, which tensors a layer or query format takes, capacity)
+// is ValidateStep's (smla/server/step_validation.h), one owner and one wording each.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/arena.h"
 #include "request_reader.h"
+#include "smla/server/config.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
@@ -64,7 +66,8 @@ struct RegionContext {
   std::string tenant;
 };
 
-// Fills `out` (all but tenant, deadline and cancel flag) from `pb`. `model` may be null when
+// Fills `out` (all but tenant, deadline and cancel flag) from `pb`. The step's extent is checked
+// first (ValidateStepExtent under `limits`): tensors are sized from it. `model` may be null when
 // the model is unknown: shapes are then checked only for internal consistency and the core
 // answers NOT_FOUND. `pb` and `storage` must outlive `out`. Without `regions` (or with a null
 // registry) a tensor naming a region is INVALID_ARGUMENT; with it, region references are
@@ -73,8 +76,7 @@ struct RegionContext {
 // slices of the packed ranges; its top-k ids are copied once (the client could change them
 // after validation).
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
-                              int32_t max_rows_per_step, int32_t max_spans_per_step,
-                              StepRequest* out, ParseStorage* storage,
+                              const Limits& limits, StepRequest* out, ParseStorage* storage,
                               const RegionContext* regions = nullptr);
 
 // Copies a result into a response (tensors, timings); code and message stay OK. Tensors the

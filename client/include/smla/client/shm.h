@@ -22,8 +22,8 @@
 
 namespace smla::client {
 
-// A memfd named "smla-<label>" of `size` bytes, sealed as the server requires (F_SEAL_SHRINK,
-// F_SEAL_GROW, F_SEAL_SEAL: its size can never change); the caller owns the descriptor.
+// A memfd named "smla-<label>" of `size` bytes, sealed as the region contract requires
+// (smla/v1/shm_region.h: its size can never change); the caller owns the descriptor.
 absl::StatusOr<int> SealedMemfd(const std::string& label, uint64_t size);
 
 // Hands `fd` to the server whose handover socket is `socket` (ServerInfo.shm_socket) and
@@ -34,7 +34,7 @@ absl::StatusOr<std::string> HandOver(const std::string& socket, int fd);
 class ShmRegion {
  public:
   // Creates a memfd (named "smla-<label>" for tools like /proc/PID/fd) of `size` bytes, seals
-  // its size for good (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), maps it, hands it over and
+  // its size for good (smla/v1/shm_region.h), maps it, hands it over and
   // registers it with the server behind `client` (which must outlive the region). The server
   // must run with --allow_shm and on this host; it names the region (name()). The memory has
   // no name in any filesystem, so a client that dies leaves nothing behind.
@@ -63,11 +63,12 @@ class ShmRegion {
     kPacked,
   };
 
-  // Bytes Place needs for `request` (inputs and outputs, each 64-byte aligned; the packed
+  // Bytes Place needs for `request` (inputs and outputs, each at a multiple of
+  // v1::region::kRegionAlign; the packed
   // layout needs at most as many).
   static uint64_t BytesFor(const v1::StepRequest& request);
-  // Moves every inline input tensor of `request` into the region from `offset` (a multiple of
-  // 64) on and points the outputs (out, and mx_scales / lse when the request asks for them)
+  // Moves every inline input tensor of `request` into the region from `offset` (rounded up to
+  // a multiple of v1::region::kRegionAlign) on and points the outputs (out, and mx_scales / lse when the request asks for them)
   // at it; returns the end of what it used. `request` must be fully inline; OUT_OF_RANGE when
   // the region is too small, INVALID_ARGUMENT when only some of a packed request's spans
   // carry top-k ids. Several requests can live side by side at different offsets.

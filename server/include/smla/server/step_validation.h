@@ -1,6 +1,8 @@
-// Checks of a step that need no stored state, run at admission: layer known, shapes and byte
-// sizes (the queries' by the step's q_format), positions and roles, sink and RoPE table
-// present. Checks against stored state (sequence exists, no position gap, window kept, pool
+// The one semantic validator of a step: the checks that need no stored state, run at
+// admission: layer known, shapes and byte sizes (the queries' by the step's q_format), positions
+// and roles, sink and RoPE table present. The gRPC edge checks only the wire form (dtypes,
+// tensor shapes against their bytes, enum values, region references, wire.h) and leaves every
+// other rule here. Checks against stored state (sequence exists, no position gap, window kept, pool
 // capacity) run when the step is launched, in queue order (KvStore::Prepare). The checks of
 // the inputs' contents (KV rows finite and within the accepted magnitude, no NaN in MXFP8
 // queries, chosen entries visible at their rows) run in the launch too, while the device copies
@@ -26,7 +28,14 @@ struct StepContext {
   int32_t rope_positions = 0;  // P of the uploaded cos/sin table, 0 = none
 };
 
-// INVALID_ARGUMENT naming field, span, row and value; NOT_FOUND for an unknown layer;
+// The rules that bound a step's extent: 1..max_spans_per_step spans, each of at least one row,
+// max_rows_per_step rows in all, positions from 0 within the longest context, and one role per
+// row when roles are given. ValidateStep runs them; the edge runs them too before it sizes the
+// spans' tensors from these values (wire.h), so its sizes cannot overflow. INVALID_ARGUMENT
+// naming the field.
+absl::Status ValidateStepExtent(const StepRequest& request, const Limits& limits);
+
+// ValidateStepExtent, then the rest. INVALID_ARGUMENT naming field, span, row and value; NOT_FOUND for an unknown layer;
 // FAILED_PRECONDITION when the model's sinks or the RoPE table a step needs are missing.
 absl::Status ValidateStep(const StepRequest& request, const StepContext& context);
 
