@@ -1,4 +1,5 @@
-// Small helpers private to the service core: invariant checks and status propagation.
+// Small helpers private to the service core: invariant checks and message formatting (status
+// propagation comes from smla/base/status_macros.h).
 #pragma once
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "smla/base/status_macros.h"  // SMLA_RETURN_IF_ERROR, SMLA_ASSIGN_OR_RETURN
 
 // Invariants (not input checks): a failure is a bug, so the process stops with the location.
 #define SMLA_CHECK(cond, msg)                                                                 \
@@ -17,12 +19,6 @@
       std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, msg); \
       std::abort();                                                                           \
     }                                                                                         \
-  } while (0)
-
-#define SMLA_RETURN_IF_ERROR(expr)               \
-  do {                                           \
-    ::absl::Status smla_status_ = (expr);        \
-    if (!smla_status_.ok()) return smla_status_; \
   } while (0)
 
 

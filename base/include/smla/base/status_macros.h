@@ -13,8 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-// Token for token the copy in server/src/core/internal.h, so that one translation unit may see
-// both until that header includes this one.
 #define SMLA_RETURN_IF_ERROR(expr)               \
   do {                                           \
     ::absl::Status smla_status_ = (expr);        \
