@@ -9,10 +9,11 @@
 #include "absl/status/status.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/gpu/runtime.h"
+#include "smla/kernels/plan.h"
 
 namespace smla::kernels::gpu {
 
-inline constexpr int kTileKeys = 64;      // keys gathered per tile
+inline constexpr int kTileKeys = kKeyTile;    // keys gathered per tile (the plan's tile)
 inline constexpr int kMaxWarpsPer16Heads = 8;  // a 16-head group has 4 or 8 warps
 inline constexpr int kMaxStages = 3;           // gather stages in flight per program
 inline constexpr int kDirectMaxStages = 4;     // the same for the direct kernel
