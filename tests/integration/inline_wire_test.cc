@@ -235,6 +235,34 @@ TEST(RequestReaderTest, LargeRequestsLandTheSameThroughHelpers) {
   }
 }
 
+// Each kind of tensor lands contiguous in span order, so the executor copies a kind to the
+// device in one copy (it merges copies that continue each other on both sides).
+TEST(RequestReaderTest, TensorsLandGroupedByKindInSpanOrder) {
+  std::mt19937_64 rng(14);
+  StagingPool pool = Pool();
+  v1::StepRequest r;
+  for (int s = 0; s < 4; ++s) {
+    v1::Span* span = r.add_spans();
+    span->mutable_kv_rows()->set_inline_data(RandomBytes(1152 * (s + 1), rng));
+    span->mutable_q()->set_inline_data(RandomBytes(9216 * 6, rng));
+    span->mutable_topk()->set_inline_data(RandomBytes(2048 * 6, rng));
+  }
+  v1::StepRequest read;
+  LandedTensors landed;
+  ASSERT_TRUE(ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read,
+                              &landed, 0)
+                  .ok());
+  for (auto field : {&v1::Span::q, &v1::Span::kv_rows, &v1::Span::topk}) {
+    for (int s = 0; s + 1 < read.spans_size(); ++s) {
+      const auto a = landed.bytes.at(&(read.spans(s).*field)());
+      const auto b = landed.bytes.at(&(read.spans(s + 1).*field)());
+      EXPECT_EQ(a.data() + a.size(), b.data()) << "span " << s;
+    }
+  }
+  const Split want = Expected(r), got = Landed(read, landed);
+  EXPECT_EQ(want.bytes, got.bytes);
+}
+
 TEST(ParallelCopierTest, ConcurrentCallersEachGetTheirBytes) {
   v1::ParallelCopier copier(2);
   EXPECT_EQ(copier.helpers(), 2);

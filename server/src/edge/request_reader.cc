@@ -1,8 +1,11 @@
 #include "request_reader.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "host_staging.h"
@@ -14,6 +17,31 @@ namespace {
 constexpr uint64_t kAlign = 64;
 
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The order tensors land in: all spans' queries, then their query scales, KV rows, compressed
+// rows and chosen entries, each kind in span order, then anything else in wire order. The
+// executor copies each kind into one device buffer in span order, so a kind that lies
+// contiguous here (sizes are multiples of 64 bytes at every served shape) goes to the device in
+// one copy instead of one per span.
+std::vector<const v1::TensorBytesReader::Bytes*> LandingOrder(
+    const v1::StepRequest& request, const std::vector<v1::TensorBytesReader::Bytes>& tensors) {
+  absl::flat_hash_map<const v1::Tensor*, std::pair<int, int>> rank;
+  for (int i = 0; i < request.spans_size(); ++i) {
+    const v1::Span& s = request.spans(i);
+    const v1::Tensor* kinds[] = {&s.q(), &s.q_scales(), &s.kv_rows(), &s.compressed_rows(),
+                                 &s.topk()};
+    for (int k = 0; k < 5; ++k) rank[kinds[k]] = {k, i};
+  }
+  std::vector<const v1::TensorBytesReader::Bytes*> order;
+  order.reserve(tensors.size());
+  for (const auto& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [&](const auto* a, const auto* b) {
+    auto ra = rank.find(a->tensor), rb = rank.find(b->tensor);
+    const std::pair<int, int> last{5, 0};
+    return (ra == rank.end() ? last : ra->second) < (rb == rank.end() ? last : rb->second);
+  });
+  return order;
+}
 
 }  // namespace
 
@@ -44,10 +72,10 @@ absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
   }
   uint8_t* dst = total > 0 ? landed->buffer->data() : nullptr;
   std::vector<v1::CopyPiece> pieces;
-  for (const auto& t : reader.tensors()) {
-    if (t.size > 0) reader.AppendPieces(t, dst, &pieces);
-    landed->bytes[t.tensor] = {dst, t.size};
-    if (t.size > 0) dst += AlignUp(t.size);
+  for (const auto* t : LandingOrder(*request, reader.tensors())) {
+    if (t->size > 0) reader.AppendPieces(*t, dst, &pieces);
+    landed->bytes[t->tensor] = {dst, t->size};
+    if (t->size > 0) dst += AlignUp(t->size);
   }
   if (copier != nullptr) {
     copier->Copy(pieces);
