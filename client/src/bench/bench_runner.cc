@@ -59,6 +59,99 @@ Percentiles Summarise(std::vector<double> v) {
   return p;
 }
 
+namespace {
+
+// Log-spaced bins (x1.25) from 10 µs, enough to cover the slowest call.
+std::vector<HistogramBin> Histogram(std::vector<double> call_ms) {
+  std::vector<HistogramBin> bins;
+  if (!call_ms.empty()) {
+    double upper = 0.01;
+    std::vector<double> sorted = std::move(call_ms);
+    std::sort(sorted.begin(), sorted.end());
+    size_t i = 0;
+    while (i < sorted.size()) {
+      HistogramBin b{upper, 0};
+      while (i < sorted.size() && sorted[i] <= upper) {
+        ++b.count;
+        ++i;
+      }
+      if (b.count > 0 || !bins.empty()) bins.push_back(b);
+      upper *= 1.25;
+    }
+  }
+  return bins;
+}
+
+// The run's statistics from what the workers collected: `measured` is the measured window,
+// `until_end` the time from its start to the last worker's end (used for a fixed step count).
+RunStats Aggregate(const Collected& out, const RunOptions& options, Clock::duration measured,
+                   Clock::duration until_end) {
+  RunStats r;
+  r.concurrency = options.concurrency;
+  r.rate = options.rate;
+  r.seconds = std::chrono::duration<double>(options.steps > 0 ? until_end : measured).count();
+  r.seconds = std::max(r.seconds, 1e-9);
+  r.errors = out.errors;
+  std::vector<double> call_ms, step_ms, overhead, transport, service, queue, kernel,
+      e2e_minus_kernel, parse, admit, batch_extra, prep, attend, copy_in, copy_out;
+  double batch_sum = 0;
+  int64_t good_rows = 0;
+  for (const StepSample& s : out.steps) {
+    r.steps++;
+    r.rows += s.rows;
+    step_ms.push_back(s.ms);
+    const bool good = options.slo_ms <= 0 || s.ms <= options.slo_ms;
+    if (good) {
+      r.good_steps++;
+      good_rows += s.rows;
+    }
+    for (const CallSample& c : s.calls) {
+      r.calls++;
+      call_ms.push_back(c.e2e_ms);
+      queue.push_back(c.queue_ms);
+      kernel.push_back(c.kernel_ms);
+      overhead.push_back(std::max(0.0, c.e2e_ms - c.queue_ms - c.kernel_ms));
+      transport.push_back(std::max(0.0, c.e2e_ms - c.server_ms));
+      service.push_back(std::max(0.0, c.server_ms - c.queue_ms - c.kernel_ms));
+      e2e_minus_kernel.push_back(c.e2e_ms - c.kernel_ms);
+      parse.push_back(c.parse_ms);
+      admit.push_back(c.admit_ms);
+      batch_extra.push_back(std::max(0.0, c.batch_ms - c.kernel_ms));
+      prep.push_back(c.prep_ms);
+      attend.push_back(c.attend_ms);
+      copy_in.push_back(c.copy_in_ms);
+      copy_out.push_back(c.copy_out_ms);
+      batch_sum += c.batch_requests;
+    }
+  }
+  r.calls_per_s = static_cast<double>(r.calls) / r.seconds;
+  r.steps_per_s = static_cast<double>(r.steps) / r.seconds;
+  r.rows_per_s = static_cast<double>(r.rows) / r.seconds;
+  r.goodput_steps_per_s = static_cast<double>(r.good_steps) / r.seconds;
+  r.goodput_rows_per_s = static_cast<double>(good_rows) / r.seconds;
+  r.mean_batch_requests = r.calls > 0 ? batch_sum / static_cast<double>(r.calls) : 0;
+  r.call_ms = Summarise(call_ms);
+  r.step_ms = Summarise(step_ms);
+  r.overhead_ms = Summarise(overhead);
+  r.transport_ms = Summarise(transport);
+  r.service_ms = Summarise(service);
+  r.queue_ms = Summarise(queue);
+  r.kernel_ms = Summarise(kernel);
+  r.e2e_minus_kernel_ms = Summarise(e2e_minus_kernel);
+  r.parse_ms = Summarise(parse);
+  r.admit_ms = Summarise(admit);
+  r.batch_extra_ms = Summarise(batch_extra);
+  r.prep_ms = Summarise(prep);
+  r.attend_ms = Summarise(attend);
+  r.copy_in_ms = Summarise(copy_in);
+  r.copy_out_ms = Summarise(copy_out);
+  r.slo_met = options.slo_ms <= 0 || r.step_ms.p99 <= options.slo_ms;
+  r.histogram = Histogram(std::move(call_ms));
+  return r;
+}
+
+}  // namespace
+
 RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   Collected out;
   const auto t0 = Clock::now();
@@ -158,84 +251,8 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   progress_stop = true;
   if (progress.joinable()) progress.join();
 
-  RunStats r;
-  r.concurrency = options.concurrency;
-  r.rate = options.rate;
-  r.seconds = std::chrono::duration<double>(std::min(t_end, measure_until) - measure_from).count();
-  if (options.steps > 0) r.seconds = std::chrono::duration<double>(t_end - measure_from).count();
-  r.seconds = std::max(r.seconds, 1e-9);
-  r.errors = out.errors;
-  std::vector<double> call_ms, step_ms, overhead, transport, service, queue, kernel,
-      e2e_minus_kernel, parse, admit, batch_extra, prep, attend, copy_in, copy_out;
-  double batch_sum = 0;
-  int64_t good_rows = 0;
-  for (const StepSample& s : out.steps) {
-    r.steps++;
-    r.rows += s.rows;
-    step_ms.push_back(s.ms);
-    const bool good = options.slo_ms <= 0 || s.ms <= options.slo_ms;
-    if (good) {
-      r.good_steps++;
-      good_rows += s.rows;
-    }
-    for (const CallSample& c : s.calls) {
-      r.calls++;
-      call_ms.push_back(c.e2e_ms);
-      queue.push_back(c.queue_ms);
-      kernel.push_back(c.kernel_ms);
-      overhead.push_back(std::max(0.0, c.e2e_ms - c.queue_ms - c.kernel_ms));
-      transport.push_back(std::max(0.0, c.e2e_ms - c.server_ms));
-      service.push_back(std::max(0.0, c.server_ms - c.queue_ms - c.kernel_ms));
-      e2e_minus_kernel.push_back(c.e2e_ms - c.kernel_ms);
-      parse.push_back(c.parse_ms);
-      admit.push_back(c.admit_ms);
-      batch_extra.push_back(std::max(0.0, c.batch_ms - c.kernel_ms));
-      prep.push_back(c.prep_ms);
-      attend.push_back(c.attend_ms);
-      copy_in.push_back(c.copy_in_ms);
-      copy_out.push_back(c.copy_out_ms);
-      batch_sum += c.batch_requests;
-    }
-  }
-  r.calls_per_s = static_cast<double>(r.calls) / r.seconds;
-  r.steps_per_s = static_cast<double>(r.steps) / r.seconds;
-  r.rows_per_s = static_cast<double>(r.rows) / r.seconds;
-  r.goodput_steps_per_s = static_cast<double>(r.good_steps) / r.seconds;
-  r.goodput_rows_per_s = static_cast<double>(good_rows) / r.seconds;
-  r.mean_batch_requests = r.calls > 0 ? batch_sum / static_cast<double>(r.calls) : 0;
-  r.call_ms = Summarise(call_ms);
-  r.step_ms = Summarise(step_ms);
-  r.overhead_ms = Summarise(overhead);
-  r.transport_ms = Summarise(transport);
-  r.service_ms = Summarise(service);
-  r.queue_ms = Summarise(queue);
-  r.kernel_ms = Summarise(kernel);
-  r.e2e_minus_kernel_ms = Summarise(e2e_minus_kernel);
-  r.parse_ms = Summarise(parse);
-  r.admit_ms = Summarise(admit);
-  r.batch_extra_ms = Summarise(batch_extra);
-  r.prep_ms = Summarise(prep);
-  r.attend_ms = Summarise(attend);
-  r.copy_in_ms = Summarise(copy_in);
-  r.copy_out_ms = Summarise(copy_out);
-  r.slo_met = options.slo_ms <= 0 || r.step_ms.p99 <= options.slo_ms;
-  // Log-spaced bins (x1.25) from 10 µs, enough to cover the slowest call.
-  if (!call_ms.empty()) {
-    double upper = 0.01;
-    std::vector<double> sorted = call_ms;
-    std::sort(sorted.begin(), sorted.end());
-    size_t i = 0;
-    while (i < sorted.size()) {
-      HistogramBin b{upper, 0};
-      while (i < sorted.size() && sorted[i] <= upper) {
-        ++b.count;
-        ++i;
-      }
-      if (b.count > 0 || !r.histogram.empty()) r.histogram.push_back(b);
-      upper *= 1.25;
-    }
-  }
-  return r;
+  return Aggregate(out, options, std::min(t_end, measure_until) - measure_from,
+                   t_end - measure_from);
 }
 
 }  // namespace smla::bench
