@@ -177,8 +177,9 @@ absl::StatusOr<std::unique_ptr<StepStream>> Client::OpenStream(absl::Duration ti
   std::unique_ptr<StepStream> s(new StepStream());
   s->context_ = std::make_unique<grpc::ClientContext>();
   if (timeout != absl::InfiniteDuration()) Prepare(s->context_.get(), timeout);
-  s->stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-      channel_.get(), *step_stream_method_, s->context_.get()));
+  s->stream_.reset(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel_.get(), *step_stream_method_, s->context_.get()));
   if (!s->stream_) return absl::UnavailableError("cannot open StepStream");
   s->copier_ = copier_;
   return s;

@@ -54,9 +54,9 @@ class AliasingOutput final : public google::protobuf::io::ZeroCopyOutputStream {
       }
       // The slice holds a reference to the message until gRPC has sent it.
       auto* hold = new std::shared_ptr<const void>(keep_);
-      slices.emplace_back(const_cast<char*>(r.alias), r.size,
-                          [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); },
-                          hold);
+      slices.emplace_back(
+          const_cast<char*>(r.alias), r.size,
+          [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }, hold);
     }
     if (slices.empty()) slices.emplace_back("", 0);  // an empty message is still a message
     return grpc::ByteBuffer(slices.data(), slices.size());
@@ -65,7 +65,7 @@ class AliasingOutput final : public google::protobuf::io::ZeroCopyOutputStream {
  private:
   static constexpr size_t kBlock = 4096;
   struct Run {
-    size_t offset;      // owned runs: where in owned_
+    size_t offset;  // owned runs: where in owned_
     size_t size;
     const char* alias;  // aliased runs: the message's bytes
   };

@@ -211,8 +211,7 @@ TEST(FaultTest, DeadlineExpiresWhileKernelRuns) {
 
 TEST(FaultTest, InjectedBackendFailure) {
   Harness h;
-  ASSERT_NO_FATAL_FAILURE(
-      h.Start({kGlm53, "--inject_backend_failure_after=2"}, "glm-5.3-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53, "--inject_backend_failure_after=2"}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "s").ok());
   h.StepAndCheck(h.Make(0, {{"s", 0, 8, 0}}));
   h.StepAndCheck(h.Make(0, {{"s", 8, 8, 0}}));

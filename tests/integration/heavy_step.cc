@@ -29,8 +29,7 @@ void WaitLaunched(Harness& h, int64_t pages_before, int64_t pages) {
   }
 }
 
-std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(Harness& h,
-                                                          const v1::StepRequest& heavy,
+std::future<absl::StatusOr<v1::StepResponse>> LaunchHeavy(Harness& h, const v1::StepRequest& heavy,
                                                           absl::Duration timeout) {
   const int64_t before = PagesUsed(h);
   auto running = std::async(std::launch::async,

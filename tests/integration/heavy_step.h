@@ -8,7 +8,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-
 #include "harness.h"
 
 namespace smla::testing {

@@ -4,9 +4,9 @@
 // protobuf message; the staging pool reuses its buffers and keeps its byte limits.
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "edge/host_staging.h"
@@ -107,7 +107,8 @@ TEST(RequestReaderTest, ReadsWhatProtobufParsesWithTensorsInStaging) {
     v1::StepRequest read;
     LandedTensors landed;
     ASSERT_TRUE(
-        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read, &landed, 0).ok());
+        ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read, &landed, 0)
+            .ok());
     const Split want = Expected(r), got = Landed(read, landed);
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want.skeleton, got.skeleton))
         << got.skeleton.DebugString();
@@ -206,7 +207,8 @@ TEST(RequestReaderTest, MalformedMessagesAreInvalidArgument) {
         std::string("\x07\x00", 2) /* wire type 7 */}) {
     v1::StepRequest read;
     LandedTensors landed;
-    const absl::Status st = ReadStepRequest(Sliced(bad, rng), pool, nullptr, "t", &read, &landed, 0);
+    const absl::Status st =
+        ReadStepRequest(Sliced(bad, rng), pool, nullptr, "t", &read, &landed, 0);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr("not a valid smla.v1.StepRequest"));
   }
@@ -249,9 +251,9 @@ TEST(RequestReaderTest, TensorsLandGroupedByKindInSpanOrder) {
   }
   v1::StepRequest read;
   LandedTensors landed;
-  ASSERT_TRUE(ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read,
-                              &landed, 0)
-                  .ok());
+  ASSERT_TRUE(
+      ReadStepRequest(Sliced(r.SerializeAsString(), rng), pool, nullptr, "t", &read, &landed, 0)
+          .ok());
   for (auto field : {&v1::Span::q, &v1::Span::kv_rows, &v1::Span::topk}) {
     for (int s = 0; s + 1 < read.spans_size(); ++s) {
       const auto a = landed.bytes.at(&(read.spans(s).*field)());

@@ -109,8 +109,9 @@ class Worker {
   CallTotals* const totals_;
   std::vector<int> layers_;
   std::vector<std::string> sequences_;
-  std::vector<std::shared_ptr<v1::StepRequest>> requests_;  // per layer slot, placed in the region for shm
-  std::vector<int64_t> next_position_;     // prefill: where the next call writes
+  // Per layer slot, placed in the region for shm; shared so that stream writes send from them.
+  std::vector<std::shared_ptr<v1::StepRequest>> requests_;
+  std::vector<int64_t> next_position_;  // prefill: where the next call writes
   std::unique_ptr<client::StepStream> stream_;
   std::unique_ptr<client::ShmRegion> region_;
   std::unique_ptr<client::StepRing> ring_;  // kRing: on stream_, in region_ at ring_offset_

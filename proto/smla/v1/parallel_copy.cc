@@ -73,9 +73,8 @@ void ParallelCopier::HelperLoop(Shared& shared) {
     {
       absl::MutexLock lock(&shared.mu);
       shared.mu.Await(absl::Condition(
-          +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-            return s->stopping || !s->jobs.empty();
-          },
+          +[](Shared* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->stopping || !s->jobs.empty(); },
           &shared));
       if (shared.jobs.empty()) return;  // stopping
       job = shared.jobs.front();

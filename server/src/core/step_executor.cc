@@ -513,15 +513,13 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
 // row may not see, or a non-finite KV row, is answered with the error and left out. Spans that
 // rewrite committed positions are checked before any row is written; spans that only append,
 // while the device attends (Launch).
-void StepExecutor::CheckContents(const LaunchPlan& p, const SegmentArrays& arrays,
-                                 DeviceWork& work,
+void StepExecutor::CheckContents(const LaunchPlan& p, const SegmentArrays& arrays, DeviceWork& work,
                                  std::vector<absl::StatusOr<StepResult>>& results,
                                  std::vector<size_t>& rejected) {
   const std::vector<size_t> bad_chosen = BuildSegments(p.shape(), work.spans, arrays);
   for (size_t k : bad_chosen) {
     const SpanRef& ref = work.spans[k];
-    Reject(p.span_step[k], ExplainChosenEntries(*ref.input, ref.index, *p.spec), results,
-           rejected);
+    Reject(p.span_step[k], ExplainChosenEntries(*ref.input, ref.index, *p.spec), results, rejected);
   }
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanRef& ref = work.spans[k];
@@ -591,8 +589,7 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
 
 // Each step's rows go back to its own destination when it named one, else to its result.
 void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
-                               std::vector<absl::StatusOr<StepResult>>& results,
-                               CopyStats& stats) {
+                               std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats) {
   size_t row0 = 0, step = 0;
   auto output = [&]<typename V>(std::span<uint8_t> dst, V& fallback, const uint8_t* src,
                                 size_t bytes) {

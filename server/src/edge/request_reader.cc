@@ -49,8 +49,7 @@ size_t LandedTensors::total_bytes() const { return buffer ? buffer->size() : 0; 
 
 absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
                              v1::ParallelCopier* copier, const std::string& tenant,
-                             v1::StepRequest* request, LandedTensors* landed,
-                             uint64_t walk_from) {
+                             v1::StepRequest* request, LandedTensors* landed, uint64_t walk_from) {
   if (buffer.Length() < walk_from) {
     grpc::ByteBuffer view(buffer);  // shares the slices
     grpc::ProtoBufferReader in(&view);

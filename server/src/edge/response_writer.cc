@@ -24,12 +24,12 @@ void SerializeStepResponse(v1::StepResponse* response, const StagedOutputs& stag
     void (v1::StepResponse::*clear)();
   };
   const Field fields[] = {
-      {v1::StepResponse::kOutFieldNumber, response->has_out(), staged.out,
-       &v1::StepResponse::out, &v1::StepResponse::clear_out},
+      {v1::StepResponse::kOutFieldNumber, response->has_out(), staged.out, &v1::StepResponse::out,
+       &v1::StepResponse::clear_out},
       {v1::StepResponse::kMxScalesFieldNumber, response->has_mx_scales(), staged.mx_scales,
        &v1::StepResponse::mx_scales, &v1::StepResponse::clear_mx_scales},
-      {v1::StepResponse::kLseFieldNumber, response->has_lse(), staged.lse,
-       &v1::StepResponse::lse, &v1::StepResponse::clear_lse},
+      {v1::StepResponse::kLseFieldNumber, response->has_lse(), staged.lse, &v1::StepResponse::lse,
+       &v1::StepResponse::clear_lse},
   };
   // Headers: each tensor's dtype and shape, then the tag and length of its bytes.
   std::vector<std::string> headers;
