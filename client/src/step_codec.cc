@@ -12,10 +12,6 @@
 namespace smla::client {
 namespace {
 
-// Below this size a response is parsed by protobuf as a whole (the server's request reader draws
-// the same line, for the same reason: the field walk costs more than the copies it saves).
-constexpr size_t kWalkFromBytes = size_t{256} << 10;
-
 // Collects a serialized message as runs of its own bytes (tags, lengths, small fields) and runs
 // that alias the message's large strings.
 class AliasingOutput final : public google::protobuf::io::ZeroCopyOutputStream {
@@ -103,7 +99,7 @@ grpc::ByteBuffer EncodeStepRequest(std::shared_ptr<const v1::StepRequest> reques
 absl::Status DecodeStepResponse(const grpc::ByteBuffer& buffer, v1::ParallelCopier* copier,
                                 v1::StepResponse* response) {
   response->Clear();
-  if (buffer.Length() < kWalkFromBytes) {
+  if (buffer.Length() < v1::kWalkFromBytes) {
     grpc::ByteBuffer view(buffer);  // shares the slices
     grpc::ProtoBufferReader in(&view);
     if (!response->ParseFromZeroCopyStream(&in)) {
@@ -121,11 +117,7 @@ absl::Status DecodeStepResponse(const grpc::ByteBuffer& buffer, v1::ParallelCopi
     data->resize(t.size);
     reader.AppendPieces(t, reinterpret_cast<uint8_t*>(data->data()), &pieces);
   }
-  if (copier != nullptr) {
-    copier->Copy(pieces);
-  } else {
-    for (const v1::CopyPiece& p : pieces) std::memcpy(p.dst, p.src, p.bytes);
-  }
+  v1::CopyPieces(pieces, copier);
   return absl::OkStatus();
 }
 

@@ -20,6 +20,14 @@ void CopyAll(std::span<const CopyPiece> pieces) {
 
 }  // namespace
 
+void CopyPieces(std::span<const CopyPiece> pieces, ParallelCopier* copier) {
+  if (copier != nullptr) {
+    copier->Copy(pieces);
+  } else {
+    CopyAll(pieces);
+  }
+}
+
 // One Copy call: its chunks, taken in order by whoever comes first.
 struct ParallelCopier::Job {
   std::vector<CopyPiece> chunks;

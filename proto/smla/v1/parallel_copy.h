@@ -20,6 +20,11 @@ struct CopyPiece {
   size_t bytes;
 };
 
+class ParallelCopier;
+
+// Copies every piece: over `copier`'s threads when given, else on the caller's thread.
+void CopyPieces(std::span<const CopyPiece> pieces, ParallelCopier* copier);
+
 class ParallelCopier {
  public:
   // Below this many bytes in total, a Copy runs on the caller's thread alone.

@@ -19,6 +19,10 @@
 
 namespace smla::v1 {
 
+// Below this many bytes a message is parsed by protobuf as a whole: its tensors are small, and
+// the per-field walk costs more than the copies it saves (docs/results/bench-h200.md).
+inline constexpr uint64_t kWalkFromBytes = uint64_t{256} << 10;
+
 class TensorBytesReader {
  public:
   // A tensor's inline bytes: `size` bytes at `offset` of the message.

@@ -1,7 +1,6 @@
 #include "request_reader.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -76,11 +75,7 @@ absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
     landed->bytes[t->tensor] = {dst, t->size};
     if (t->size > 0) dst += AlignUp(t->size);
   }
-  if (copier != nullptr) {
-    copier->Copy(pieces);
-  } else {
-    for (const v1::CopyPiece& p : pieces) std::memcpy(p.dst, p.src, p.bytes);
-  }
+  v1::CopyPieces(pieces, copier);
   return absl::OkStatus();
 }
 

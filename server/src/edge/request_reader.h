@@ -16,6 +16,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "smla/v1/parallel_copy.h"
 #include "smla/v1/step.pb.h"
+#include "smla/v1/tensor_bytes.h"
 
 namespace smla::server::edge {
 
@@ -30,9 +31,8 @@ struct LandedTensors {
   size_t total_bytes() const;  // staging bytes held
 };
 
-// Below this many bytes a message is parsed by protobuf as a whole: its tensors are small, and
-// the per-field walk costs more than the copies it saves (docs/results/bench-h200.md).
-inline constexpr uint64_t kWalkFromBytes = uint64_t{256} << 10;
+// Messages shorter than this are parsed by protobuf as a whole (smla/v1/tensor_bytes.h).
+inline constexpr uint64_t kWalkFromBytes = v1::kWalkFromBytes;
 
 // Parses `buffer` into `request` (which must be empty) and `landed`. A message protobuf could
 // not parse is INVALID_ARGUMENT naming what is wrong; staging that the pool refuses is its
