@@ -1,12 +1,10 @@
-#include "kbench/device_kernels.h"
-
+#include <cublas_api.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <vector>
 
-#include <cublas_api.h>
-
+#include "kbench/device_kernels.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/gpu/primitives.h"
 
@@ -172,19 +170,19 @@ absl::Status FillBf16(uint16_t* dst, int64_t n, float magnitude, uint64_t seed,
   return kernels::gpu::ToStatus(kernels::gpu::GetLastError(), "fill bf16");
 }
 
-absl::Status LaunchGather(const PoolLayout& pool, const int32_t* slots, int64_t n,
-                          uint32_t* sink, kernels::gpu::StreamHandle stream) {
+absl::Status LaunchGather(const PoolLayout& pool, const int32_t* slots, int64_t n, uint32_t* sink,
+                          kernels::gpu::StreamHandle stream) {
   const bool dsv4 = pool.format == KvFormat::kFp8Dsv4;
-  const int64_t data = dsv4 ? kernels::kDsv4DataBytes : kernels::RowBytes(pool.format, pool.geometry);
+  const int64_t data =
+      dsv4 ? kernels::kDsv4DataBytes : kernels::RowBytes(pool.format, pool.geometry);
   const int chunks = static_cast<int>(data / 16) + (dsv4 ? 1 : 0);
   const int stride = static_cast<int>(data);
   const int64_t total = n * chunks;
-  const int64_t blocks =
-      std::max<int64_t>(1, std::min<int64_t>((total + kGatherThreads * kInFlight - 1) /
-                                                 (kGatherThreads * kInFlight),
-                                             132 * 64));
-  GatherKernel<<<static_cast<unsigned>(blocks), kGatherThreads, 0, stream>>>(pool, slots, n,
-                                                                               chunks, stride, sink);
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min<int64_t>((total + kGatherThreads * kInFlight - 1) / (kGatherThreads * kInFlight),
+                           132 * 64));
+  GatherKernel<<<static_cast<unsigned>(blocks), kGatherThreads, 0, stream>>>(pool, slots, n, chunks,
+                                                                             stride, sink);
   return kernels::gpu::ToStatus(kernels::gpu::GetLastError(), "gather");
 }
 
@@ -229,8 +227,8 @@ absl::StatusOr<double> GemmTflops(int n, int iterations, kernels::gpu::StreamHan
   using DestroyFn = cublasStatus_t (*)(cublasHandle_t);
   using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
   using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
-                                      int, int, const void*, const void*, cudaDataType,
-                                      int, const void*, cudaDataType, int, const void*, void*,
+                                      int, int, const void*, const void*, cudaDataType, int,
+                                      const void*, cudaDataType, int, const void*, void*,
                                       cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
   auto create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
   auto destroy = reinterpret_cast<DestroyFn>(dlsym(lib, "cublasDestroy_v2"));
@@ -246,8 +244,10 @@ absl::StatusOr<double> GemmTflops(int n, int iterations, kernels::gpu::StreamHan
   SMLA_GPU_RETURN_IF_ERROR(kernels::gpu::Malloc(&a, elems * 2));
   SMLA_GPU_RETURN_IF_ERROR(kernels::gpu::Malloc(&b, elems * 2));
   SMLA_GPU_RETURN_IF_ERROR(kernels::gpu::Malloc(&c, elems * 2));
-  if (absl::Status st = FillBf16(static_cast<uint16_t*>(a), elems, 1.0f, 1, stream); !st.ok()) return st;
-  if (absl::Status st = FillBf16(static_cast<uint16_t*>(b), elems, 1.0f, 2, stream); !st.ok()) return st;
+  if (absl::Status st = FillBf16(static_cast<uint16_t*>(a), elems, 1.0f, 1, stream); !st.ok())
+    return st;
+  if (absl::Status st = FillBf16(static_cast<uint16_t*>(b), elems, 1.0f, 2, stream); !st.ok())
+    return st;
   set_stream(h, stream);
   const float alpha = 1.0f, beta = 0.0f;
   cudaEvent_t e0, e1;
@@ -258,8 +258,8 @@ absl::StatusOr<double> GemmTflops(int n, int iterations, kernels::gpu::StreamHan
   for (int i = 0; i < iterations + 3 && status.ok(); ++i) {
     cudaEventRecord(e0, stream);
     if (gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
-             &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
-        CUBLAS_STATUS_SUCCESS) {
+             &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+             CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
       status.Update(absl::InternalError("cublasGemmEx failed"));
     }
     cudaEventRecord(e1, stream);

@@ -31,8 +31,8 @@ absl::Status FillBf16(uint16_t* dst, int64_t n, float magnitude, uint64_t seed,
 
 // Reads the rows named by `slots` ([n] device int32) whole (the format's row bytes, the
 // fp8_dsv4 scale record too) with 16-byte loads, several in flight per thread.
-absl::Status LaunchGather(const PoolLayout& pool, const int32_t* slots, int64_t n,
-                          uint32_t* sink, kernels::gpu::StreamHandle stream);
+absl::Status LaunchGather(const PoolLayout& pool, const int32_t* slots, int64_t n, uint32_t* sink,
+                          kernels::gpu::StreamHandle stream);
 // Bytes a gather of one row reads.
 int64_t GatherRowBytes(kernels::KvFormat format, kernels::Geometry geometry);
 

@@ -23,8 +23,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gpu/attend_launch.h"
 #include "kbench/device_kernels.h"
@@ -80,8 +80,8 @@ struct Options {
   std::string out = "auto";
   int force_splits = 0;
   int force_head_block = 0;
-  bool tile_kernel = false;  // AttendParams::force_tile_kernel (A/B)
-  bool no_fold = false;      // AttendParams::no_scale_fold (A/B)
+  bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
+  bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };
@@ -249,7 +249,8 @@ class Runner {
     std::map<std::string, std::vector<const Cell*>> groups;
     std::vector<std::string> order;
     for (const Cell& c : cells) {
-      const std::string key = absl::StrCat(c.model->name, "/", std::string(kernels::KvFormatName(c.format)), "/", c.context);
+      const std::string key = absl::StrCat(
+          c.model->name, "/", std::string(kernels::KvFormatName(c.format)), "/", c.context);
       if (!groups.count(key)) order.push_back(key);
       groups[key].push_back(&c);
     }
@@ -295,7 +296,8 @@ class Runner {
     Check(gpu::StreamSynchronize(stream_), "fill sync");
     p.gather_gbps = GatherCeiling(*big, stream_, flush_, sink_mem_);
     p.gather_row_bytes = GatherRowBytes(c.format, c.model->geometry);
-    std::fprintf(stderr, "pools %s %s %lldK: main %lld slots, extra %lld slots, gather ceiling %.0f GB/s\n",
+    std::fprintf(stderr,
+                 "pools %s %s %lldK: main %lld slots, extra %lld slots, gather ceiling %.0f GB/s\n",
                  c.model->name.c_str(), std::string(kernels::KvFormatName(c.format)).c_str(),
                  static_cast<long long>(c.context / 1024), static_cast<long long>(main_slots),
                  static_cast<long long>(extra_slots), p.gather_gbps);
@@ -325,14 +327,16 @@ class Runner {
       p.geometry = c.model->geometry;
       p.q = q.get();
       p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(qk));
-      p.main.cache = {pools.main.base, c.format, c.model->geometry, pools.main.num_pages,
-                      kRowsPerPage, pools.main.pitch, 1.0f};
+      p.main.cache = {
+          pools.main.base,  c.format, c.model->geometry, pools.main.num_pages, kRowsPerPage,
+          pools.main.pitch, 1.0f};
       p.main.indptr = ix.main_indptr;
       p.main.indices = ix.main_indices;
       if (!ix.extra_indptr.empty()) {
         p.has_extra = true;
-        p.extra.cache = {pools.extra.base, c.format, c.model->geometry, pools.extra.num_pages,
-                         kRowsPerPage, pools.extra.pitch, 1.0f};
+        p.extra.cache = {
+            pools.extra.base,  c.format, c.model->geometry, pools.extra.num_pages, kRowsPerPage,
+            pools.extra.pitch, 1.0f};
         p.extra.indptr = ix.extra_indptr;
         p.extra.indices = ix.extra_indices;
       }
@@ -454,8 +458,8 @@ Options ParseOptions(bool* grid, bool* any_filter) {
     }
     o.filter.tps.push_back(tp);
   }
-  *any_filter = !o.filter.models.empty() || !o.filter.formats.empty() ||
-                !o.filter.shapes.empty() || !o.filter.contexts.empty() || !o.filter.tps.empty();
+  *any_filter = !o.filter.models.empty() || !o.filter.formats.empty() || !o.filter.shapes.empty() ||
+                !o.filter.contexts.empty() || !o.filter.tps.empty();
   *grid = absl::GetFlag(FLAGS_grid);
   o.bar = absl::GetFlag(FLAGS_bar);
   o.iters = std::max(20, absl::GetFlag(FLAGS_iters));

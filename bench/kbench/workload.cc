@@ -89,13 +89,16 @@ int64_t CountUnique(const std::vector<int32_t>& ids, int64_t slots) {
 const std::vector<Model>& Models() {
   static const std::vector<Model> models = {
       // dsv4.1-flash: 2 SWA-only + 18 c2 + 20 c1 layers; c1 is the most frequent.
-      {"dsv4.1-flash", Geometry::kRopeInside, {KvFormat::kFp8Dsv4, KvFormat::kBf16},
-       LayerKind::kTopK, 1, "c1"},
+      {"dsv4.1-flash",
+       Geometry::kRopeInside,
+       {KvFormat::kFp8Dsv4, KvFormat::kBf16},
+       LayerKind::kTopK,
+       1,
+       "c1"},
       // dsv4-flash: 2 SWA-only + 21 c4 + 20 c128.
       {"dsv4-flash", Geometry::kRopeInside, {KvFormat::kFp8Dsv4}, LayerKind::kTopK, 4, "c4"},
       {"glm-5.2", Geometry::kRopeAppended, {KvFormat::kFp8PerTensor}, LayerKind::kGlm, 1, "glm"},
-      {"glm-5.3-flash", Geometry::kRopeFree, {KvFormat::kFp8PerTensor}, LayerKind::kGlm, 1,
-       "glm"},
+      {"glm-5.3-flash", Geometry::kRopeFree, {KvFormat::kFp8PerTensor}, LayerKind::kGlm, 1, "glm"},
   };
   return models;
 }
@@ -108,8 +111,8 @@ const Model* FindModel(const std::string& name) {
 }
 
 std::string Cell::Name() const {
-  return absl::StrCat(model->name, " ", std::string(kernels::KvFormatName(format)), " TP", tp,
-                      " ", shape, " ", ContextName(context));
+  return absl::StrCat(model->name, " ", std::string(kernels::KvFormatName(format)), " TP", tp, " ",
+                      shape, " ", ContextName(context));
 }
 
 std::vector<Cell> GridCells(const Filter& f) {
@@ -118,7 +121,8 @@ std::vector<Cell> GridCells(const Filter& f) {
     int requests, rows;
   };
   std::vector<Shape> shapes;
-  for (int c : {1, 16, 32, 64, 128}) shapes.push_back({absl::StrCat("decode C=", c), "decode", c, 6});
+  for (int c : {1, 16, 32, 64, 128})
+    shapes.push_back({absl::StrCat("decode C=", c), "decode", c, 6});
   for (int c : {1, 16, 32, 64}) shapes.push_back({absl::StrCat("decode1 C=", c), "decode1", c, 1});
   shapes.push_back({"prefill 8K", "prefill", 1, 8192});
   shapes.push_back({"prefill 16K", "prefill", 1, 16384});
@@ -160,7 +164,8 @@ PoolShape PoolFor(const Cell& cell, int max_requests) {
   }
   p.ring = NextPow2(cell.rows_per_request + kWindow);
   p.main_slots = int64_t{max_requests} * p.ring;
-  if (m.layer != LayerKind::kSwaOnly) p.extra_slots = int64_t{max_requests} * cell.context / m.ratio;
+  if (m.layer != LayerKind::kSwaOnly)
+    p.extra_slots = int64_t{max_requests} * cell.context / m.ratio;
   return p;
 }
 
@@ -172,8 +177,8 @@ CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed)
   const bool extra = m.layer == LayerKind::kTopK || m.layer == LayerKind::kAllEntries;
   if (extra) ci.extra_indptr.push_back(0);
   ChosenSets chosen(rng);
-  const int64_t per_request_entries = m.layer == LayerKind::kGlm ? cell.context
-                                                                 : cell.context / m.ratio;
+  const int64_t per_request_entries =
+      m.layer == LayerKind::kGlm ? cell.context : cell.context / m.ratio;
   for (int r = 0; r < cell.requests; ++r) {
     for (int i = 0; i < cell.rows_per_request; ++i) {
       const int64_t pos = cell.context - cell.rows_per_request + i;

@@ -23,8 +23,8 @@ struct Model {
   std::string name;
   Geometry geometry;
   std::vector<KvFormat> formats;
-  LayerKind layer;        // the layer kind a cell times (the model's most frequent one)
-  int ratio;              // compression of the extra cache (c1, c2, c4, c128)
+  LayerKind layer;  // the layer kind a cell times (the model's most frequent one)
+  int ratio;        // compression of the extra cache (c1, c2, c4, c128)
   std::string layer_name;
 };
 
@@ -32,8 +32,8 @@ struct Cell {
   const Model* model = nullptr;
   KvFormat format = KvFormat::kFp8Dsv4;
   int tp = 4;
-  int heads = 16;            // 64 / TP
-  std::string shape;         // "decode C=32", "decode1 C=16", "prefill 8K"
+  int heads = 16;     // 64 / TP
+  std::string shape;  // "decode C=32", "decode1 C=16", "prefill 8K"
   int requests = 1;
   int rows_per_request = 1;  // 6 for decode (5 drafts + 1), 1 for decode1, 8192/16384 for prefill
   int64_t context = 131072;

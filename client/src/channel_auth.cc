@@ -36,8 +36,7 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
   const std::string* value_;
 };
 
-class TokenInterceptorFactory final
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   explicit TokenInterceptorFactory(std::string token) : value_("Bearer " + std::move(token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
@@ -77,8 +76,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
   if (!options.token.empty()) {
     factories.push_back(std::make_unique<TokenInterceptorFactory>(options.token));
   }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(options.target, creds,
-                                                                 channel_args, std::move(factories));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      options.target, creds, channel_args, std::move(factories));
 }
 
 }  // namespace smla::client

@@ -201,9 +201,9 @@ absl::StatusOr<uint64_t> ShmRegion::Place(v1::StepRequest* request, uint64_t off
   return PlaceInto(data_, size_, name_, request, offset, layout);
 }
 
-absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
-                                              const std::string& name, v1::StepRequest* request,
-                                              uint64_t offset, Layout layout) {
+absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size, const std::string& name,
+                                              v1::StepRequest* request, uint64_t offset,
+                                              Layout layout) {
   const OutputBytes o = OutputsOf(*request);  // before packing clears the spans' q
   uint64_t at = AlignUp(offset);
   auto take = [&](uint64_t bytes, v1::RegionRef* ref) -> absl::Status {
@@ -232,8 +232,7 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
       if (!s.has_topk()) continue;
       ++with_topk;
       const v1::Tensor& t = s.topk();
-      if (t.dtype() != v1::DTYPE_INT32 || t.shape_size() != 2 || t.shape(0) < 0 ||
-          t.shape(1) < 0 ||
+      if (t.dtype() != v1::DTYPE_INT32 || t.shape_size() != 2 || t.shape(0) < 0 || t.shape(1) < 0 ||
           static_cast<int64_t>(t.inline_data().size()) != t.shape(0) * t.shape(1) * 4) {
         return absl::InvalidArgumentError(
             absl::StrCat("Place: spans[", i, "].topk is not int32 [rows, K]"));
@@ -267,8 +266,8 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
       }
       return absl::OkStatus();
     };
-    if (absl::Status st = pack(&v1::Span::mutable_kv_rows, &v1::Span::has_kv_rows,
-                               packed->mutable_kv_rows());
+    if (absl::Status st =
+            pack(&v1::Span::mutable_kv_rows, &v1::Span::has_kv_rows, packed->mutable_kv_rows());
         !st.ok()) {
       return st;
     }
@@ -288,8 +287,8 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size,
     bool any_compressed = false;
     for (const v1::Span& s : request->spans()) any_compressed |= s.has_compressed_rows();
     if (any_compressed) {
-      if (absl::Status st = pack(&v1::Span::mutable_compressed_rows,
-                                 &v1::Span::has_compressed_rows, packed->mutable_compressed_rows());
+      if (absl::Status st = pack(&v1::Span::mutable_compressed_rows, &v1::Span::has_compressed_rows,
+                                 packed->mutable_compressed_rows());
           !st.ok()) {
         return st;
       }

@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "edge/request_reader.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/stubs/logging.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "smla/client/shm.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
@@ -141,7 +141,7 @@ FuzzWorld& FuzzWorld::Get() {
       *name = *registered;
     }
     w->staging_ = std::make_unique<server::edge::StagingPool>(server::edge::HostPinning{},
-                                                               server::edge::StagingPool::Options{});
+                                                              server::edge::StagingPool::Options{});
     server::edge::EdgeOptions eo;
     eo.limits = config.limits;
     server::edge::FillServerInfo(*w->core_, eo, &w->info_);
@@ -155,10 +155,9 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   const bool parses = want.ParseFromArray(data, static_cast<int>(size));
   v1::StepRequest pb;
   server::edge::ParseStorage storage;
-  const absl::Status read =
-      server::edge::ReadStepRequest(Sliced(data, size), *staging_, nullptr, kTenant, &pb,
-                                    &storage.landed,
-                                     size % 2 == 0 ? 0 : server::edge::kWalkFromBytes);
+  const absl::Status read = server::edge::ReadStepRequest(
+      Sliced(data, size), *staging_, nullptr, kTenant, &pb, &storage.landed,
+      size % 2 == 0 ? 0 : server::edge::kWalkFromBytes);
   if (read.ok() != parses) {
     Die(absl::InternalError(absl::StrCat("the request reader ", read.ok() ? "accepts" : "refuses",
                                          " what protobuf ", parses ? "parses" : "refuses", ": ",
@@ -183,8 +182,8 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   server::StepRequest step;
   const auto it = models_.find(pb.model());
   const server::edge::RegionContext regions{regions_.get(), kTenant};
-  absl::Status st = server::edge::ParseStepRequest(
-      pb, it == models_.end() ? nullptr : &it->second, limits_, &step, &storage, &regions);
+  absl::Status st = server::edge::ParseStepRequest(pb, it == models_.end() ? nullptr : &it->second,
+                                                   limits_, &step, &storage, &regions);
   if (st.ok()) {
     step.tenant = kTenant;
     absl::Notification done;

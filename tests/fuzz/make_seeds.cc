@@ -42,8 +42,9 @@ int main(int argc, char** argv) {
             ++ok;
           } else {
             std::fprintf(stderr, "make_seeds: %s fails: %s\n", path.c_str(),
-                         world.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                      bytes.size()).ToString().c_str());
+                         world.RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())
+                             .ToString()
+                             .c_str());
           }
         }
       }

@@ -24,21 +24,19 @@ inline v1::StepRequest PackedSeed(const FuzzWorld& world, v1::StepRequest r) {
   for (v1::Span& s : *r.mutable_spans()) {
     if (!s.has_topk()) continue;
     const int64_t rows = s.topk().shape(0);
-    *s.mutable_topk() =
-        client::PackInt32(std::vector<int32_t>(rows * width, -1), {rows, width});
+    *s.mutable_topk() = client::PackInt32(std::vector<int32_t>(rows * width, -1), {rows, width});
   }
   std::vector<uint8_t> scratch(FuzzWorld::kRegionBytes);
-  auto end = client::ShmRegion::PlaceInto(scratch.data(), scratch.size(),
-                                                world.region_name(), &r, 0,
-                                                client::ShmRegion::Layout::kPacked);
+  auto end = client::ShmRegion::PlaceInto(scratch.data(), scratch.size(), world.region_name(), &r,
+                                          0, client::ShmRegion::Layout::kPacked);
   if (!end.ok() || *end > FuzzWorld::kIdsAt) {
     std::fprintf(stderr, "make_seeds: cannot pack: %s\n", end.status().ToString().c_str());
     std::exit(1);
   }
   if (r.packed().has_topk()) r.mutable_packed()->mutable_topk()->set_offset(FuzzWorld::kIdsAt);
   uint64_t at = FuzzWorld::kOutputsAt;
-  for (v1::RegionRef* ref : {r.mutable_out_region(), r.mutable_mx_scales_region(),
-                                   r.mutable_lse_region()}) {
+  for (v1::RegionRef* ref :
+       {r.mutable_out_region(), r.mutable_mx_scales_region(), r.mutable_lse_region()}) {
     if (ref->size() == 0) continue;
     ref->set_offset(at);
     at += (ref->size() + 63) / 64 * 64;

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "fuzz_world.h"
-#include "packed_seed.h"
 #include "gtest/gtest.h"
+#include "packed_seed.h"
 #include "smla/client/testing/workload.h"
 
 namespace smla::fuzz {
@@ -24,7 +24,8 @@ TEST(FuzzReplayTest, RegressionInputs) {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string bytes = ss.str();
-    FuzzWorld::Get().RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())
+    FuzzWorld::Get()
+        .RunOne(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())
         .IgnoreError();  // a crash fails the test; any status is an answer
     ++n;
   }
@@ -35,8 +36,8 @@ TEST(FuzzReplayTest, ValidSeedsRunAndMutantsAreAnswered) {
   FuzzWorld& w = FuzzWorld::Get();
   std::mt19937_64 rng(3);
   for (const v1::ModelInfo& m : w.info().models()) {
-    for (int32_t layer : std::set<int32_t>{0, std::min(2, m.layers_size() - 1),
-                                           m.layers_size() - 1}) {
+    for (int32_t layer :
+         std::set<int32_t>{0, std::min(2, m.layers_size() - 1), m.layers_size() - 1}) {
       const v1::StepRequest req =
           client::MakeStep(m, layer, {{"a", 0, 16, 4}, {"b", 0, 5, 0}}, {}, rng);
       // Inline, and packed in the world's region (StepRequest.packed).

@@ -181,8 +181,8 @@ Pool MakePool(Side& cpu, KvFormat f, Geometry g, int32_t rows_per_page, int64_t 
     // Readers accept any finite positive scale (other writers store amax/448 as is).
     std::uniform_real_distribution<float> u(0.6f, 1.4f);
     for (int64_t s : p.written) {
-      uint8_t* row = p.bytes.data() + (s / rows_per_page) * p.pitch +
-                     (s % rows_per_page) * kDsMlaRowBytes;
+      uint8_t* row =
+          p.bytes.data() + (s / rows_per_page) * p.pitch + (s % rows_per_page) * kDsMlaRowBytes;
       for (int gi = 0; gi < kDsMlaGroups; ++gi) {
         float v;
         std::memcpy(&v, row + 512 + 4 * gi, 4);
@@ -228,8 +228,8 @@ struct CaseSpec {
 enum GroupMode { kIndependent = 0, kOverlapping = 1, kIdentical = 2, kDisjoint = 3 };
 
 std::string Describe(const CaseSpec& c) {
-  return absl::StrCat(Str(KvFormatName(c.format)), "/", Str(GeometryName(c.geometry)), " H=", c.heads,
-                      " T=", c.rows, " main<=", c.max_main, " extra<=", c.max_extra,
+  return absl::StrCat(Str(KvFormatName(c.format)), "/", Str(GeometryName(c.geometry)),
+                      " H=", c.heads, " T=", c.rows, " main<=", c.max_main, " extra<=", c.max_extra,
                       c.max_extra ? absl::StrCat(" (", Str(KvFormatName(c.extra_format)), ")") : "",
                       c.sink ? " sink" : "", c.positions ? " rope" : "", c.fp8_q ? " fp8q" : "",
                       c.rows_per_group ? absl::StrCat(" groups of ", c.rows_per_group, " mode ",
@@ -275,8 +275,8 @@ SegmentData MakeGroupedSegment(const Pool& pool, const CaseSpec& c, int max_len,
         if (rng() % 4 == 0) e = draw(i);
       }
       // Ragged: lengths wander by up to 70 keys (crossing tile edges), within [0, max_len].
-      const int len = std::clamp<int>(static_cast<int>(cur.size()) + static_cast<int>(rng() % 141) - 70,
-                                      0, max_len);
+      const int len = std::clamp<int>(
+          static_cast<int>(cur.size()) + static_cast<int>(rng() % 141) - 70, 0, max_len);
       while (static_cast<int>(cur.size()) < len) cur.push_back(draw(i));
       cur.resize(len);
       std::shuffle(cur.begin(), cur.end(), rng);
@@ -408,10 +408,10 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   Buffer q = side.Upload(in.q);
   Buffer cs = side.Upload(in.cos_sin);
   const int64_t n = int64_t{c.rows} * c.heads;
-  Buffer out_bf16 = side.Zeros(n * 512 * 2, 0xff);   // NaN
-  Buffer mx_data = side.Zeros(n * 512, 0x7f);        // NaN code
-  Buffer mx_scales = side.Zeros(n * 16, 0xff);       // not a legal E
-  Buffer lse = side.Zeros(n * 4, 0xff);              // NaN
+  Buffer out_bf16 = side.Zeros(n * 512 * 2, 0xff);  // NaN
+  Buffer mx_data = side.Zeros(n * 512, 0x7f);       // NaN code
+  Buffer mx_scales = side.Zeros(n * 16, 0xff);      // not a legal E
+  Buffer lse = side.Zeros(n * 4, 0xff);             // NaN
   AttendParams p;
   p.num_rows = c.rows;
   p.num_heads = c.heads;
@@ -478,9 +478,10 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   return o;
 }
 
-// docs/operator.md section 7: per (row, head) max|out - ref| <= tol * max|ref|, empty rows exactly +0,
-// LSE within 2e-2 * max(1, |ref|) with -inf matching exactly, no NaN anywhere.
-void ExpectClose(const Inputs& in, const Outputs& ref, const Outputs& got, const std::string& what) {
+// docs/operator.md section 7: per (row, head) max|out - ref| <= tol * max|ref|, empty rows exactly
+// +0, LSE within 2e-2 * max(1, |ref|) with -inf matching exactly, no NaN anywhere.
+void ExpectClose(const Inputs& in, const Outputs& ref, const Outputs& got,
+                 const std::string& what) {
   const CaseSpec& c = in.spec;
   const double tol = c.fp8_q ? 7e-2 : 2e-2;
   double worst = 0;
@@ -522,8 +523,8 @@ void ExpectClose(const Inputs& in, const Outputs& ref, const Outputs& got, const
   g_worst = std::max(g_worst, worst);
 }
 
-// docs/operator.md section 7, MXFP8: the reference epilogue applied to the backend's own bf16 output
-// without positions must give the MXFP8 output with positions: scale bytes exact for NoPE
+// docs/operator.md section 7, MXFP8: the reference epilogue applied to the backend's own bf16
+// output without positions must give the MXFP8 output with positions: scale bytes exact for NoPE
 // groups (rope groups may differ where amax/448 is within 2 ulps of a power of two), data
 // within one e4m3 step.
 void ExpectMxfp8Matches(const Inputs& in, const Outputs& plain, const Outputs& mx,
@@ -553,8 +554,8 @@ void ExpectMxfp8Matches(const Inputs& in, const Outputs& plain, const Outputs& m
                      std::abs(int(gs) - int(scales[g])) <= 1;
         }
         if (!scale_ok && bad++ < 5) {
-          ADD_FAILURE() << what << ": row " << t << " head " << h << " group " << g
-                        << " scale " << int(gs) << " want " << int(scales[g]);
+          ADD_FAILURE() << what << ": row " << t << " head " << h << " group " << g << " scale "
+                        << int(gs) << " want " << int(scales[g]);
         }
         for (int i = 0; i < 32; ++i) {
           const int l = g * 32 + i;
@@ -562,7 +563,7 @@ void ExpectMxfp8Matches(const Inputs& in, const Outputs& plain, const Outputs& m
           const float want = MxDecodeLane(codes[l], scales[g]);
           // One e4m3 step at this magnitude under the larger of the two scales.
           const float step = DecodeE8m0(std::max(gs, scales[g])) *
-                             std::max(std::abs(want) / 8.0f, 1.0f / 512.0f) * 1.001f +
+                                 std::max(std::abs(want) / 8.0f, 1.0f / 512.0f) * 1.001f +
                              1e-38f;
           if ((std::isnan(got) || std::abs(got - want) > step) && bad++ < 5) {
             ADD_FAILURE() << what << ": row " << t << " head " << h << " lane " << l << " got "
@@ -580,8 +581,8 @@ void ExpectMxfp8Matches(const Inputs& in, const Outputs& plain, const Outputs& m
 // bf16 stage and the dequantised tile both needed). The plan never picks it; forcing it must
 // return Unimplemented naming the combination.
 bool NotCompiled(const CaseSpec& c, int head_block) {
-  const bool mixed = c.max_extra > 0 && (c.format == KvFormat::kBf16) !=
-                                            (c.extra_format == KvFormat::kBf16);
+  const bool mixed =
+      c.max_extra > 0 && (c.format == KvFormat::kBf16) != (c.extra_format == KvFormat::kBf16);
   return mixed && head_block == 64 && c.geometry == Geometry::kRopeAppended;
 }
 
@@ -621,9 +622,9 @@ void CheckCase(Side& cpu, Side& gpu, const CaseSpec& c, std::vector<RunConfig> c
 
 std::vector<RunConfig> AllConfigs(int heads) {
   std::vector<RunConfig> v;
-  v.push_back({});                                          // the plan's choice
-  v.push_back({OutputFormat::kBf16, true, true, 1, 0});     // split-K off
-  v.push_back({OutputFormat::kBf16, true, true, 3, 0});     // split-K on
+  v.push_back({});                                       // the plan's choice
+  v.push_back({OutputFormat::kBf16, true, true, 1, 0});  // split-K off
+  v.push_back({OutputFormat::kBf16, true, true, 3, 0});  // split-K on
   for (int hb : {16, 32, 64}) {
     v.push_back({OutputFormat::kBf16, true, true, 1, hb});
     v.push_back({OutputFormat::kBf16, true, false, 2, hb});
@@ -636,10 +637,14 @@ struct Combo {
   Geometry geometry;
 };
 const Combo kCombos[] = {
-    {KvFormat::kBf16, Geometry::kRopeInside},         {KvFormat::kFp8PerTensor, Geometry::kRopeInside},
-    {KvFormat::kFp8Dsv4, Geometry::kRopeInside},      {KvFormat::kBf16, Geometry::kRopeAppended},
-    {KvFormat::kFp8PerTensor, Geometry::kRopeAppended}, {KvFormat::kFp8DsMla, Geometry::kRopeAppended},
-    {KvFormat::kBf16, Geometry::kRopeFree},           {KvFormat::kFp8PerTensor, Geometry::kRopeFree},
+    {KvFormat::kBf16, Geometry::kRopeInside},
+    {KvFormat::kFp8PerTensor, Geometry::kRopeInside},
+    {KvFormat::kFp8Dsv4, Geometry::kRopeInside},
+    {KvFormat::kBf16, Geometry::kRopeAppended},
+    {KvFormat::kFp8PerTensor, Geometry::kRopeAppended},
+    {KvFormat::kFp8DsMla, Geometry::kRopeAppended},
+    {KvFormat::kBf16, Geometry::kRopeFree},
+    {KvFormat::kFp8PerTensor, Geometry::kRopeFree},
 };
 
 class GpuMatrixTest : public GpuTest, public ::testing::WithParamInterface<std::tuple<int, int>> {};
@@ -1025,8 +1030,7 @@ TEST_F(GpuTest, CopySpeedByHostMemoryKind) {
                                         : CopyOp{h + at, dv + at, len});
               }
             }
-            c = b.CopyBatch(ops, to_device ? CopyDirection::kToDevice : CopyDirection::kToHost,
-                            st);
+            c = b.CopyBatch(ops, to_device ? CopyDirection::kToDevice : CopyDirection::kToHost, st);
           }
           const auto t1 = std::chrono::steady_clock::now();
           ASSERT_TRUE(c.ok()) << c;
@@ -1090,8 +1094,8 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
         ASSERT_TRUE(s.backend->WriteRows(wp, *s.stream).ok());
         pools[k] = s.Download<uint8_t>(pool, pitch * pages);
       }
-      EXPECT_EQ(pools[0], pools[1]) << Str(KvFormatName(cb.format)) << "/"
-                                    << Str(GeometryName(cb.geometry)) << " B=" << rpp;
+      EXPECT_EQ(pools[0], pools[1])
+          << Str(KvFormatName(cb.format)) << "/" << Str(GeometryName(cb.geometry)) << " B=" << rpp;
     }
   }
 }
@@ -1263,8 +1267,7 @@ TEST_F(GpuTest, RejectsBadCallsBeforeWork) {
   for (int t = 1; t < c.rows; ++t) in.main.indptr[t] = std::max(in.main.indptr[t], 1);
   const Outputs o = RunAttend(*gpu_, in, {});
   EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument) << o.status;
-  EXPECT_NE(std::string(o.status.message()).find("out of range"), std::string::npos)
-      << o.status;
+  EXPECT_NE(std::string(o.status.message()).find("out of range"), std::string::npos) << o.status;
 }
 
 TEST_F(GpuTest, DeviceFacts) {

@@ -126,10 +126,10 @@ TEST(BenchTest, ShmStreamSweepMatchesServerMetrics) {
 }
 
 TEST(BenchTest, RingStreamMatchesServerMetrics) {
-  CheckAgainstServer({"--cell=dsv4.1-flash decode C=2", "--context=128", "--layer=2",
-                      "--prefill_chunk=64", "--transport=ring", "--mode=stream",
-                      "--concurrency=2", "--warmup_s=0.2", "--steps=15"},
-                     "ring");
+  CheckAgainstServer(
+      {"--cell=dsv4.1-flash decode C=2", "--context=128", "--layer=2", "--prefill_chunk=64",
+       "--transport=ring", "--mode=stream", "--concurrency=2", "--warmup_s=0.2", "--steps=15"},
+      "ring");
 }
 
 TEST(BenchTest, InlineUnaryModelStepsOpenLoopMatchServerMetrics) {

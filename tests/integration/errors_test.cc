@@ -1,5 +1,5 @@
-// Every error class of docs/architecture.md through the real server, each leaving the store unchanged:
-// lengths stay, pages stay, and a later valid step still gives the right answer.
+// Every error class of docs/architecture.md through the real server, each leaving the store
+// unchanged: lengths stay, pages stay, and a later valid step still gives the right answer.
 #include <cmath>
 #include <cstring>
 

@@ -41,8 +41,8 @@ v1::ModelInfo Describe(const ModelProfile& p, int32_t heads) {
   m.set_qk_width(kernels::QkWidth(p.geometry));
   for (const LayerSpec& l : p.layers) {
     v1::LayerInfo* li = m.add_layers();
-    li->set_kind(l.kind == LayerKind::kSwaOnly   ? v1::LAYER_KIND_SWA
-                 : l.kind == LayerKind::kSwaTopK ? v1::LAYER_KIND_SWA_TOPK
+    li->set_kind(l.kind == LayerKind::kSwaOnly    ? v1::LAYER_KIND_SWA
+                 : l.kind == LayerKind::kSwaTopK  ? v1::LAYER_KIND_SWA_TOPK
                  : l.kind == LayerKind::kSwaDense ? v1::LAYER_KIND_SWA_ALL_COMPRESSED
                                                   : v1::LAYER_KIND_TOPK);
     li->set_window(l.has_window() ? p.swa_window : 0);
@@ -89,14 +89,14 @@ class PackedWireTest : public ::testing::Test {
 
   // An inline step of three spans at different positions (different compressed counts).
   v1::StepRequest Inline(int32_t layer, const client::StepOptions& o = {}) {
-    v1::StepRequest r = client::MakeStep(info_, layer,
-                                         {{"a", 64, 6, 5}, {"b", 11, 5, 0}, {"c", 7, 3, 0}}, o, rng_);
+    v1::StepRequest r =
+        client::MakeStep(info_, layer, {{"a", 64, 6, 5}, {"b", 11, 5, 0}, {"c", 7, 3, 0}}, o, rng_);
     PadTopk(&r, 40);
     return r;
   }
   v1::StepRequest Packed(v1::StepRequest r, uint64_t offset = 0) {
-    auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &r, offset,
-                                            Layout::kPacked);
+    auto end =
+        client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &r, offset, Layout::kPacked);
     EXPECT_TRUE(end.ok()) << end.status();
     return r;
   }
@@ -166,8 +166,8 @@ TEST_F(PackedWireTest, PackedParsesToTheSameSpansAsInline) {
       // Read in place from the region, ids too (the launch reads each id once and checks it).
       EXPECT_TRUE(InRegion(g.kv_rows) && InRegion(g.q));
       if (!g.topk.empty()) {
-        EXPECT_TRUE(InRegion({reinterpret_cast<const uint8_t*>(g.topk.data()),
-                              g.topk.size_bytes()}));
+        EXPECT_TRUE(
+            InRegion({reinterpret_cast<const uint8_t*>(g.topk.data()), g.topk.size_bytes()}));
       }
     }
     if (layer == kTopkLayer) {
@@ -340,11 +340,9 @@ TEST_F(PackedWireTest, PlacePadsNarrowerTopkRowsWithNone) {
   v1::StepRequest partial = Inline(kTopkLayer);
   partial.mutable_spans(1)->clear_topk();
   const std::string before = partial.SerializeAsString();
-  auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &partial, 0,
-                                          Layout::kPacked);
+  auto end = client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &partial, 0, Layout::kPacked);
   EXPECT_EQ(end.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(end.status().message()),
-              HasSubstr("top-k ids in every span or in none"));
+  EXPECT_THAT(std::string(end.status().message()), HasSubstr("top-k ids in every span or in none"));
   EXPECT_EQ(partial.SerializeAsString(), before);
 }
 
@@ -417,10 +415,11 @@ TEST_F(PackedWireTest, DISABLED_TimeC32Decode) {
       parse_us += std::chrono::duration<double, std::micro>(t2 - t1).count();
       validate_us += std::chrono::duration<double, std::micro>(t3 - t2).count();
     }
-    std::printf("%s: %zu request bytes; per call us: protobuf decode %.1f, parse %.1f, "
-                "validate %.1f\n",
-                layout == Layout::kPacked ? "packed" : "per span", wire.size(), decode_us / n,
-                parse_us / n, validate_us / n);
+    std::printf(
+        "%s: %zu request bytes; per call us: protobuf decode %.1f, parse %.1f, "
+        "validate %.1f\n",
+        layout == Layout::kPacked ? "packed" : "per span", wire.size(), decode_us / n, parse_us / n,
+        validate_us / n);
   }
 }
 

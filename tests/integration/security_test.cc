@@ -153,17 +153,16 @@ TEST(SecurityTest, PlaintextWithoutTokensOnlyOnLoopback) {
   EXPECT_THAT(out, ::testing::HasSubstr("listening on 0.0.0.0:"));
   out.clear();
   const std::string dir = TempDir();
-  EXPECT_EQ(RunServer({kDsv41, "--listen=0.0.0.0:0", "--token_file=" + WriteTokens(dir)}, 120,
-                      &out),
-            -1);
+  EXPECT_EQ(
+      RunServer({kDsv41, "--listen=0.0.0.0:0", "--token_file=" + WriteTokens(dir)}, 120, &out), -1);
   EXPECT_THAT(out, ::testing::HasSubstr("listening on 0.0.0.0:"));
 }
 
 TEST(SecurityTest, TenantQuotas) {
   const std::string dir = TempDir();
-  auto s = ServerProcess::Start({kDsv41, "--token_file=" + WriteTokens(dir),
-                                 "--tenant_max_sequences=2", "--tenant_max_streams=1",
-                                 "--tenant_max_pages=6"});
+  auto s =
+      ServerProcess::Start({kDsv41, "--token_file=" + WriteTokens(dir), "--tenant_max_sequences=2",
+                            "--tenant_max_streams=1", "--tenant_max_pages=6"});
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string model = "dsv4.1-flash";
   Harness a;
@@ -178,7 +177,7 @@ TEST(SecurityTest, TenantQuotas) {
 
   // Pages: layer 0 (page_rows 16) takes one page per 16 positions; 6 pages is 96 rows.
   ASSERT_NO_FATAL_FAILURE(a.UploadTables(4096));
-  a.StepAndCheck(a.Make(0, {{"s1", 0, 80, 0}}));  // 5 pages
+  a.StepAndCheck(a.Make(0, {{"s1", 0, 80, 0}}));              // 5 pages
   auto over = a.client->Step(a.Make(0, {{"s2", 0, 40, 0}}));  // 3 more: over the quota
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(over.status().message()), ::testing::HasSubstr("tenant quota of pages"));
@@ -264,9 +263,9 @@ void MakeCerts(const std::string& d) {
 TEST(SecurityTest, MutualTls) {
   const std::string d = TempDir();
   ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
-  auto s = ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
-                                 "--tls_key=" + d + "/server.key",
-                                 "--tls_client_ca=" + d + "/ca.pem"});
+  auto s =
+      ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                            "--tls_key=" + d + "/server.key", "--tls_client_ca=" + d + "/ca.pem"});
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string model = "dsv4.1-flash";
   client::ClientOptions o;
@@ -319,9 +318,9 @@ TEST(SecurityTest, MutualTlsRefusesCertificatesWithoutCommonName) {
 TEST(SecurityTest, TlsWithTokens) {
   const std::string d = TempDir();
   ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
-  auto s = ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
-                                 "--tls_key=" + d + "/server.key",
-                                 "--token_file=" + WriteTokens(d)});
+  auto s =
+      ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                            "--tls_key=" + d + "/server.key", "--token_file=" + WriteTokens(d)});
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string model = "dsv4.1-flash";
   client::ClientOptions o;
@@ -343,9 +342,9 @@ TEST(SecurityTest, TlsWithTokens) {
 TEST(SecurityTest, ToolFlags) {
   const std::string d = TempDir();
   ASSERT_NO_FATAL_FAILURE(MakeCerts(d));
-  auto s = ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
-                                 "--tls_key=" + d + "/server.key",
-                                 "--token_file=" + WriteTokens(d)});
+  auto s =
+      ServerProcess::Start({kDsv41, "--tls_cert=" + d + "/server.pem",
+                            "--tls_key=" + d + "/server.key", "--token_file=" + WriteTokens(d)});
   ASSERT_TRUE(s.ok()) << s.status();
   std::ofstream(d + "/alice") << "tok-alice-1234\n";
   const std::string base = ToolBinary(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
@@ -355,7 +354,7 @@ TEST(SecurityTest, ToolFlags) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   };
   EXPECT_EQ(run(base + " --token_file=" + d + "/alice info"), 0);
-  EXPECT_NE(run(base + " info"), 0);                                       // no token
+  EXPECT_NE(run(base + " info"), 0);  // no token
   EXPECT_NE(run(ToolBinary(SMLA_TOOL_BINARY) + " --server=" + (*s)->target() +
                 " --timeout_s=20 --token_file=" + d + "/alice info"),
             0);  // plaintext client against a TLS server

@@ -157,8 +157,8 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   http.set_read_timeout(30);
   const httplib::Result res = http.Get(path);
   if (!res) {
-    return absl::UnavailableError(absl::StrCat("GET 127.0.0.1:", port, path, " failed: ",
-                                               httplib::to_string(res.error())));
+    return absl::UnavailableError(
+        absl::StrCat("GET 127.0.0.1:", port, path, " failed: ", httplib::to_string(res.error())));
   }
   if (res->status != 200) {
     return absl::InternalError(

@@ -141,8 +141,8 @@ TEST_F(ShmPackedTest, MisuseIsRefusedAndChangesNothing) {
     r.mutable_packed()->mutable_kv_rows()->set_size(p.kv_rows().size() - 1024);
     ExpectError(h_, r, absl::StatusCode::kInvalidArgument,
                 absl::StrCat("packed.kv_rows: region '", region_->name(), "' size ",
-                             p.kv_rows().size() - 1024, ", the tensor needs ",
-                             p.kv_rows().size(), " bytes"));
+                             p.kv_rows().size() - 1024, ", the tensor needs ", p.kv_rows().size(),
+                             " bytes"));
     r = good;
     r.mutable_packed()->mutable_compressed_rows()->set_size(p.compressed_rows().size() + 1024);
     ExpectError(h_, r, absl::StatusCode::kInvalidArgument, "packed.compressed_rows: region");

@@ -580,8 +580,8 @@ TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
   for (int i = 0; i < 2; ++i) {
     auto ticket = ring.Submit(rs.Next(64 + 6 * i));
     ASSERT_TRUE(ticket.ok()) << ticket.status();
-    const ring::SlotHeader* slot = ring::SlotAt(ring.ring(), kSlotBytes,
-                                                static_cast<uint32_t>((*ticket - 1) % kSlots));
+    const ring::SlotHeader* slot =
+        ring::SlotAt(ring.ring(), kSlotBytes, static_cast<uint32_t>((*ticket - 1) % kSlots));
     // The step is held 400 ms in the backend: sampled until its answer, the poller is asleep
     // nearly all along (spinning through it, it would be awake in every sample).
     const uint32_t seq = static_cast<uint32_t>(*ticket);
@@ -595,8 +595,8 @@ TEST(StepRingServerTest, PollerSleepsThroughALongStep) {
       absl::SleepFor(absl::Milliseconds(1));
     }
     EXPECT_GE(samples, 10);
-    EXPECT_GT(asleep * 2, samples) << asleep << " of " << samples
-                                   << " samples asleep: the poller spun through a 400 ms step";
+    EXPECT_GT(asleep * 2, samples)
+        << asleep << " of " << samples << " samples asleep: the poller spun through a 400 ms step";
     ASSERT_TRUE(ring.Wait(*ticket, &resp).ok());
     ASSERT_EQ(resp.code(), 0) << resp.message();
   }

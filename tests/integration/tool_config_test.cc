@@ -84,10 +84,10 @@ TEST(ConfigTest, SchedulerSpinFromFileAndFlag) {
     std::vector<std::string> args;
     int64_t want_spin;
   };
-  for (const Case& c : {Case{{kDsv41, "--config=" + unset_path}, 200},
-                        Case{{kDsv41, "--config=" + path}, 350},
-                        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=0"}, 0},
-                        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=90"}, 90}}) {
+  for (const Case& c :
+       {Case{{kDsv41, "--config=" + unset_path}, 200}, Case{{kDsv41, "--config=" + path}, 350},
+        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=0"}, 0},
+        Case{{kDsv41, "--config=" + path, "--scheduler_spin_us=90"}, 90}}) {
     SCOPED_TRACE(absl::StrJoin(c.args, " "));
     auto server = ServerProcess::Start(c.args);
     ASSERT_TRUE(server.ok()) << server.status();

@@ -109,10 +109,10 @@ TEST(E4m3, EveryFiniteCodeRoundTrips) {
 }
 
 TEST(E4m3, TiesGoToEven) {
-  EXPECT_EQ(EncodeE4m3(1.0625f), 0x38);   // between 1.0 (m=0) and 1.125 (m=1)
-  EXPECT_EQ(EncodeE4m3(1.1875f), 0x3a);   // between 1.125 (m=1) and 1.25 (m=2)
+  EXPECT_EQ(EncodeE4m3(1.0625f), 0x38);  // between 1.0 (m=0) and 1.125 (m=1)
+  EXPECT_EQ(EncodeE4m3(1.1875f), 0x3a);  // between 1.125 (m=1) and 1.25 (m=2)
   EXPECT_EQ(EncodeE4m3(-1.0625f), 0xb8);
-  EXPECT_EQ(EncodeE4m3(15.5f), 0x58);     // between 15 (0x57, m=7) and 16 (0x58, m=0)
+  EXPECT_EQ(EncodeE4m3(15.5f), 0x58);                 // between 15 (0x57, m=7) and 16 (0x58, m=0)
   EXPECT_EQ(EncodeE4m3(std::ldexp(0.5f, -9)), 0x00);  // subnormal tie 0 / 2^-9
   EXPECT_EQ(EncodeE4m3(std::ldexp(1.5f, -9)), 0x02);  // subnormal tie 1 / 2 -> 2
   EXPECT_EQ(EncodeE4m3(std::ldexp(2.5f, -9)), 0x02);  // subnormal tie 2 / 3 -> 2
@@ -220,7 +220,7 @@ TEST(Mxfp8, MatchesReferenceBitExact) {
     for (int i = 0; i < 512; ++i) x[i] = RoundToBf16(normal(rng) * magnitude);
     if (trial % 7 == 0) x[trial % 512] = 0.0f;
     if (trial % 11 == 0) std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero group
-    if (trial % 13 == 0) x[5] = std::ldexp(448.0f, trial % 50 - 25);      // amax exactly 448*2^k
+    if (trial % 13 == 0) x[5] = std::ldexp(448.0f, trial % 50 - 25);       // amax exactly 448*2^k
     EncodeMxfp8(x.data(), 512, codes.data(), scales.data());
     for (int g = 0; g < 16; ++g) ReferenceMxGroup(&x[g * 32], &ref_codes[g * 32], &ref_scales[g]);
     ASSERT_EQ(scales, ref_scales) << "trial " << trial;

@@ -26,8 +26,8 @@ class TenantQuotaTest : public ::testing::Test {
     return *std::move(s);
   }
 
-  absl::Status Step(KvStore& store, const std::string& tenant, int32_t layer,
-                    const std::string& id, int64_t first, int32_t rows, bool abort = false) {
+  absl::Status Step(KvStore& store, const std::string& tenant, int32_t layer, const std::string& id,
+                    int64_t first, int32_t rows, bool abort = false) {
     store.BeginBatch();
     SpanWrite w{id, first, rows};
     auto p = store.Prepare(tenant, layer, {&w, 1});
@@ -68,7 +68,7 @@ TEST_F(TenantQuotaTest, PageQuotaFollowsEveryChange) {
   ASSERT_TRUE(Step(*store, "a", 0, "x", 12, 8, /*abort=*/true).ok());
   EXPECT_EQ(store->tenant_pages("a"), 3);  // an aborted step gives its pages back
   ASSERT_TRUE(Step(*store, "a", 0, "x", 12, 8).ok());
-  EXPECT_EQ(store->tenant_pages("a"), 5);  // exactly the quota
+  EXPECT_EQ(store->tenant_pages("a"), 5);             // exactly the quota
   ASSERT_TRUE(Step(*store, "a", 0, "x", 4, 2).ok());  // rewrite from 4: pages past 6 go
   EXPECT_EQ(store->tenant_pages("a"), 2);
   EXPECT_EQ(store->pages_used(), 2);

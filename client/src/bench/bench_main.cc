@@ -197,8 +197,8 @@ int Run() {
         const size_t eq = arg.find('=');
         int value = 0;
         if (eq == std::string::npos || !absl::SimpleAtoi(arg.substr(eq + 1), &value)) {
-          return Fail(absl::InvalidArgumentError(absl::StrCat("--grpc_arg: '", arg,
-                                                              "' is not NAME=INT")));
+          return Fail(
+              absl::InvalidArgumentError(absl::StrCat("--grpc_arg: '", arg, "' is not NAME=INT")));
         }
         o.grpc_args.emplace_back(arg.substr(0, eq), value);
       }

@@ -189,8 +189,8 @@ std::string BreakdownChart(const std::vector<RunStats>& runs) {
                           "kernel (batch, device)"};
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunStats& run = runs[i];
-    const double parts[4] = {std::max(0.0, run.overhead_ms.p50 - run.prep_ms.p50),
-                             run.queue_ms.p50, run.prep_ms.p50, run.kernel_ms.p50};
+    const double parts[4] = {std::max(0.0, run.overhead_ms.p50 - run.prep_ms.p50), run.queue_ms.p50,
+                             run.prep_ms.p50, run.kernel_ms.p50};
     double base = 0;
     const double x = l + slot * i + slot * 0.2;
     for (int k = 0; k < 4; ++k) {
@@ -335,8 +335,7 @@ std::string ToHtml(const Report& rep) {
                           r.steps_per_s, r.rows_per_s, r.call_ms.p50, r.call_ms.p90, r.call_ms.p95,
                           r.call_ms.p99, r.call_ms.max, r.overhead_ms.p50, r.queue_ms.p50,
                           r.prep_ms.p50, r.kernel_ms.p50, r.attend_ms.p50,
-                          r.e2e_minus_kernel_ms.p50, r.goodput_rows_per_s,
-                          Html(errors));
+                          r.e2e_minus_kernel_ms.p50, r.goodput_rows_per_s, Html(errors));
   }
   o += "</table>\n";
   std::vector<double> x;

@@ -20,10 +20,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendChoice choice,
 #elif defined(SMLA_WITH_HIP)
       if (choice == BackendChoice::kHip) return CreateGpuBackend(options);
 #endif
-      return absl::UnimplementedError(absl::StrCat(
-          "backend '", choice == BackendChoice::kCuda ? "cuda" : "hip",
-          "' is not compiled into this build (configure with -DSMLA_GPU_BACKEND=",
-          choice == BackendChoice::kCuda ? "cuda" : "hip", ")"));
+      return absl::UnimplementedError(
+          absl::StrCat("backend '", choice == BackendChoice::kCuda ? "cuda" : "hip",
+                       "' is not compiled into this build (configure with -DSMLA_GPU_BACKEND=",
+                       choice == BackendChoice::kCuda ? "cuda" : "hip", ")"));
     }
     case BackendChoice::kAuto: {
 #if defined(SMLA_WITH_CUDA) || defined(SMLA_WITH_HIP)

@@ -55,9 +55,7 @@ std::string_view KvFormatName(KvFormat f) { return NameOf(kFormatNames, f); }
 std::string_view OutputFormatName(OutputFormat f) { return NameOf(kOutputNames, f); }
 std::optional<Geometry> ParseGeometry(std::string_view n) { return Parse(kGeometryNames, n); }
 std::optional<KvFormat> ParseKvFormat(std::string_view n) { return Parse(kFormatNames, n); }
-std::optional<OutputFormat> ParseOutputFormat(std::string_view n) {
-  return Parse(kOutputNames, n);
-}
+std::optional<OutputFormat> ParseOutputFormat(std::string_view n) { return Parse(kOutputNames, n); }
 std::optional<BackendChoice> ParseBackendChoice(std::string_view n) {
   return Parse(kBackendNames, n);
 }

@@ -89,8 +89,7 @@ constexpr DirectCostModel kDefaultModel = {
     .combine_us_per_vector = 1e-3,
 };
 
-const DirectProgramCost& CostFor(const DirectCostModel& model, KvFormat format,
-                                 int32_t qk_width) {
+const DirectProgramCost& CostFor(const DirectCostModel& model, KvFormat format, int32_t qk_width) {
   if (format == KvFormat::kFp8PerTensor) {
     return qk_width == 512 ? model.per_tensor_512 : model.per_tensor_576;
   }
@@ -204,8 +203,8 @@ int64_t PairUnionLength(std::span<const int32_t> a, std::span<const int32_t> b, 
 }
 
 std::string LaunchPlan::ToString() const {
-  return absl::StrFormat("head_block=%d head_blocks=%d splits=%d tiles=%d programs=%d",
-                         head_block, head_blocks, splits, tiles, programs);
+  return absl::StrFormat("head_block=%d head_blocks=%d splits=%d tiles=%d programs=%d", head_block,
+                         head_blocks, splits, tiles, programs);
 }
 
 }  // namespace smla::kernels

@@ -319,9 +319,8 @@ __device__ __forceinline__ void DirectTile(const SegmentArgs& s, const uint8_t* 
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float m_use[kRows], alpha[kRows];
     MergeRowMax<C>(red_max, gr, m_run[gr], m_use, alpha);
-    ExpScores<C>(sc[gr], m_use, alpha, gr, l_run[gr], [&](int at, float p) {
-      p_s[at] = static_cast<uint16_t>(PackBf16(p * ps, 0.0f));
-    });
+    ExpScores<C>(sc[gr], m_use, alpha, gr, l_run[gr],
+                 [&](int at, float p) { p_s[at] = static_cast<uint16_t>(PackBf16(p * ps, 0.0f)); });
     RescaleAcc<C>(alpha, acc[gr]);
   }
   __syncthreads();  // P complete
@@ -506,9 +505,8 @@ __device__ __forceinline__ float Pow2Biased(int e) {
 template <class C, int kFormat>
 __device__ __forceinline__ void DirectTileF16(
     const SegmentArgs& s, const uint8_t* stage, const int32_t* valid, const uint16_t* q16_s,
-    const uint16_t* qrope_s, const float* qscale_s, uint16_t* p_s, uint16_t* p16_s,
-    float* red_max, float (&acc)[C::kGroups][C::kNTiles][4],
-    float (&m_run)[C::kGroups][MmaTile::kRowsPerLane],
+    const uint16_t* qrope_s, const float* qscale_s, uint16_t* p_s, uint16_t* p16_s, float* red_max,
+    float (&acc)[C::kGroups][C::kNTiles][4], float (&m_run)[C::kGroups][MmaTile::kRowsPerLane],
     float (&l_run)[C::kGroups][MmaTile::kRowsPerLane], float& unit, int& eb) {
   using T = MmaTile;
   constexpr int kRows = T::kRowsPerLane;
@@ -520,8 +518,8 @@ __device__ __forceinline__ void DirectTileF16(
   float sc[C::kGroups][4];
   DirectScoresF16<C, kFormat>(stage, stride, q16_s, qrope_s, sc);
   // fp8_per_tensor scores are in units of 2^-kF16CodeExp too (fp8_dsv4's chunk scales hold it).
-  const float score_scale = kDsv4 ? s.score_scale2
-                                  : s.score_scale2 * static_cast<float>(1 << kF16CodeExp);
+  const float score_scale =
+      kDsv4 ? s.score_scale2 : s.score_scale2 * static_cast<float>(1 << kF16CodeExp);
 #pragma unroll
   for (int gr = 0; gr < C::kGroups; ++gr) {
     float tmax[kRows];
@@ -676,8 +674,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
   const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
   // A paired program takes an even share of its pair's union tiles (known only here).
-  const int per_split =
-      paired ? (tiles0 + tiles1 + p.splits - 1) / p.splits : p.tiles_per_split;
+  const int per_split = paired ? (tiles0 + tiles1 + p.splits - 1) / p.splits : p.tiles_per_split;
   const int t_begin = split * per_split;
   const int t_end = min(t_begin + per_split, tiles0 + tiles1);
   // Lane j < kGatherKeysPerWarp: key j of the warp's share of tile t, and its row mask.
@@ -818,7 +815,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
                        : PackBf16(f.x, f.y);
           r[i] = PackBf16(a, b);
         }
-        *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
+        *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) =
+            make_uint4(w[0], w[1], w[2], w[3]);
         if (f16_q && C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
           *reinterpret_cast<uint4*>(qrope_s + h * C::kRopeStride + (p0 - kNopeWidth)) =
               make_uint4(r[0], r[1], r[2], r[3]);

@@ -24,11 +24,12 @@ namespace smla::kernels::gpu {
 
 // kW warps per 16 heads: for Q.K^T warp w takes keys [w*K/kW, (w+1)*K/kW) of a K-key tile,
 // for P.V output columns [w*512/kW, (w+1)*512/kW). 32-key tiles halve the shared memory of
-// the stages and the dequantised tile so that two programs fit on an SM and overlap. kQInRegs keeps the group's Q fragments in
-// registers for the whole program (no shared-memory re-reads of Q per tile).
+// the stages and the dequantised tile so that two programs fit on an SM and overlap. kQInRegs keeps
+// the group's Q fragments in registers for the whole program (no shared-memory re-reads of Q per
+// tile).
 template <int kQkWidth_, int kHeadBlock_, int kW_, bool kQInRegs_, int kKeys_, int kMinBlocks_>
 struct AttendConfig {
-  static constexpr int kKeys = kKeys_;            // keys per gathered tile (64, or 32 for occupancy)
+  static constexpr int kKeys = kKeys_;  // keys per gathered tile (64, or 32 for occupancy)
   static constexpr int kMinBlocks = kMinBlocks_;  // programs per SM the registers are capped for
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kHeadBlock = kHeadBlock_;
@@ -42,9 +43,9 @@ struct AttendConfig {
   static constexpr int kKvStride = kQkWidth + 8;  // bf16 elements
   static constexpr int kPStride = kKeys + 8;      // bf16 elements
   static constexpr int kKSteps = kQkWidth / MmaTile::kK;
-  static constexpr int kKeysPerWarp = kKeys / kW;           // 16 or 8
+  static constexpr int kKeysPerWarp = kKeys / kW;             // 16 or 8
   static constexpr int kSTiles = kKeysPerWarp / MmaTile::kN;  // score n-tiles per warp
-  static constexpr int kColsPerWarp = kValueWidth / kW;      // 128 or 64
+  static constexpr int kColsPerWarp = kValueWidth / kW;       // 128 or 64
   static constexpr int kNTiles = kColsPerWarp / MmaTile::kN;  // output n-tiles per warp
   // Output values per lane and row, and the MXFP8 groups (8 values of 4 lanes) among them.
   static constexpr int kRowValues = kNTiles * MmaTile::kColsPerRow;
@@ -128,11 +129,10 @@ __device__ __forceinline__ void IssueTileStrided(const SegmentArgs& s, int32_t m
   const int lane = tid % kWarpSize;
   const int format = s.format;
   const bool dsv4 = format == static_cast<int>(KvFormat::kFp8Dsv4);
-  const int data_bytes = format == static_cast<int>(KvFormat::kBf16) ? 2 * C::kQkWidth
-                         : dsv4                                       ? kDsv4DataBytes
-                         : format == static_cast<int>(KvFormat::kFp8DsMla)
-                             ? kDsMlaRowBytes
-                             : C::kQkWidth;
+  const int data_bytes = format == static_cast<int>(KvFormat::kBf16)       ? 2 * C::kQkWidth
+                         : dsv4                                            ? kDsv4DataBytes
+                         : format == static_cast<int>(KvFormat::kFp8DsMla) ? kDsMlaRowBytes
+                                                                           : C::kQkWidth;
   const int chunks = data_bytes / 16;  // 32..72
   const bool my_ok = my_slot >= 0 && my_slot < s.num_slots;
   // The owning lane computes its key's row address (and fp8_dsv4 scale-record address) once.

@@ -134,9 +134,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
           "no ", l.plan.head_block, "-head attention program for geometry ",
           Name(GeometryName(params.geometry)), " with main format ",
           Name(KvFormatName(params.main.cache.format)),
-          params.has_extra ? absl::StrCat(" and extra format ",
-                                          Name(KvFormatName(params.extra.cache.format)))
-                           : std::string(),
+          params.has_extra
+              ? absl::StrCat(" and extra format ", Name(KvFormatName(params.extra.cache.format)))
+              : std::string(),
           " (shared memory)"));
     }
     // The plan is advice: step down to the largest head block that exists and fits.
@@ -150,9 +150,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   l.shared_bytes =
       AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile, keys);
 
-  const int direct_hb = params.force_head_block > 0 ? params.force_head_block
+  const int direct_hb = params.force_head_block > 0              ? params.force_head_block
                         : l.plan.head_block >= 32 && H % 32 == 0 ? 32
-                                                                   : 16;
+                                                                 : 16;
   int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
   if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
@@ -249,9 +249,9 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
       // (a 32-head program per pair and head block of 16 for kGroups).
       int splits = std::clamp(params.force_splits, 1, kMaxSplits);
       if (params.force_splits == 0) {
-        splits = PlanDirect(direct_input(pairs * hbs, pair_hb, static_cast<int32_t>(est),
-                                         {pair_hb}))
-                     .splits;
+        splits =
+            PlanDirect(direct_input(pairs * hbs, pair_hb, static_cast<int32_t>(est), {pair_hb}))
+                .splits;
       }
       l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
       l.plan.head_block = 16;
@@ -285,8 +285,8 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   if (l.paired != PairMode::kNone) {
     const int nseg = params.has_extra ? 2 : 1;
     for (int sg = 0; sg < nseg; ++sg) {
-      const int64_t nnz = static_cast<int64_t>(
-          (sg == 0 ? params.main.indices : params.extra.indices).size());
+      const int64_t nnz =
+          static_cast<int64_t>((sg == 0 ? params.main.indices : params.extra.indices).size());
       l.off_union_indices[sg] = add(4 * nnz);
       l.off_union_mask[sg] = add(nnz);
       l.off_union_count[sg] = add(4 * (int64_t{T} / 2));
@@ -383,8 +383,8 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
       k.seg[s].union_count = reinterpret_cast<int32_t*>(ws + l.off_union_count[s]);
     }
   }
-  k.positions = l.off_positions >= 0 ? reinterpret_cast<const int32_t*>(ws + l.off_positions)
-                                     : nullptr;
+  k.positions =
+      l.off_positions >= 0 ? reinterpret_cast<const int32_t*>(ws + l.off_positions) : nullptr;
   k.sink = l.off_sink >= 0 ? reinterpret_cast<const float*>(ws + l.off_sink) : nullptr;
   k.part_acc = reinterpret_cast<float*>(ws + l.off_part_acc);
   k.part_ml = reinterpret_cast<float*>(ws + l.off_part_ml);
@@ -400,8 +400,8 @@ absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
     if (absl::Status st = LaunchRowUnion(l.kernel, stream); !st.ok()) return st;
   }
   if (absl::Status st =
-          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.program_head_block,
-                                        l.shared_bytes, stream)
+          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.program_head_block, l.shared_bytes,
+                                        stream)
                    : LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
       !st.ok()) {
     return st;

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     const uint8_t sb = MxScaleByte(amax);
     const float inv_scale = Pow2(127 - static_cast<int>(sb));
     const uint32_t codes = MxEncodePair(x[0], x[1], inv_scale) |
-            (static_cast<uint32_t>(MxEncodePair(x[2], x[3], inv_scale)) << 16);
+                           (static_cast<uint32_t>(MxEncodePair(x[2], x[3], inv_scale)) << 16);
     *reinterpret_cast<uint32_t*>(p.mx_data + rh * kValueWidth + col) = codes;
     if (threadIdx.x % 8 == 0) p.mx_scales[rh * kMxGroupsPerHead + col / kMxGroup] = sb;
   }

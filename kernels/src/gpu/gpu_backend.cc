@@ -3,13 +3,15 @@
 // host arrays (CSR, positions, sink) into a per-stream device workspace with one asynchronous
 // copy from pinned memory (or, when the caller's arrays are page-locked already, copies them
 // there directly), plans the launch (attend_launch.h) and enqueues the kernels.
+#include "smla/kernels/gpu_backend.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -21,7 +23,6 @@
 #include "smla/kernels/backend.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/gpu/runtime.h"
-#include "smla/kernels/gpu_backend.h"
 #include "smla/kernels/plan.h"
 #include "smla/kernels/validate.h"
 

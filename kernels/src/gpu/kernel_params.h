@@ -13,7 +13,7 @@
 
 namespace smla::kernels::gpu {
 
-inline constexpr int kTileKeys = kKeyTile;    // keys gathered per tile (the plan's tile)
+inline constexpr int kTileKeys = kKeyTile;     // keys gathered per tile (the plan's tile)
 inline constexpr int kMaxWarpsPer16Heads = 8;  // a 16-head group has 4 or 8 warps
 inline constexpr int kMaxStages = 3;           // gather stages in flight per program
 inline constexpr int kDirectMaxStages = 4;     // the same for the direct kernel
@@ -33,9 +33,9 @@ struct SegmentArgs {
   int64_t num_slots = 0;             // ids at or past this are treated as sentinels
   int32_t rows_per_page_log2 = 0;    // B = 1 << this
   int32_t rows_per_page = 1;
-  int32_t format = 0;                // KvFormat
-  float score_scale2 = 0;            // softmax_scale * q_scale * sigma * log2(e)
-  float p_scale = 1;                 // sigma folded into P before the PV product (else 1)
+  int32_t format = 0;      // KvFormat
+  float score_scale2 = 0;  // softmax_scale * q_scale * sigma * log2(e)
+  float p_scale = 1;       // sigma folded into P before the PV product (else 1)
   // Paired rows (AttendKernelParams::paired): the union of rows 2i and 2i+1's keys, written by
   // the row-union kernel at the pair's CSR range indptr[2i] .. indptr[2i+2] (its capacity),
   // with per-entry row masks (bit r: row 2i + r attends the key) and the union length per pair.
@@ -58,7 +58,7 @@ struct AttendKernelParams {
   int32_t num_heads = 0;  // H
   int32_t num_segments = 1;
   SegmentArgs seg[2];
-  int32_t head_blocks = 1;      // ceil(H / head block)
+  int32_t head_blocks = 1;  // ceil(H / head block)
   int32_t splits = 1;
   int32_t tiles_per_split = 1;  // tiles of the longest row / splits, rounded up
   int32_t stage_bytes = 0;      // one gather stage in shared memory
@@ -69,16 +69,16 @@ struct AttendKernelParams {
   // of their keys (SegmentArgs::union_*); the grid is T/2 * head_blocks * splits, and each
   // program takes its share of the pair's union tiles (tiles_per_split is unused).
   int32_t paired = 0;
-  int32_t union_bits = 6;             // paired: log2 of the row-union kernel's hash table entries
-  const float* sink = nullptr;        // [H] device; may be null
+  int32_t union_bits = 6;              // paired: log2 of the row-union kernel's hash table entries
+  const float* sink = nullptr;         // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
   const float* cos_sin = nullptr;      // [P, 64] f32 device
   // Final outputs (splits == 1).
   int32_t out_mxfp8 = 0;
-  uint16_t* out_bf16 = nullptr;    // [T, H, 512] bf16
-  uint8_t* mx_data = nullptr;      // [T, H*512] e4m3
-  uint8_t* mx_scales = nullptr;    // [T, H*16] E8M0
-  float* lse = nullptr;            // [T, H]; may be null
+  uint16_t* out_bf16 = nullptr;  // [T, H, 512] bf16
+  uint8_t* mx_data = nullptr;    // [T, H*512] e4m3
+  uint8_t* mx_scales = nullptr;  // [T, H*16] E8M0
+  float* lse = nullptr;          // [T, H]; may be null
   // Split-K partials (splits > 1).
   float* part_acc = nullptr;  // [T, H, splits, 512] f32, unnormalised
   float* part_ml = nullptr;   // [T, H, splits, 2] f32: m (base 2), l
@@ -88,9 +88,9 @@ struct CombineKernelParams {
   int32_t num_rows = 0;
   int32_t num_heads = 0;
   int32_t splits = 1;
-  const float* part_acc = nullptr;  // [T, H, splits, 512]
-  const float* part_ml = nullptr;   // [T, H, splits, 2]
-  const float* sink = nullptr;        // [H]; may be null
+  const float* part_acc = nullptr;     // [T, H, splits, 512]
+  const float* part_ml = nullptr;      // [T, H, splits, 2]
+  const float* sink = nullptr;         // [H]; may be null
   const int32_t* positions = nullptr;  // [T]; may be null
   const float* cos_sin = nullptr;      // [P, 64]
   int32_t out_mxfp8 = 0;
@@ -101,9 +101,9 @@ struct CombineKernelParams {
 };
 
 struct WriteRowsKernelParams {
-  uint8_t* base = nullptr;          // pool, device
-  const int64_t* slots = nullptr;   // [n] device
-  const uint16_t* rows = nullptr;   // [n, QkWidth] bf16, device
+  uint8_t* base = nullptr;         // pool, device
+  const int64_t* slots = nullptr;  // [n] device
+  const uint16_t* rows = nullptr;  // [n, QkWidth] bf16, device
   int64_t num_rows = 0;
   int64_t pitch = 0;
   int32_t rows_per_page = 1;

@@ -21,7 +21,6 @@
     }                                                                                         \
   } while (0)
 
-
 namespace smla::server {
 
 // Debian's abseil keeps its own string_view type, so std::string_view arguments are converted

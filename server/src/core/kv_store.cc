@@ -240,8 +240,8 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
 }
 
 absl::StatusOr<const KvStore::Sequence*> KvStore::FindForRead(std::string_view tenant,
-                                                               std::string_view id,
-                                                               int32_t layer) const {
+                                                              std::string_view id,
+                                                              int32_t layer) const {
   if (layer < 0 || layer >= profile_->num_layers()) {
     return absl::NotFoundError(Cat("layer ", layer, " not found (model ", config_.profile, " has ",
                                    profile_->num_layers(), " layers)"));
@@ -357,10 +357,9 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
   if (tenant_max_pages_ > 0) {
     const int64_t held = tenants_[std::string(tenant)].pages;
     if (held + pages_needed > tenant_max_pages_) {
-      return absl::ResourceExhaustedError(
-          Cat("tenant quota of pages reached: the step needs ", pages_needed,
-              " new pages of model ", config_.profile, ", the tenant holds ", held, " of ",
-              tenant_max_pages_));
+      return absl::ResourceExhaustedError(Cat(
+          "tenant quota of pages reached: the step needs ", pages_needed, " new pages of model ",
+          config_.profile, ", the tenant holds ", held, " of ", tenant_max_pages_));
     }
   }
   SMLA_CHECK(allocator_.Allocate(static_cast<int32_t>(pages_needed), step->new_pages_),

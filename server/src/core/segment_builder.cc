@@ -189,8 +189,8 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + k));
-    bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi32(e, last),
-                                                _mm256_cmpgt_epi32(minus_one, e)));
+    bad = _mm256_or_si256(
+        bad, _mm256_or_si256(_mm256_cmpgt_epi32(e, last), _mm256_cmpgt_epi32(minus_one, e)));
     const __m256i safe = _mm256_min_epi32(_mm256_max_epi32(e, zero), last);
     const __m256i page = _mm256_i32gather_epi32(table, _mm256_srl_epi32(safe, count), 4);
     const __m256i slot =
@@ -209,8 +209,8 @@ __attribute__((target("avx2"))) bool TranslateAvx2(const int32_t* in, int64_t n,
 bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
                       int64_t visible, int32_t* out) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  const int32_t limit = static_cast<int32_t>(std::min<int64_t>(
-      {visible, static_cast<int64_t>(pages.size()) << page_shift, INT32_MAX}));
+  const int32_t limit = static_cast<int32_t>(
+      std::min<int64_t>({visible, static_cast<int64_t>(pages.size()) << page_shift, INT32_MAX}));
 #if defined(SMLA_TRANSLATE_AVX2)
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2 && limit > 0) return TranslateAvx2(ids.data(), n, pages.data(), page_shift, limit, out);

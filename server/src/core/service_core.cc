@@ -73,8 +73,7 @@ class ServiceCoreImpl : public ServiceCore {
 
   // Leases: a frontend that dies without releasing its sequences does not hold the pool.
   void Sweep(absl::Duration idle) {
-    const absl::Duration period =
-        std::clamp(idle / 4, absl::Milliseconds(10), absl::Seconds(1));
+    const absl::Duration period = std::clamp(idle / 4, absl::Milliseconds(10), absl::Seconds(1));
     while (!stop_sweeper_.WaitForNotificationWithTimeout(period)) {
       const absl::Time cutoff = absl::Now() - idle;
       for (ModelRuntime* m : order_) {

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "internal.h"
 #include "smla/kernels/codec/bf16.h"
+#include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/formats.h"
 #include "smla/server/log_field.h"
-#include "smla/kernels/codec/mxfp8_query.h"
 
 namespace smla::server {
 namespace {
@@ -302,8 +302,8 @@ absl::Status ExplainChosenEntries(const SpanInput& s, size_t index, const LayerS
     const int64_t p = s.first_position + t;
     const int64_t visible = spec.visible(p);
     for (int32_t k = 0; k < s.topk_width; ++k) {
-      const int32_t e = __atomic_load_n(s.topk.data() + int64_t{t} * s.topk_width + k,
-                                        __ATOMIC_RELAXED);
+      const int32_t e =
+          __atomic_load_n(s.topk.data() + int64_t{t} * s.topk_width + k, __ATOMIC_RELAXED);
       if (e < -1) {
         return absl::InvalidArgumentError(
             Cat(field, ".topk[", t, "][", k, "]: entry ", e, " is invalid (-1 means none)"));
@@ -316,9 +316,10 @@ absl::Status ExplainChosenEntries(const SpanInput& s, size_t index, const LayerS
     }
   }
   return absl::InvalidArgumentError(
-      Cat(field, ".topk: an entry was outside what its row may see when the step was launched, "
-                 "and the entries have changed since (keep a step's inputs in place until its "
-                 "response)"));
+      Cat(field,
+          ".topk: an entry was outside what its row may see when the step was launched, "
+          "and the entries have changed since (keep a step's inputs in place until its "
+          "response)"));
 }
 
 }  // namespace smla::server

@@ -38,8 +38,8 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
 absl::StatusOr<std::shared_ptr<const TokenTable>> TokenTable::Load(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    spdlog::warn("token file {} is accessible by group or others (mode {:o}); chmod 600 it",
-                 path, st.st_mode & 0777);
+    spdlog::warn("token file {} is accessible by group or others (mode {:o}); chmod 600 it", path,
+                 st.st_mode & 0777);
   }
   absl::StatusOr<std::string> text = ReadFile(path, "--token_file");
   if (!text.ok()) return text.status();
@@ -53,8 +53,8 @@ absl::StatusOr<std::shared_ptr<const TokenTable>> TokenTable::Load(const std::st
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     // Errors name the line, never the token.
     if (f.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--token_file ", path, ":", line_no, ": expected \"token tenant\" (two fields)"));
+      return absl::InvalidArgumentError(absl::StrCat("--token_file ", path, ":", line_no,
+                                                     ": expected \"token tenant\" (two fields)"));
     }
     if (!map.emplace(std::string(f[0]), std::string(f[1])).second) {
       return absl::InvalidArgumentError(
@@ -139,8 +139,7 @@ absl::StatusOr<std::string> Authenticator::TenantOf(const grpc::CallbackServerCo
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
-                                         OutputMetadata* consumed_auth_metadata,
-                                         OutputMetadata*) {
+                                         OutputMetadata* consumed_auth_metadata, OutputMetadata*) {
   auto it = auth_metadata.find("authorization");
   // No token: let the call through without a tenant; smla.v1 handlers refuse it, health and
   // reflection answer.

@@ -47,10 +47,11 @@ EdgeMetrics::EdgeMetrics(const ServiceCore* core) : core_(core) {
                                         ExponentialBuckets(1, 2, 15));
   queue_seconds_ = &registry_.GetHistogram(
       "smla_step_queue_seconds", "Time from admission to launch per step.", SecondsBuckets());
-  kernel_seconds_ = &registry_.GetHistogram("smla_step_kernel_seconds",
-                                            "Device time of the batch that carried each step: copies in, "
-                                            "row writes, attention, copies out.",
-                                            SecondsBuckets());
+  kernel_seconds_ =
+      &registry_.GetHistogram("smla_step_kernel_seconds",
+                              "Device time of the batch that carried each step: copies in, "
+                              "row writes, attention, copies out.",
+                              SecondsBuckets());
   prep_seconds_ = &registry_.GetHistogram(
       "smla_step_prep_seconds",
       "Host work of the launch of the batch that carried each step (slot lists, staging) that "
@@ -98,10 +99,9 @@ void EdgeMetrics::CountRequest(std::string_view method, absl::StatusCode code) {
       return;
     }
   }
-  Counter& counter =
-      registry_
-          .GetCounter("smla_requests_total", "Finished calls by method and status code.",
-                      {{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}});
+  Counter& counter = registry_.GetCounter(
+      "smla_requests_total", "Finished calls by method and status code.",
+      {{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}});
   if (cached != nullptr) cached->store(&counter, std::memory_order_release);
   counter.Inc();
 }

@@ -1,6 +1,6 @@
-// The service's metrics (docs/architecture.md: requests by status, rows, batch sizes, queue and kernel
-// time histograms, pool pages used/total, sequences, open streams) and the HTTP endpoint that
-// exposes them as Prometheus text.
+// The service's metrics (docs/architecture.md: requests by status, rows, batch sizes, queue and
+// kernel time histograms, pool pages used/total, sequences, open streams) and the HTTP endpoint
+// that exposes them as Prometheus text.
 #pragma once
 
 #include <atomic>

@@ -1,8 +1,7 @@
 #include "edge_server.h"
 
-#include <bit>
-
 #include <algorithm>
+#include <bit>
 #include <climits>
 
 #include "absl/strings/str_cat.h"
@@ -45,8 +44,8 @@ StepBytes MaxStepBytes(const ServiceCore& core, const Limits& limits) {
     const int64_t per_row_in = 2 * w + 2 * w + 2 * h * w + 4 * topk;
     const int64_t per_row_out = 2 * h * kernels::kValueWidth + 4 * h;
     const int64_t framing = int64_t{limits.max_spans_per_step} * 512 + (64 << 10);
-    most.in = std::max({most.in, rows * per_row_in + framing,
-                        int64_t{profile->num_layers()} * h * 4 + framing});
+    most.in = std::max(
+        {most.in, rows * per_row_in + framing, int64_t{profile->num_layers()} * h * 4 + framing});
     most.out = std::max(most.out, rows * per_row_out + framing);
   }
   return most;
@@ -54,7 +53,7 @@ StepBytes MaxStepBytes(const ServiceCore& core, const Limits& limits) {
 
 int64_t MaxMessageBytes(const ServiceCore& core, const Limits& limits) {
   const StepBytes step = MaxStepBytes(core, limits);
-  int64_t most = std::max<int64_t>({4 << 20, step.in, step.out});  // never below gRPC's default
+  int64_t most = std::max<int64_t>({4 << 20, step.in, step.out});   // never below gRPC's default
   most = std::max(most, limits.max_context * 64 * 4 + (64 << 10));  // rope table upload
   return std::min<int64_t>(most, INT_MAX);
 }

@@ -6,9 +6,9 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"

@@ -51,8 +51,7 @@ class FaultInjectingBackend final : public kernels::Backend {
   absl::Status Fill(void* dst, uint8_t byte, size_t bytes, kernels::Stream& stream) override {
     return inner_->Fill(dst, byte, bytes, stream);
   }
-  absl::Status WriteRows(const kernels::WriteRowsParams& params,
-                         kernels::Stream& stream) override {
+  absl::Status WriteRows(const kernels::WriteRowsParams& params, kernels::Stream& stream) override {
     return inner_->WriteRows(params, stream);
   }
   absl::Status ExpandMxfp8Query(const kernels::ExpandQueryParams& params,
@@ -67,9 +66,7 @@ class FaultInjectingBackend final : public kernels::Backend {
     if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
     return inner_->Attend(params, stream);
   }
-  absl::Status Synchronize(kernels::Stream& stream) override {
-    return inner_->Synchronize(stream);
-  }
+  absl::Status Synchronize(kernels::Stream& stream) override { return inner_->Synchronize(stream); }
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
     return inner_->RegisterHostMemory(data, bytes);
   }

@@ -16,8 +16,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "smla/server/log_field.h"
 #include "absl/strings/str_format.h"
+#include "smla/server/log_field.h"
 #include "smla/v1/shm_region.h"
 #include "spdlog/spdlog.h"
 
@@ -150,8 +150,8 @@ absl::Status RegionRegistry::CheckCaps(const std::string& tenant) const {
   const auto held = held_.find(tenant);
   if (caps_.tenant_max_regions > 0 && held != held_.end() &&
       held->second >= caps_.tenant_max_regions) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant_max_regions: the tenant holds ",
-                                                     held->second, " regions, its quota"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant_max_regions: the tenant holds ", held->second, " regions, its quota"));
   }
   return absl::OkStatus();
 }

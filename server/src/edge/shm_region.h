@@ -1,5 +1,5 @@
-// Registered shared-memory regions (docs/architecture.md "Transport"): a client on the server's host
-// hands the server a sealed memfd (smla/v1/shm_handover.h) and registers it, and then names
+// Registered shared-memory regions (docs/architecture.md "Transport"): a client on the server's
+// host hands the server a sealed memfd (smla/v1/shm_handover.h) and registers it, and then names
 // (region, offset, size) for step inputs and outputs instead of inline bytes. The server maps
 // each region once, read/write, and hands the core views of the mapping, so inputs are read in
 // place and outputs are written straight into it.

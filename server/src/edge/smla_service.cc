@@ -65,8 +65,8 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
       Finish(service_->Finished("Step", "", tenant.status()));
       return;
     }
-    absl::Status st = service_->PrepareBytes(*tenant, *request, deadline_, cancel_, request_,
-                                             &step, &storage_, &staged_);
+    absl::Status st = service_->PrepareBytes(*tenant, *request, deadline_, cancel_, request_, &step,
+                                             &storage_, &staged_);
     request_id_ = step.request_id;
     parsed_ = absl::Now();
     if (!st.ok()) {
@@ -141,9 +141,8 @@ SmlaService::SmlaService(ServiceCore* core, EdgeMetrics* metrics, EdgeOptions op
     handover_box_ = std::make_unique<HandoverBox>();
   }
   staging_ = std::make_unique<StagingPool>(pinning, options_.staging);
-  copier_ = std::make_unique<v1::ParallelCopier>(options_.copy_threads >= 0
-                                                     ? options_.copy_threads
-                                                     : v1::ParallelCopier::DefaultHelpers());
+  copier_ = std::make_unique<v1::ParallelCopier>(
+      options_.copy_threads >= 0 ? options_.copy_threads : v1::ParallelCopier::DefaultHelpers());
   for (const ModelConfig& m : core_->Info().models) {
     const ModelProfile* profile = FindProfile(m.profile);
     if (profile == nullptr) continue;
@@ -196,8 +195,8 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
 
 absl::Status SmlaService::PrepareBytes(const std::string& tenant, const grpc::ByteBuffer& bytes,
                                        absl::Time call_deadline, CancelFlag cancel,
-                                       v1::StepRequest* pb, StepRequest* out,
-                                       ParseStorage* storage, StagedOutputs* staged) {
+                                       v1::StepRequest* pb, StepRequest* out, ParseStorage* storage,
+                                       StagedOutputs* staged) {
   absl::Status st = ReadStepRequest(bytes, *staging_, copier_.get(), tenant, pb, &storage->landed);
   if (!st.ok()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
@@ -240,8 +239,8 @@ void SmlaService::AnswerStepBytes(std::string_view method, const std::string& re
                                   const absl::StatusOr<StepResult>& result,
                                   const v1::StepRequest* request, const StagedOutputs& staged,
                                   v1::StepResponse* response, grpc::ByteBuffer* bytes) {
-  AnswerStreamStep(request_id, start, parsed, result, request, response,
-                   staged.buffer != nullptr, method);
+  AnswerStreamStep(request_id, start, parsed, result, request, response, staged.buffer != nullptr,
+                   method);
   SerializeStepResponse(response, result.ok() ? staged : StagedOutputs{}, bytes);
 }
 

@@ -86,8 +86,7 @@ class SmlaService final : public SmlaServiceBase {
   grpc::ServerUnaryReactor* SetSinks(grpc::CallbackServerContext* ctx,
                                      const v1::SetSinksRequest* request,
                                      v1::SetSinksResponse* response) override;
-  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx,
-                                 const grpc::ByteBuffer* request,
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StepStream(
       grpc::CallbackServerContext* ctx) override;

@@ -34,9 +34,9 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
   // A client that does not read its responses holds at most this much in server memory; one
   // request is always read, whatever its size, so that any legal step can be served.
   const EdgeOptions& o = service_->options();
-  const bool room = inflight_.empty() ||
-                    (static_cast<int32_t>(inflight_.size()) < o.stream_max_inflight &&
-                     inflight_bytes_ < o.stream_max_inflight_bytes);
+  const bool room =
+      inflight_.empty() || (static_cast<int32_t>(inflight_.size()) < o.stream_max_inflight &&
+                            inflight_bytes_ < o.stream_max_inflight_bytes);
   if (!broken_ && !reads_done_ && !read_pending_ && room) {
     reading_ = std::make_unique<Entry>();
     read_pending_ = true;
@@ -126,8 +126,7 @@ void StepStreamReactor::OnReadDone(bool ok) {
 
 void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
   service_->AnswerStepBytes("StepStream", entry->request_id, entry->start, entry->parsed, result,
-                            entry->request, entry->staged, entry->response,
-                            &entry->response_bytes);
+                            entry->request, entry->staged, entry->response, &entry->response_bytes);
   Answered(entry);
 }
 

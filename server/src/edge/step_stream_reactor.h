@@ -19,8 +19,8 @@
 
 #include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
-#include "smla/server/step.h"
 #include "response_writer.h"
+#include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
 #include "step_ring.h"
 #include "wire.h"
@@ -87,7 +87,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
   std::unique_ptr<Entry> reading_;               // its request is the pending read's target
   uint64_t inflight_bytes_ = 0;                  // Entry::bytes over inflight_
-  int outstanding_ = 0;              // core callbacks not yet run
+  int outstanding_ = 0;                          // core callbacks not yet run
   bool read_pending_ = false;
   bool reads_done_ = false;
   bool writing_ = false;

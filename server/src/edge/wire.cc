@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
-#include "smla/server/log_field.h"
 #include "smla/kernels/codec/mxfp8_query.h"
+#include "smla/server/log_field.h"
 #include "smla/server/step_validation.h"
 
 namespace smla::server::edge {
@@ -47,8 +47,7 @@ bool RegionsOn(const RegionContext* regions) {
 // mapping alive in `storage`.
 absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const std::string& field,
                                               int64_t want, int64_t align,
-                                              const RegionContext* regions,
-                                              ParseStorage* storage) {
+                                              const RegionContext* regions, ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);
   if (ref.size() != static_cast<uint64_t>(want)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
@@ -220,9 +219,9 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
     }
     if (p.has_compressed_rows() || entries > 0) {
       if (!p.has_compressed_rows()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "packed.compressed_rows: unset, the spans complete ", entries, " entries of the 1/",
-            ratio, " cache (", entries * row_bytes, " bytes)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("packed.compressed_rows: unset, the spans complete ", entries,
+                         " entries of the 1/", ratio, " cache (", entries * row_bytes, " bytes)"));
       }
       auto c = ResolveRef(p.compressed_rows(), "packed.compressed_rows", entries * row_bytes, 2,
                           regions, storage);
@@ -230,14 +229,14 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
       compressed = *c;
     }
   } else if (layer_known && p.has_compressed_rows() && p.compressed_rows().size() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("packed.compressed_rows: layer ", pb.layer(), " has no compressed cache, got ",
-                     p.compressed_rows().size(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("packed.compressed_rows: layer ", pb.layer(),
+                                                   " has no compressed cache, got ",
+                                                   p.compressed_rows().size(), " bytes"));
   }
   std::span<const int32_t> topk;
   if (p.has_topk()) {
-    auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
-                        storage);
+    auto t =
+        ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions, storage);
     if (!t.ok()) return t.status();
     // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
     topk = AsInt32(*t, storage);
@@ -367,9 +366,9 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
             std::pair{s.has_compressed_rows(), "compressed_rows"}, std::pair{s.has_topk(), "topk"},
             std::pair{s.has_q_scales(), "q_scales"}}) {
         if (set) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("spans[", i, "].", name, ": set in a packed request (packed.", name,
-                           " carries every span's)"));
+          return absl::InvalidArgumentError(absl::StrCat("spans[", i, "].", name,
+                                                         ": set in a packed request (packed.", name,
+                                                         " carries every span's)"));
         }
       }
     }

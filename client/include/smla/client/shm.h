@@ -1,5 +1,5 @@
-// The zero-copy transport on the client side (docs/architecture.md "Transport"): a sealed memfd this
-// process creates, hands over to a server on the same host (smla/v1/shm_handover.h) and
+// The zero-copy transport on the client side (docs/architecture.md "Transport"): a sealed memfd
+// this process creates, hands over to a server on the same host (smla/v1/shm_handover.h) and
 // registers, and the helpers that make a step use it. After Place, a step request carries only
 // (region, offset, size) references: the server reads the inputs from the region and writes the
 // output (and MXFP8 scales, LSE) into it, so a decode step moves a few hundred bytes over gRPC.
@@ -68,10 +68,10 @@ class ShmRegion {
   // layout needs at most as many).
   static uint64_t BytesFor(const v1::StepRequest& request);
   // Moves every inline input tensor of `request` into the region from `offset` (rounded up to
-  // a multiple of v1::region::kRegionAlign) on and points the outputs (out, and mx_scales / lse when the request asks for them)
-  // at it; returns the end of what it used. `request` must be fully inline; OUT_OF_RANGE when
-  // the region is too small, INVALID_ARGUMENT when only some of a packed request's spans
-  // carry top-k ids. Several requests can live side by side at different offsets.
+  // a multiple of v1::region::kRegionAlign) on and points the outputs (out, and mx_scales / lse
+  // when the request asks for them) at it; returns the end of what it used. `request` must be fully
+  // inline; OUT_OF_RANGE when the region is too small, INVALID_ARGUMENT when only some of a packed
+  // request's spans carry top-k ids. Several requests can live side by side at different offsets.
   absl::StatusOr<uint64_t> Place(v1::StepRequest* request, uint64_t offset = 0,
                                  Layout layout = Layout::kPerSpan) const;
   // Place into any mapping of `size` bytes at `data` that the server knows as `name` (e.g. a

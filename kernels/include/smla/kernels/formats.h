@@ -30,16 +30,16 @@ enum class OutputFormat : uint8_t {
   kMxfp8 = 1,  // e4m3 [T, H*512] + E8M0 scales [T, H*16]
 };
 
-inline constexpr int kValueWidth = 512;        // V and output width, every geometry
-inline constexpr int kRopeWidth = 64;          // roped lanes of rope_inside / rope_appended
-inline constexpr int kNopeWidth = 448;         // rope_inside NoPE lanes
-inline constexpr int kMxGroup = 32;            // MXFP8 lanes per scale
+inline constexpr int kValueWidth = 512;  // V and output width, every geometry
+inline constexpr int kRopeWidth = 64;    // roped lanes of rope_inside / rope_appended
+inline constexpr int kNopeWidth = 448;   // rope_inside NoPE lanes
+inline constexpr int kMxGroup = 32;      // MXFP8 lanes per scale
 inline constexpr int kMxGroupsPerHead = kValueWidth / kMxGroup;  // 16
-inline constexpr int kDsv4DataBytes = 576;     // 448 e4m3 + 64 bf16
-inline constexpr int kDsv4ScaleBytes = 8;      // 7 UE8M0 + 1 pad
-inline constexpr int kDsv4Groups = 7;          // one scale per 64 NoPE values
-inline constexpr int kDsMlaRowBytes = 656;     // 512 e4m3 + 4 f32 + 64 bf16
-inline constexpr int kDsMlaGroups = 4;         // one scale per 128 latent values
+inline constexpr int kDsv4DataBytes = 576;                       // 448 e4m3 + 64 bf16
+inline constexpr int kDsv4ScaleBytes = 8;                        // 7 UE8M0 + 1 pad
+inline constexpr int kDsv4Groups = 7;                            // one scale per 64 NoPE values
+inline constexpr int kDsMlaRowBytes = 656;                       // 512 e4m3 + 4 f32 + 64 bf16
+inline constexpr int kDsMlaGroups = 4;                           // one scale per 128 latent values
 inline constexpr int kMaxHeads = 128;
 
 // The accepted range of KV values (docs/promises.md, "Numerical range of the inputs"): every

@@ -50,16 +50,16 @@ struct Segment {
 
 struct Epilogue {
   std::span<const int32_t> positions;  // [T] host; empty = no inverse RoPE
-  const float* cos_sin = nullptr;      // [num_positions, 64] f32 backend memory: cos 0..31, sin 32..63
-  int32_t num_positions = 0;           // P
+  const float* cos_sin = nullptr;  // [num_positions, 64] f32 backend memory: cos 0..31, sin 32..63
+  int32_t num_positions = 0;       // P
 };
 
 struct OutputView {
   OutputFormat format = OutputFormat::kBf16;
-  void* bf16 = nullptr;           // [T, H, 512] bf16, when format == kBf16
-  uint8_t* mx_data = nullptr;     // [T, H*512] e4m3, when format == kMxfp8
-  uint8_t* mx_scales = nullptr;   // [T, H*16] E8M0, when format == kMxfp8
-  float* lse = nullptr;           // [T, H] f32 natural log; may be null
+  void* bf16 = nullptr;          // [T, H, 512] bf16, when format == kBf16
+  uint8_t* mx_data = nullptr;    // [T, H*512] e4m3, when format == kMxfp8
+  uint8_t* mx_scales = nullptr;  // [T, H*16] E8M0, when format == kMxfp8
+  float* lse = nullptr;          // [T, H] f32 natural log; may be null
 };
 
 // Where the GPU backend pairs rows (AttendParams::row_pairs).

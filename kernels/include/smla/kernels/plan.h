@@ -22,9 +22,9 @@ struct PlanInput {
   int32_t num_rows = 0;   // T
   int32_t num_heads = 0;  // H
   KvFormat format = KvFormat::kBf16;
-  int64_t max_main_keys = 0;   // longest main segment of any row
-  int64_t max_extra_keys = 0;  // longest extra segment of any row (0 without one)
-  int32_t compute_units = 1;   // SMs / CUs
+  int64_t max_main_keys = 0;      // longest main segment of any row
+  int64_t max_extra_keys = 0;     // longest extra segment of any row (0 without one)
+  int32_t compute_units = 1;      // SMs / CUs
   int32_t programs_per_unit = 1;  // programs of 16 heads resident per compute unit at once
 };
 
@@ -35,11 +35,11 @@ enum class WorkOrder : uint8_t {
 };
 
 struct LaunchPlan {
-  int32_t head_block = 16;     // heads per program: 16, 32 or 64 (H = 8 runs masked in 16)
-  int32_t head_blocks = 1;     // ceil(H / head_block)
-  int32_t splits = 1;          // key splits per (row, head block); > 1 needs the combine
-  int32_t tiles = 0;           // 64-key tiles of the longest row (both segments)
-  int64_t programs = 0;        // T * head_blocks * splits
+  int32_t head_block = 16;  // heads per program: 16, 32 or 64 (H = 8 runs masked in 16)
+  int32_t head_blocks = 1;  // ceil(H / head_block)
+  int32_t splits = 1;       // key splits per (row, head block); > 1 needs the combine
+  int32_t tiles = 0;        // 64-key tiles of the longest row (both segments)
+  int64_t programs = 0;     // T * head_blocks * splits
   WorkOrder order = WorkOrder::kRowMajor;
 
   std::string ToString() const;

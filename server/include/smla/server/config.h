@@ -19,29 +19,29 @@ struct ModelConfig {
   int32_t tp = 1;
   int32_t heads_per_rank = 64;  // 64 / tp
   kernels::KvFormat kv_format = kernels::KvFormat::kFp8Dsv4;
-  int32_t page_rows = 64;         // rows per page, a power of two
-  int64_t pool_bytes = 0;         // capacity of all of this model's pools together
-  float kv_scale = 1.0f;          // fp8_per_tensor cache scale
-  int64_t pool_pages = 0;         // when > 0, the pool size in pages (pool_bytes is then ignored)
-  float softmax_scale = 0.0f;     // 0 = the profile's default
+  int32_t page_rows = 64;      // rows per page, a power of two
+  int64_t pool_bytes = 0;      // capacity of all of this model's pools together
+  float kv_scale = 1.0f;       // fp8_per_tensor cache scale
+  int64_t pool_pages = 0;      // when > 0, the pool size in pages (pool_bytes is then ignored)
+  float softmax_scale = 0.0f;  // 0 = the profile's default
   // SWA layers keep this many positions before the stored length beyond the window, so a step
   // may restart that far back (rolling back rejected drafts) without the window's rows lost.
   int32_t swa_rollback = 16;
 };
 
 struct Limits {
-  int32_t max_rows_per_step = 16384;     // rows in one call
+  int32_t max_rows_per_step = 16384;  // rows in one call
   int32_t max_spans_per_step = 256;
-  int32_t max_batch_rows = 8192;          // rows in one launch
-  int64_t max_batch_bytes = 512 << 20;    // input+output bytes in one launch
-  int32_t max_queued_requests = 1024;     // per (model, layer) queue
-  int64_t max_queued_rows = 65536;        // per (model, layer) queue
+  int32_t max_batch_rows = 8192;                     // rows in one launch
+  int64_t max_batch_bytes = 512 << 20;               // input+output bytes in one launch
+  int32_t max_queued_requests = 1024;                // per (model, layer) queue
+  int64_t max_queued_rows = 65536;                   // per (model, layer) queue
   absl::Duration batch_wait = absl::ZeroDuration();  // optional wait for more work
   // After a batch, the scheduler's thread spins this long for the next step before parking
   // (the next step then needs no thread wake-up); it burns a core meanwhile, and an idle
   // scheduler parks. Zero parks at once.
   absl::Duration scheduler_spin = absl::Microseconds(200);
-  int32_t max_sequences = 4096;           // per served model
+  int32_t max_sequences = 4096;  // per served model
   int64_t max_context = 262144 + 16384;
   // Per-tenant quotas (0 = no quota beyond the server's own limits); exceeding one is
   // RESOURCE_EXHAUSTED naming the quota, with nothing written.

@@ -1,5 +1,5 @@
-// Model profiles of docs/architecture.md: the geometry, formats and per-layer segment plan of each served
-// model, so a frontend names "dsv4-flash, TP4, layer 7" instead of re-describing its caches.
+// Model profiles of docs/architecture.md: the geometry, formats and per-layer segment plan of each
+// served model, so a frontend names "dsv4-flash, TP4, layer 7" instead of re-describing its caches.
 #pragma once
 
 #include <cstdint>

@@ -57,8 +57,8 @@ class ServiceCore {
   virtual ~ServiceCore() = default;
 
   // Allocates the pools and warms the backend; the core is ready when this returns OK.
-  static absl::StatusOr<std::unique_ptr<ServiceCore>> Create(const ServerConfig& config,
-                                                             std::unique_ptr<kernels::Backend> backend);
+  static absl::StatusOr<std::unique_ptr<ServiceCore>> Create(
+      const ServerConfig& config, std::unique_ptr<kernels::Backend> backend);
 
   virtual ServerInfo Info() const = 0;
   virtual CoreStats Stats() const = 0;

@@ -1,5 +1,5 @@
-// In-process types of one step call (docs/architecture.md "A step"), as the gRPC edge hands them to the
-// service core. Tensor bytes are views into memory the caller keeps alive until `done` runs.
+// In-process types of one step call (docs/architecture.md "A step"), as the gRPC edge hands them to
+// the service core. Tensor bytes are views into memory the caller keeps alive until `done` runs.
 #pragma once
 
 #include <atomic>
@@ -93,8 +93,8 @@ struct StepTimings {
   // wait for the host's enqueueing).
   absl::Duration copy_in;
   absl::Duration copy_out;
-  absl::Duration batch;   // the executor's whole batch: page reservations, prep, kernel, commits
-  absl::Time admitted;    // when the scheduler queued the step
+  absl::Duration batch;  // the executor's whole batch: page reservations, prep, kernel, commits
+  absl::Time admitted;   // when the scheduler queued the step
   int32_t batch_requests = 0;
   int32_t batch_rows = 0;
 };

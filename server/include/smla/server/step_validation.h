@@ -35,8 +35,9 @@ struct StepContext {
 // naming the field.
 absl::Status ValidateStepExtent(const StepRequest& request, const Limits& limits);
 
-// ValidateStepExtent, then the rest. INVALID_ARGUMENT naming field, span, row and value; NOT_FOUND for an unknown layer;
-// FAILED_PRECONDITION when the model's sinks or the RoPE table a step needs are missing.
+// ValidateStepExtent, then the rest. INVALID_ARGUMENT naming field, span, row and value; NOT_FOUND
+// for an unknown layer; FAILED_PRECONDITION when the model's sinks or the RoPE table a step needs
+// are missing.
 absl::Status ValidateStep(const StepRequest& request, const StepContext& context);
 
 // INVALID_ARGUMENT naming the first value of the span's KV or compressed rows (spans[index])

@@ -17,7 +17,7 @@ SMLA_HD_INLINE uint8_t EncodeE4m3(float x) {
   const uint32_t mag = u & 0x7fffffffu;
   if (mag > 0x7f800000u) return kE4m3NaN;
   if (mag >= 0x43e00000u) return sign | 0x7e;  // |x| >= 448
-  if (mag < 0x3c800000u) {                      // |x| < 2^-6: subnormal steps of 2^-9
+  if (mag < 0x3c800000u) {                     // |x| < 2^-6: subnormal steps of 2^-9
     // |x| * 2^9 < 8 is exact; adding and removing 2^23 rounds it to an integer, ties to even.
     const float scaled = BitsFloat(mag) * 512.0f;
     const float rounded = (scaled + 8388608.0f) - 8388608.0f;

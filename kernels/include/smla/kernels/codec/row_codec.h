@@ -101,7 +101,8 @@ SMLA_HD_INLINE void DecodeRow(KvFormat f, Geometry g, const uint8_t* data,
       for (int gi = 0; gi < kDsMlaGroups; ++gi) {
         float s;
         memcpy(&s, data + 512 + 4 * gi, 4);
-        for (int i = 0; i < 128; ++i) out[gi * 128 + i] = RoundToBf16(DecodeE4m3(data[gi * 128 + i]) * s);
+        for (int i = 0; i < 128; ++i)
+          out[gi * 128 + i] = RoundToBf16(DecodeE4m3(data[gi * 128 + i]) * s);
       }
       const uint16_t* rope = reinterpret_cast<const uint16_t*>(data + 528);
       for (int i = 0; i < kRopeWidth; ++i) out[512 + i] = Bf16BitsToF32(rope[i]);
@@ -110,7 +111,8 @@ SMLA_HD_INLINE void DecodeRow(KvFormat f, Geometry g, const uint8_t* data,
     case KvFormat::kFp8Dsv4: {
       for (int gi = 0; gi < kDsv4Groups; ++gi) {
         const float s = DecodeE8m0(scale_record[gi]);
-        for (int i = 0; i < 64; ++i) out[gi * 64 + i] = RoundToBf16(DecodeE4m3(data[gi * 64 + i]) * s);
+        for (int i = 0; i < 64; ++i)
+          out[gi * 64 + i] = RoundToBf16(DecodeE4m3(data[gi * 64 + i]) * s);
       }
       const uint16_t* rope = reinterpret_cast<const uint16_t*>(data + kNopeWidth);
       for (int i = 0; i < kRopeWidth; ++i) out[kNopeWidth + i] = Bf16BitsToF32(rope[i]);

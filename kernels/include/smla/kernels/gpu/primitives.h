@@ -4,8 +4,8 @@
 // fragment layout it assumes written down, so a port replaces only these.
 //
 // Fragment layouts (m16n8k16, 32 lanes; g = lane / 4, c = lane % 4):
-//   A (16x16, row-major)  a[0]: (g, 2c..2c+1)   a[1]: (g+8, 2c..)   a[2]: (g, 2c+8..)  a[3]: (g+8, 2c+8..)
-//   B (16x8, k x n)       b[0]: (k=2c..2c+1, n=g)                    b[1]: (k=2c+8.., n=g)
+//   A (16x16, row-major)  a[0]: (g, 2c..2c+1)   a[1]: (g+8, 2c..)   a[2]: (g, 2c+8..)  a[3]: (g+8,
+//   2c+8..) B (16x8, k x n)       b[0]: (k=2c..2c+1, n=g)                    b[1]: (k=2c+8.., n=g)
 //   C (16x8, f32)         c[0..1]: (g, 2c..2c+1)                     c[2..3]: (g+8, 2c..2c+1)
 #pragma once
 
@@ -153,8 +153,8 @@ __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat1
   const uint32_t hi = __byte_perm(codes, 0, 0x4342);
   const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
   const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
-  const __nv_bfloat162 k2p120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
-                                                   __ushort_as_bfloat16(0x7b80));
+  const __nv_bfloat162 k2p120 =
+      __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
   __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
   __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
   a = __hmul2(a, scale);
@@ -191,8 +191,8 @@ __device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
   const uint32_t hi = __byte_perm(codes, 0, 0x4342);
   const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
   const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
-  const __nv_bfloat162 k2p120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80),
-                                                   __ushort_as_bfloat16(0x7b80));
+  const __nv_bfloat162 k2p120 =
+      __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
   const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
   const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));

@@ -117,7 +117,8 @@ inline Error MemcpyBatchAsync(void* const* d, const void* const* s, const size_t
   return cudaMemcpyBatchAsync(d, s, n, count, &attr, &first, 1, st);
 #else
   for (size_t i = 0; i < count; ++i) {
-    if (const Error e = cudaMemcpyAsync(d[i], s[i], n[i], cudaMemcpyDefault, st); e != cudaSuccess) {
+    if (const Error e = cudaMemcpyAsync(d[i], s[i], n[i], cudaMemcpyDefault, st);
+        e != cudaSuccess) {
       return e;
     }
   }
@@ -167,8 +168,8 @@ inline Error QueryDevice(int ordinal, DeviceFacts* f) {
   if (const Error e = hipGetDeviceProperties(&prop, ordinal); e != hipSuccess) return e;
   int shared = 0;
   // The per-workgroup LDS limit (160 KB on gfx950); the property struct of older HIP lacks it.
-  if (const Error e = hipDeviceGetAttribute(&shared, hipDeviceAttributeMaxSharedMemoryPerBlock,
-                                            ordinal);
+  if (const Error e =
+          hipDeviceGetAttribute(&shared, hipDeviceAttributeMaxSharedMemoryPerBlock, ordinal);
       e != hipSuccess) {
     return e;
   }
@@ -202,10 +203,10 @@ inline absl::Status ToStatus(Error e, const char* what) {
 }  // namespace smla::kernels::gpu
 
 // Evaluates a runtime call and returns its error as a status from the enclosing function.
-#define SMLA_GPU_RETURN_IF_ERROR(call)                                              \
-  do {                                                                              \
-    const ::smla::kernels::gpu::Error smla_gpu_err_ = (call);                       \
-    if (smla_gpu_err_ != ::smla::kernels::gpu::kSuccess) {                          \
-      return ::smla::kernels::gpu::ToStatus(smla_gpu_err_, #call);                  \
-    }                                                                               \
+#define SMLA_GPU_RETURN_IF_ERROR(call)                             \
+  do {                                                             \
+    const ::smla::kernels::gpu::Error smla_gpu_err_ = (call);      \
+    if (smla_gpu_err_ != ::smla::kernels::gpu::kSuccess) {         \
+      return ::smla::kernels::gpu::ToStatus(smla_gpu_err_, #call); \
+    }                                                              \
   } while (0)
