@@ -13,6 +13,7 @@ endif()
 
 target_sources(smla_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gpu_backend.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ipc_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_launch.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_variants.cu
   ${CMAKE_CURRENT_LIST_DIR}/combine_kernel.cu

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gpu/attend_launch.h"
+#include "gpu/ipc_memory.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/epilogue.h"
@@ -138,14 +139,14 @@ class GpuBackend : public Backend {
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream& stream) override {
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
-    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyH2DAsync(dst, src, bytes, s->handle()));
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyAsync(dst, src, bytes, s->handle()));
     return absl::OkStatus();
   }
 
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream& stream) override {
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
-    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyD2HAsync(dst, src, bytes, s->handle()));
+    SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyAsync(dst, src, bytes, s->handle()));
     return absl::OkStatus();
   }
 
@@ -284,6 +285,10 @@ class GpuBackend : public Backend {
 #endif
   }
 
+  absl::StatusOr<Buffer> OpenIpcMemory(std::span<const uint8_t> handle, size_t bytes) override {
+    return gpu::OpenIpcMemory(handle, bytes);
+  }
+
   absl::StatusOr<Buffer> AllocateHost(size_t bytes) override {
     void* p = nullptr;
     if (bytes > 0) SMLA_GPU_RETURN_IF_ERROR(gpu::MallocHost(&p, bytes));
@@ -313,11 +318,7 @@ class GpuBackend : public Backend {
       batch_copies_.store(false, std::memory_order_relaxed);
     }
     for (const CopyOp& c : copies) {
-      if (direction == CopyDirection::kToDevice) {
-        SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyH2DAsync(c.dst, c.src, c.bytes, stream));
-      } else {
-        SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyD2HAsync(c.dst, c.src, c.bytes, stream));
-      }
+      SMLA_GPU_RETURN_IF_ERROR(gpu::MemcpyAsync(c.dst, c.src, c.bytes, stream));
     }
     return absl::OkStatus();
   }

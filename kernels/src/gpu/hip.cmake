@@ -15,6 +15,7 @@ set(_smla_hip_kernels
 set_source_files_properties(${_smla_hip_kernels} PROPERTIES LANGUAGE HIP)
 target_sources(smla_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gpu_backend.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ipc_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_launch.cc
   ${_smla_hip_kernels}
 )

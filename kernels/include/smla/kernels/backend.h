@@ -2,6 +2,9 @@
 // owns its memory, work is enqueued on a stream and completes at Synchronize. The CPU backend
 // runs work as it is enqueued.
 //
+// Copies take host memory or this backend's device memory on either side (Allocate,
+// OpenIpcMemory), whatever their names say: a GPU region's inputs are copied device to device.
+//
 // Ownership: Buffers free their memory when destroyed. Host arrays inside params (CSR, slots,
 // positions, sink) are consumed before a call returns; backend-memory tensors must stay alive
 // until the stream is synchronised.
@@ -159,6 +162,15 @@ class Backend {
     return absl::OkStatus();
   }
   virtual void UnregisterHostMemory(void* /*data*/) {}
+  // Device memory another process on this node exported (an IPC memory handle: a GPU region,
+  // docs/architecture.md "GPU regions"), its first `bytes` bytes, usable by this backend's copies
+  // and closed when the Buffer goes. INVALID_ARGUMENT for a handle it cannot open or an
+  // allocation shorter than `bytes`; UNIMPLEMENTED where the backend has no device memory.
+  virtual absl::StatusOr<Buffer> OpenIpcMemory(std::span<const uint8_t> /*handle*/,
+                                               size_t /*bytes*/) {
+    return absl::UnimplementedError(
+        "GPU regions need a GPU backend; this server runs the CPU backend");
+  }
   // Page-locked host memory for gathering many small inputs into one copy. Unimplemented where
   // a copy to backend memory is a plain memcpy anyway (the CPU backend).
   virtual absl::StatusOr<Buffer> AllocateHost(size_t /*bytes*/) {

@@ -47,6 +47,10 @@ inline Error MemcpyD2HAsync(void* d, const void* s, size_t n, StreamHandle st) {
 inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
   return hipMemcpyAsync(d, s, n, hipMemcpyDeviceToDevice, st);
 }
+// Either side host or device memory (the runtime tells them apart by address).
+inline Error MemcpyAsync(void* d, const void* s, size_t n, StreamHandle st) {
+  return hipMemcpyAsync(d, s, n, hipMemcpyDefault, st);
+}
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return hipMemsetAsync(d, v, n, st);
 }
@@ -101,6 +105,10 @@ inline Error MemcpyD2HAsync(void* d, const void* s, size_t n, StreamHandle st) {
 }
 inline Error MemcpyD2DAsync(void* d, const void* s, size_t n, StreamHandle st) {
   return cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, st);
+}
+// Either side host or device memory (the runtime tells them apart by address).
+inline Error MemcpyAsync(void* d, const void* s, size_t n, StreamHandle st) {
+  return cudaMemcpyAsync(d, s, n, cudaMemcpyDefault, st);
 }
 inline Error MemsetAsync(void* d, int v, size_t n, StreamHandle st) {
   return cudaMemsetAsync(d, v, n, st);
