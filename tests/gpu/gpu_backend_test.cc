@@ -1289,6 +1289,7 @@ TEST_F(GpuTest, DeviceFacts) {
 // 640 keys each (the CSR lives in `indptr` / `indices`, which the params point into).
 DeviceInfo PlanDevice() {
   DeviceInfo device;
+  device.arch = "sm_90a";  // the architecture picks the cost model the plans were fitted with
   device.compute_units = 132;
   device.shared_memory_per_block = 227 * 1024;
   return device;
