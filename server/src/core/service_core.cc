@@ -184,6 +184,28 @@ class ServiceCoreImpl : public ServiceCore {
     backend_->UnregisterHostMemory(data);
   }
 
+  // The memory joins the ranges the executor copies straight from and to, so a step's bf16
+  // queries and outputs in it move device to device; it leaves them before it is closed.
+  absl::StatusOr<std::shared_ptr<const GpuMemory>> OpenGpuMemory(std::span<const uint8_t> handle,
+                                                                 size_t bytes) override {
+    absl::StatusOr<kernels::Buffer> opened = backend_->OpenIpcMemory(handle, bytes);
+    if (!opened.ok()) return opened.status();
+    auto buffer = std::make_shared<kernels::Buffer>(*std::move(opened));
+    auto* memory = new GpuMemory{buffer->as<uint8_t>(), bytes};
+    executor_->host_ranges().Add(memory->data, bytes);
+    return std::shared_ptr<const GpuMemory>(memory,
+                                            [this, buffer = std::move(buffer)](const GpuMemory* m) {
+                                              executor_->host_ranges().Remove(m->data);
+                                              delete m;
+                                            });
+  }
+
+  absl::Status ReadDevice(void* dst, const void* src, size_t bytes) override {
+    absl::MutexLock lock(&upload_mu_);
+    SMLA_RETURN_IF_ERROR(backend_->CopyToHost(dst, src, bytes, *upload_stream_));
+    return backend_->Synchronize(*upload_stream_);
+  }
+
  private:
   absl::StatusOr<ModelRuntime*> Find(const std::string& model) const {
     auto it = models_.find(model);

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "smla/server/log_field.h"
 #include "smla/v1/step_ring.h"
 
 namespace smla::server::edge {
@@ -35,6 +36,11 @@ absl::StatusOr<RingPlace> CheckRingAttach(const RegionRegistry* registry, const 
   absl::StatusOr<std::shared_ptr<ShmMapping>> mapping =
       registry->Lookup(tenant, "ring_attach.ring", ref.region());
   if (!mapping.ok()) return mapping.status();
+  if ((*mapping)->on_device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring_attach.ring: region ", LogField(ref.region()),
+        " is GPU memory; a ring lies in a shared-memory region (the server polls it)"));
+  }
   // Slice checks the bounds and the offset's alignment to ring::kAlign.
   absl::StatusOr<std::span<uint8_t>> bytes = RegionRegistry::Slice(
       **mapping, "ring_attach.ring", ref.region(), ref.offset(), ref.size(), ring::kAlign);

@@ -137,7 +137,17 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> ShmMapping::Open(const std::string& 
   return m;
 }
 
+std::shared_ptr<ShmMapping> ShmMapping::OnDevice(uint8_t* data, uint64_t size,
+                                                 std::shared_ptr<const void> memory) {
+  std::shared_ptr<ShmMapping> m(new ShmMapping());
+  m->data_ = data;
+  m->size_ = size;
+  m->device_ = std::move(memory);
+  return m;
+}
+
 ShmMapping::~ShmMapping() {
+  if (on_device()) return;  // device_ closes the memory
   if (unpin_) unpin_(data_);
   if (data_ != nullptr) munmap(data_, size_);
 }
@@ -165,13 +175,38 @@ void RegionRegistry::Erase(std::map<std::string, Entry>::iterator it) {
 absl::StatusOr<std::string> RegionRegistry::Register(const std::string& tenant, uint64_t session,
                                                      OwnedFd object, uint64_t size,
                                                      EndSession end) {
+  return Add(
+      tenant, session,
+      [&](const std::string& name) {
+        return ShmMapping::Open(name, std::move(object), size, pinning_);
+      },
+      std::move(end));
+}
+
+absl::StatusOr<std::string> RegionRegistry::RegisterDevice(const std::string& tenant,
+                                                           uint64_t session, uint8_t* data,
+                                                           uint64_t size,
+                                                           std::shared_ptr<const void> memory,
+                                                           EndSession end) {
+  return Add(
+      tenant, session,
+      [&](const std::string&) -> absl::StatusOr<std::shared_ptr<ShmMapping>> {
+        return ShmMapping::OnDevice(data, size, std::move(memory));
+      },
+      std::move(end));
+}
+
+absl::StatusOr<std::string> RegionRegistry::Add(
+    const std::string& tenant, uint64_t session,
+    const std::function<absl::StatusOr<std::shared_ptr<ShmMapping>>(const std::string&)>& open,
+    EndSession end) {
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status st = CheckCaps(tenant); !st.ok()) return st;
   }
   // 128 random bits: a name is never reused, so a stale reference cannot reach a new region.
   std::string name = "/smla-" + RandomHex(16);
-  auto mapping = ShmMapping::Open(name, std::move(object), size, pinning_);
+  auto mapping = open(name);
   if (!mapping.ok()) return mapping.status();
   absl::MutexLock lock(&mu_);
   // Mapping ran outside the lock: a registration that took the last place meanwhile wins.

@@ -50,9 +50,13 @@ absl::StatusOr<uint64_t> CheckSealedObject(int fd);
 // `bytes` random bytes from the kernel, as lowercase hex (region names, handover tokens).
 std::string RandomHex(size_t bytes);
 
-// One mapped region. Unpinned and unmapped on destruction.
+// One mapped region: host memory (a memfd, unpinned and unmapped on destruction), or device
+// memory of a GPU region (OnDevice), whose address the host must never dereference.
 class ShmMapping {
  public:
+  // A GPU region's `size` bytes at device address `data`, kept open by `memory`.
+  static std::shared_ptr<ShmMapping> OnDevice(uint8_t* data, uint64_t size,
+                                              std::shared_ptr<const void> memory);
   // Maps the first `size` bytes of `object` read/write as region `name`; the object must pass
   // CheckSealedObject and hold at least `size` bytes. The descriptor is closed once mapped.
   // Pins the mapping with `pinning` when given; a pin that fails only costs speed.
@@ -65,10 +69,12 @@ class ShmMapping {
 
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  bool on_device() const { return device_ != nullptr; }
 
  private:
   ShmMapping() = default;
-  std::function<void(void*)> unpin_;  // set while the mapping is pinned
+  std::shared_ptr<const void> device_;  // a GPU region's memory; null for host memory
+  std::function<void(void*)> unpin_;    // set while the mapping is pinned
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
@@ -101,6 +107,10 @@ class RegionRegistry {
   // max_regions), INTERNAL (mmap).
   absl::StatusOr<std::string> Register(const std::string& tenant, uint64_t session, OwnedFd object,
                                        uint64_t size, EndSession end);
+  // Records a GPU region (ShmMapping::OnDevice) under a new name, as Register does.
+  absl::StatusOr<std::string> RegisterDevice(const std::string& tenant, uint64_t session,
+                                             uint8_t* data, uint64_t size,
+                                             std::shared_ptr<const void> memory, EndSession end);
   // Drops a region of `tenant`: NOT_FOUND if none, PERMISSION_DENIED if another tenant's.
   absl::Status Unregister(const std::string& tenant, const std::string& name);
   // Drops what `session` registered (the registering call ended).
@@ -132,6 +142,11 @@ class RegionRegistry {
     std::shared_ptr<ShmMapping> mapping;
     EndSession end;
   };
+  // Records the mapping `open` makes for a new name, within the caps.
+  absl::StatusOr<std::string> Add(
+      const std::string& tenant, uint64_t session,
+      const std::function<absl::StatusOr<std::shared_ptr<ShmMapping>>(const std::string&)>& open,
+      EndSession end);
   // RESOURCE_EXHAUSTED when `tenant` may register no more.
   absl::Status CheckCaps(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Erase(std::map<std::string, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

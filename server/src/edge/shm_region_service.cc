@@ -3,6 +3,7 @@
 // behind.
 #include <memory>
 #include <mutex>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "smla_service.h"
@@ -119,9 +120,11 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
     Finish(service_->Finished("RegisterRegion", "", st));
   }
 
-  // Takes the handed-over memfd and registers it; returns the region's name.
+  // Takes the handed-over memfd, or opens the GPU memory, and registers it; returns the
+  // region's name.
   absl::StatusOr<std::string> Claim(const v1::RegisterRegionRequest& request,
                                     const std::string& tenant, RegionRegistry::EndSession end) {
+    if (!request.gpu_handle().empty()) return ClaimGpu(request, tenant, std::move(end));
     if (!request.name().empty()) {
       return absl::InvalidArgumentError(
           "name: regions are not registered by name; hand a sealed memfd over on "
@@ -131,6 +134,23 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
     if (!object.ok()) return object.status();
     return service_->regions()->Register(tenant, session_, *std::move(object), request.size(),
                                          std::move(end));
+  }
+
+  absl::StatusOr<std::string> ClaimGpu(const v1::RegisterRegionRequest& request,
+                                       const std::string& tenant, RegionRegistry::EndSession end) {
+    if (!request.name().empty() || !request.handover().empty()) {
+      return absl::InvalidArgumentError(
+          "gpu_handle: a GPU region names neither a region name nor a handover token");
+    }
+    if (request.size() == 0) return absl::InvalidArgumentError("size: 0");
+    const std::string& h = request.gpu_handle();
+    absl::StatusOr<std::shared_ptr<const GpuMemory>> memory = service_->core()->OpenGpuMemory(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(h.data()), h.size()),
+        request.size());
+    if (!memory.ok()) return memory.status();
+    uint8_t* const data = (*memory)->data;
+    return service_->regions()->RegisterDevice(tenant, session_, data, request.size(),
+                                               *std::move(memory), std::move(end));
   }
 
   void DropSession() {

@@ -169,7 +169,10 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
                                   ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
-  const RegionContext regions{regions_.get(), tenant};
+  const RegionContext regions{regions_.get(), tenant,
+                              [core = core_](void* dst, const void* src, size_t bytes) {
+                                return core->ReadDevice(dst, src, bytes);
+                              }};
   // Over-long ids are refused before they are copied anywhere; the call is then logged and
   // answered under a request id of the server's.
   absl::Status st = CheckStepIds(pb);

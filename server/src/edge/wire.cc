@@ -43,11 +43,15 @@ bool RegionsOn(const RegionContext* regions) {
   return regions != nullptr && regions->registry != nullptr;
 }
 
+// Whether the host reads a tensor's bytes (a GPU region's are then copied to the host first).
+enum class HostReads : bool { kNo = false, kYes = true };
+
 // Resolves a region reference of `want` bytes of elements of `align` bytes, keeping the
 // mapping alive in `storage`.
 absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const std::string& field,
                                               int64_t want, int64_t align,
-                                              const RegionContext* regions, ParseStorage* storage) {
+                                              const RegionContext* regions, ParseStorage* storage,
+                                              HostReads host_reads) {
   if (!RegionsOn(regions)) return RegionsOff(field);
   if (ref.size() != static_cast<uint64_t>(want)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
@@ -64,8 +68,18 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
     mapping = m->get();
     storage->looked_up.emplace_back(ref.region(), *std::move(m));
   }
-  return RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
-                               static_cast<uint64_t>(align));
+  auto bytes = RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
+                                     static_cast<uint64_t>(align));
+  if (!bytes.ok() || !mapping->on_device() || host_reads == HostReads::kNo) return bytes;
+  if (!regions->read_device) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": GPU regions are not served here"));
+  }
+  // new[] aligns to 16 bytes, enough for the int32 ids read in place.
+  auto& copy = storage->device_copies.emplace_back(new uint8_t[std::max<size_t>(bytes->size(), 1)]);
+  if (absl::Status st = regions->read_device(copy.get(), bytes->data(), bytes->size()); !st.ok()) {
+    return st;
+  }
+  return std::span<uint8_t>(copy.get(), bytes->size());
 }
 
 // Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes
@@ -74,7 +88,8 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
                                                      v1::DType dtype,
                                                      const std::vector<int64_t>& shape,
                                                      const RegionContext* regions = nullptr,
-                                                     ParseStorage* storage = nullptr) {
+                                                     ParseStorage* storage = nullptr,
+                                                     HostReads host_reads = HostReads::kYes) {
   if (t.data_case() == v1::Tensor::kRegion && (!RegionsOn(regions) || storage == nullptr)) {
     return RegionsOff(field);
   }
@@ -110,7 +125,8 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   }
   const int64_t want = elements * DTypeBytes(dtype);
   if (t.data_case() == v1::Tensor::kRegion) {
-    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage);
+    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage,
+                        host_reads);
     if (!r.ok()) return r.status();
     return std::span<const uint8_t>(r->data(), r->size());
   }
@@ -145,8 +161,9 @@ absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span
                      out->q_format == QFormat::kMxfp8 ? "DTYPE_E4M3" : "DTYPE_BF16",
                      " (one query format per step)"));
   }
+  // The host checks MXFP8 codes for NaN; bf16 queries go to the device as they are.
   auto q = CheckTensor(s.q(), f + ".q", mx ? v1::DTYPE_E4M3 : v1::DTYPE_BF16, {n, h, w}, regions,
-                       storage);
+                       storage, mx ? HostReads::kYes : HostReads::kNo);
   if (!q.ok()) return q.status();
   span->q = *q;
   if (!s.has_q_scales()) return absl::OkStatus();
@@ -194,16 +211,18 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   // An unknown model is the core's NOT_FOUND; without its widths no size can be checked.
   if (model == nullptr) return absl::OkStatus();
   const int64_t row_bytes = int64_t{model->qk_width} * 2;
-  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
+  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage,
+                       HostReads::kYes);
   if (!kv.ok()) return kv.status();
   const int64_t q_row = int64_t{model->heads} * model->qk_width * (mx ? 1 : 2);
-  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage);
+  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage,
+                      mx ? HostReads::kYes : HostReads::kNo);
   if (!q.ok()) return q.status();
   const int64_t scale_row = int64_t{model->heads} * model->qk_width / kernels::kMxQueryGroup;
   std::span<const uint8_t> q_scales;
   if (mx) {
-    auto sc =
-        ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions, storage);
+    auto sc = ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions,
+                         storage, HostReads::kYes);
     if (!sc.ok()) return sc.status();
     q_scales = *sc;
   }
@@ -224,7 +243,7 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
                          " entries of the 1/", ratio, " cache (", entries * row_bytes, " bytes)"));
       }
       auto c = ResolveRef(p.compressed_rows(), "packed.compressed_rows", entries * row_bytes, 2,
-                          regions, storage);
+                          regions, storage, HostReads::kYes);
       if (!c.ok()) return c.status();
       compressed = *c;
     }
@@ -235,8 +254,8 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   }
   std::span<const int32_t> topk;
   if (p.has_topk()) {
-    auto t =
-        ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions, storage);
+    auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
+                        storage, HostReads::kYes);
     if (!t.ok()) return t.status();
     // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
     topk = AsInt32(*t, storage);
@@ -289,17 +308,18 @@ absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* mode
   if (model == nullptr) return absl::OkStatus();
   const int64_t cells = total_rows * model->heads;
   auto o = ResolveRef(pb.out_region(), "out_region", cells * kernels::kValueWidth * (mx ? 1 : 2),
-                      mx ? 1 : 2, regions, storage);
+                      mx ? 1 : 2, regions, storage, HostReads::kNo);
   if (!o.ok()) return o.status();
   out->destination.out = *o;
   if (mx) {
     auto sc = ResolveRef(pb.mx_scales_region(), "mx_scales_region",
-                         cells * kernels::kMxGroupsPerHead, 1, regions, storage);
+                         cells * kernels::kMxGroupsPerHead, 1, regions, storage, HostReads::kNo);
     if (!sc.ok()) return sc.status();
     out->destination.mx_scales = *sc;
   }
   if (out->want_lse) {
-    auto l = ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage);
+    auto l =
+        ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage, HostReads::kNo);
     if (!l.ok()) return l.status();
     out->destination.lse = *l;
   }

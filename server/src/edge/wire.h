@@ -56,6 +56,8 @@ struct ParseStorage {
   // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
   // is read from there instead of its inline_data.
   LandedTensors landed;
+  // Host copies of the GPU-region tensors the host reads (ids, KV rows, MXFP8 queries).
+  std::vector<std::unique_ptr<uint8_t[]>> device_copies;
 };
 
 class RegionRegistry;
@@ -64,6 +66,10 @@ class RegionRegistry;
 struct RegionContext {
   const RegionRegistry* registry = nullptr;
   std::string tenant;
+  // Copies `bytes` of a GPU region to host memory and waits (ServiceCore::ReadDevice): the
+  // tensors the host reads before a launch (top-k ids, KV rows, MXFP8 queries) are read from
+  // such a copy. Queries in bf16 and the outputs stay on the device.
+  std::function<absl::Status(void* dst, const void* src, size_t bytes)> read_device;
 };
 
 // Fills `out` (all but tenant, deadline and cancel flag) from `pb`. The step's extent is checked

@@ -52,6 +52,12 @@ struct CoreStats {
   int64_t queue_depth = 0;  // requests waiting now
 };
 
+// Device memory opened for a GPU region (ServiceCore::OpenGpuMemory); `data` is a device address.
+struct GpuMemory {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
 class ServiceCore {
  public:
   virtual ~ServiceCore() = default;
@@ -102,6 +108,20 @@ class ServiceCore {
     return absl::OkStatus();
   }
   virtual void UnregisterHostMemory(void* /*data*/) {}
+
+  // A GPU region: device memory another process on this node exported (`handle`, an IPC memory
+  // handle; kernels::Backend::OpenIpcMemory), its first `bytes` bytes, which steps then read and
+  // write device to device. Open while the returned object lives. UNIMPLEMENTED on a backend
+  // without device memory; INVALID_ARGUMENT for a handle that cannot be opened or is too short.
+  virtual absl::StatusOr<std::shared_ptr<const GpuMemory>> OpenGpuMemory(
+      std::span<const uint8_t> /*handle*/, size_t /*bytes*/) {
+    return absl::UnimplementedError(
+        "GPU regions need a GPU backend; this server runs the CPU backend");
+  }
+  // Copies `bytes` from a GPU region to host memory and waits.
+  virtual absl::Status ReadDevice(void* /*dst*/, const void* /*src*/, size_t /*bytes*/) {
+    return absl::UnimplementedError("this server has no device memory");
+  }
 };
 
 }  // namespace smla::server
