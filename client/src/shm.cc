@@ -132,7 +132,6 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
         "shared-memory regions are not enabled on this server (start it with --allow_shm)");
   }
   std::unique_ptr<ShmRegion> r(new ShmRegion());
-  r->client_ = client;
   SMLA_ASSIGN_OR_RETURN(r->fd_, SealedMemfd(label, size));
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
   if (p == MAP_FAILED) {
@@ -141,45 +140,23 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client,
   r->data_ = static_cast<uint8_t*>(p);
   r->size_ = size;
   SMLA_ASSIGN_OR_RETURN(std::string token, HandOver(info.shm_socket(), r->fd_));
-  // The registration is a server-streaming call held open; its first message is the ack.
-  r->lease_context_ = std::make_unique<grpc::ClientContext>();
   v1::RegisterRegionRequest req;
   req.set_size(size);
   req.set_handover(token);
-  r->lease_ = client->stub()->RegisterRegion(r->lease_context_.get(), req);
-  v1::RegisterRegionResponse ack;
-  if (!r->lease_->Read(&ack)) {
-    absl::Status st = FromGrpcStatus(r->lease_->Finish());
-    r->lease_.reset();
-    return st.ok() ? absl::UnavailableError("RegisterRegion ended without an answer") : st;
-  }
-  r->name_ = ack.name();
+  SMLA_ASSIGN_OR_RETURN(r->lease_, RegionLease::Open(client, req));
+  r->name_ = r->lease_->name();
   return r;
 }
 
 absl::Status ShmRegion::Unregister() {
   if (!lease_) return absl::FailedPreconditionError(absl::StrCat(name_, ": not registered"));
-  grpc::ClientContext ctx;
-  v1::UnregisterRegionRequest req;
-  req.set_name(name_);
-  v1::UnregisterRegionResponse resp;
-  SMLA_RETURN_IF_ERROR(FromGrpcStatus(client_->stub()->UnregisterRegion(&ctx, req, &resp)));
-  v1::RegisterRegionResponse more;
-  while (lease_->Read(&more)) {
-  }
-  absl::Status st = FromGrpcStatus(lease_->Finish());
+  absl::Status st = lease_->Unregister();
   lease_.reset();
   return st;
 }
 
 ShmRegion::~ShmRegion() {
-  if (lease_) {
-    lease_context_->TryCancel();
-    v1::RegisterRegionResponse more;
-    while (lease_->Read(&more)) {
-    }
-    lease_->Finish().ok();
-  }
+  lease_.reset();  // the server drops the region before the memory goes
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
 }
@@ -332,22 +309,38 @@ absl::StatusOr<uint64_t> ShmRegion::PlaceInto(uint8_t* data, uint64_t size, cons
   return at;
 }
 
-absl::StatusOr<std::span<const uint8_t>> ShmRegion::Bytes(const v1::Tensor& tensor) const {
-  if (tensor.data_case() != v1::Tensor::kRegion || tensor.region().region() != name_) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor does not name region ", name_));
+namespace {
+
+// The bytes of a tensor that names region `name` of `size` bytes at `data` (bounds checked).
+absl::StatusOr<std::span<const uint8_t>> BytesIn(const uint8_t* data, uint64_t size,
+                                                 const std::string& name,
+                                                 const v1::Tensor& tensor) {
+  if (tensor.data_case() != v1::Tensor::kRegion || tensor.region().region() != name) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor does not name region ", name));
   }
   const v1::RegionRef& r = tensor.region();
-  if (!v1::region::RefInBounds(r.offset(), r.size(), size_)) {
-    return absl::OutOfRangeError(v1::region::OutsideText(r.offset(), r.size(), name_, size_));
+  if (!v1::region::RefInBounds(r.offset(), r.size(), size)) {
+    return absl::OutOfRangeError(v1::region::OutsideText(r.offset(), r.size(), name, size));
   }
-  return std::span<const uint8_t>(data_ + r.offset(), r.size());
+  return std::span<const uint8_t>(data + r.offset(), r.size());
+}
+
+}  // namespace
+
+absl::StatusOr<std::span<const uint8_t>> ShmRegion::Bytes(const v1::Tensor& tensor) const {
+  return BytesIn(data_, size_, name_, tensor);
 }
 
 absl::Status ShmRegion::Inline(v1::StepResponse* response) const {
+  return InlineFrom(data_, size_, name_, response);
+}
+
+absl::Status ShmRegion::InlineFrom(const uint8_t* data, uint64_t size, const std::string& name,
+                                   v1::StepResponse* response) {
   for (v1::Tensor* t :
        {response->mutable_out(), response->mutable_mx_scales(), response->mutable_lse()}) {
     if (t->data_case() != v1::Tensor::kRegion) continue;
-    SMLA_ASSIGN_OR_RETURN(auto b, Bytes(*t));
+    SMLA_ASSIGN_OR_RETURN(auto b, BytesIn(data, size, name, *t));
     t->set_inline_data(b.data(), b.size());
   }
   // mutable_* above created empty tensors for unset fields; drop them again.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "harness.h"
+#include "smla/client/gpu_region.h"
 
 namespace smla::testing {
 namespace {
@@ -88,6 +89,34 @@ TEST_F(ShmTest, ResultsEqualInlineBitForBit) {
   }
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// GPU regions (gpu_region_test.cc on a GPU host) are refused clearly where they cannot work:
+// by a CPU server, and, on any server, a handle that names no memory or a registration that
+// also names a memfd handover.
+TEST_F(ShmTest, GpuRegionsAreRefusedWhereTheyCannotWork) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--allow_shm"}));
+  const std::vector<uint8_t> handle(64, 0);  // the size of a CUDA or HIP IPC handle
+  const char* backend = std::getenv("SMLA_TEST_BACKEND");
+  const bool cpu = backend == nullptr || std::string(backend) == "cpu";
+  auto r = client::GpuRegion::Register(h_.client.get(), handle, 1 << 20);
+  ASSERT_FALSE(r.ok());
+  if (cpu) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("GPU regions need a GPU backend"));
+  } else {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("gpu_handle: no device memory"));
+  }
+  v1::RegisterRegionRequest both;
+  both.set_size(1 << 20);
+  both.set_gpu_handle(std::string(64, '\0'));
+  both.set_handover("0123456789abcdef0123456789abcdef");
+  auto lease = client::RegionLease::Open(h_.client.get(), both);
+  ASSERT_FALSE(lease.ok());
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kInvalidArgument) << lease.status();
+  EXPECT_THAT(std::string(lease.status().message()),
+              HasSubstr("a GPU region names neither a region name nor a handover token"));
 }
 
 // Places a valid step for `seq` and returns it; the caller breaks one reference.

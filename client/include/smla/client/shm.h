@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "smla/client/client.h"
+#include "smla/client/region_lease.h"
 #include "smla/v1/service.grpc.pb.h"
 
 namespace smla::client {
@@ -84,16 +85,18 @@ class ShmRegion {
   // Replaces the response's region tensors by inline copies of their bytes, e.g. to compare
   // with an inline response.
   absl::Status Inline(v1::StepResponse* response) const;
+  // Inline for any mapping of `size` bytes at `data` that the server knows as `name` (e.g. a
+  // host copy of a GPU region).
+  static absl::Status InlineFrom(const uint8_t* data, uint64_t size, const std::string& name,
+                                 v1::StepResponse* response);
 
  private:
   ShmRegion() = default;
-  Client* client_ = nullptr;
   std::string name_;
   int fd_ = -1;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
-  std::unique_ptr<grpc::ClientContext> lease_context_;
-  std::unique_ptr<grpc::ClientReader<v1::RegisterRegionResponse>> lease_;
+  std::unique_ptr<RegionLease> lease_;
 };
 
 }  // namespace smla::client

@@ -1,0 +1,161 @@
+// GPU regions on the real smla-server with a GPU backend (run on a GPU host with
+// SMLA_TEST_BACKEND=cuda): steps whose inputs and outputs lie in this process's device memory
+// return exactly the inline results, and misuse is refused with a clear error.
+#include "smla/client/gpu_region.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "harness.h"
+#include "smla/client/shm.h"
+
+namespace smla::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int32_t kLayer = 2;  // SWA + top-512 of the 1/2 cache
+constexpr uint64_t kRegionBytes = 8 << 20;
+
+// A device allocation and its IPC handle; freed when it goes.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess);
+    EXPECT_EQ(cudaIpcGetMemHandle(&handle_, data_), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(data_); }
+  std::span<const uint8_t> handle() const {
+    return {reinterpret_cast<const uint8_t*>(&handle_), sizeof(handle_)};
+  }
+  void Upload(const std::vector<uint8_t>& host, size_t bytes) {
+    ASSERT_EQ(cudaMemcpy(data_, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void Download(std::vector<uint8_t>& host) {
+    ASSERT_EQ(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_;
+  cudaIpcMemHandle_t handle_{};
+};
+
+class GpuRegionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* backend = std::getenv("SMLA_TEST_BACKEND");
+    if (backend == nullptr || std::string(backend) == "cpu") {
+      GTEST_SKIP() << "GPU regions need a GPU server: set SMLA_TEST_BACKEND=cuda";
+    }
+    ASSERT_NO_FATAL_FAILURE(h_.Start({kDsv41, "--allow_shm"}, "dsv4.1-flash"));
+    ASSERT_NO_FATAL_FAILURE(h_.UploadTables(1024));
+  }
+  Harness h_;
+};
+
+TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
+  DeviceBuffer device(kRegionBytes);
+  auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<uint8_t> mirror(kRegionBytes);
+  // Twin sequences: "a" gets every request inline, "b" the same request through the region.
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "a").ok());
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "b").ok());
+  auto through_region = [&](v1::StepRequest r, client::StepStream* stream,
+                            client::ShmRegion::Layout layout) {
+    r.mutable_spans(0)->set_sequence_id("b");
+    // Poison: output bytes the step does not write read back as 0xA5.
+    std::fill(mirror.begin(), mirror.end(), 0xA5);
+    auto end =
+        client::ShmRegion::PlaceInto(mirror.data(), kRegionBytes, (*region)->name(), &r, 0, layout);
+    EXPECT_TRUE(end.ok()) << end.status();
+    if (!end.ok()) return v1::StepResponse();
+    device.Upload(mirror, kRegionBytes);
+    v1::StepResponse resp;
+    SendStep(*h_.client, stream, r, &resp);
+    EXPECT_EQ(resp.out().data_case(), v1::Tensor::kRegion);
+    device.Download(mirror);
+    EXPECT_TRUE(
+        client::ShmRegion::InlineFrom(mirror.data(), kRegionBytes, (*region)->name(), &resp).ok());
+    return resp;
+  };
+  {
+    const v1::StepRequest p = h_.Make(kLayer, {{"a", 0, 64, 0}});
+    h_.StepAndCheck(p);
+    through_region(p, nullptr, client::ShmRegion::Layout::kPerSpan);
+  }
+  client::StepOptions bf16_lse;
+  bf16_lse.want_lse = true;
+  client::StepOptions mx_rope;
+  mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
+  mx_rope.inverse_rope = true;
+  mx_rope.want_lse = true;
+  client::StepOptions mx_queries = bf16_lse;
+  mx_queries.mxfp8_q = true;
+  const std::vector<client::StepOptions> variants = {client::StepOptions{}, bf16_lse, mx_rope,
+                                                     mx_queries};
+  auto stream = h_.client->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  int64_t pos = 64;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    for (auto layout : {client::ShmRegion::Layout::kPerSpan, client::ShmRegion::Layout::kPacked}) {
+      const v1::StepRequest req = h_.Make(kLayer, {{"a", pos, 6, 5}}, variants[v]);
+      const v1::StepResponse inline_resp = h_.StepAndCheck(req);
+      const v1::StepResponse gpu_resp =
+          through_region(req, v % 2 == 0 ? nullptr : stream->get(), layout);
+      ExpectSameOutputs(gpu_resp, inline_resp,
+                        absl::StrCat("variant ", v, " layout ", static_cast<int>(layout)));
+      pos += 6;
+    }
+  }
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+TEST_F(GpuRegionTest, MisuseIsRefused) {
+  DeviceBuffer device(1 << 20);
+  {  // more bytes than the allocation holds
+    auto r = client::GpuRegion::Register(h_.client.get(), device.handle(), 2 << 20);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("size: 2097152 bytes, the allocation holds"));
+  }
+  {  // a handle that names no memory
+    const std::vector<uint8_t> zeros(device.handle().size(), 0);
+    auto r = client::GpuRegion::Register(h_.client.get(), zeros, 1 << 20);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("gpu_handle: no device memory"));
+  }
+  auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), 1 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto seq = h_.client->CreateSequence(h_.ModelName(), "s");
+  ASSERT_TRUE(seq.ok());
+  h_.StepAndCheck(h_.Make(kLayer, {{"s", 0, 64, 0}}));
+  std::vector<uint8_t> mirror(1 << 20);
+  v1::StepRequest r = h_.Make(kLayer, {{"s", 64, 6, 5}});
+  ASSERT_TRUE(client::ShmRegion::PlaceInto(mirror.data(), 1 << 20, (*region)->name(), &r).ok());
+  {  // a reference past the end of the region
+    v1::StepRequest bad = r;
+    bad.mutable_spans(0)->mutable_q()->mutable_region()->set_offset((1 << 20) - 64);
+    auto resp = h_.client->Step(bad);
+    ASSERT_FALSE(resp.ok());
+    EXPECT_THAT(std::string(resp.status().message()), HasSubstr("spans[0].q.region: offset"));
+  }
+  // Unregistered: later steps naming it are NOT_FOUND, and the sequence did not move.
+  ASSERT_TRUE((*region)->Unregister().ok());
+  auto resp = h_.client->Step(r);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kNotFound) << resp.status();
+  auto length = h_.client->Length(*seq, kLayer);
+  ASSERT_TRUE(length.ok());
+  EXPECT_EQ(*length, 64);
+}
+
+}  // namespace
+}  // namespace smla::testing
