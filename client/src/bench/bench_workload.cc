@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "smla/base/align.h"
 #include "smla/base/status_macros.h"
 #include "smla/client/testing/workload.h"
 
@@ -179,8 +180,8 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
         for (const auto& sp : r->spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
         largest = std::max(largest, b);
       }
-      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, (largest + 63) / 64 * 64));
-      ring_offset_ = (bytes + 63) / 64 * 64;
+      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, AlignUp(largest, 64)));
+      ring_offset_ = AlignUp(bytes, 64);
       bytes = ring_offset_ + client::StepRing::BytesFor(kRingSlots, ring_slot_bytes_);
     }
     prefill_offset_ = bytes;

@@ -8,20 +8,18 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "smla/base/align.h"
+#include "smla/base/strings.h"
 #include "smla/kernels/epilogue.h"
 
 namespace smla::kernels::gpu {
 namespace {
-
-int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 int Log2(int32_t v) {
   int l = 0;
   while ((1 << l) < v) ++l;
   return l;
 }
-
-std::string Name(std::string_view v) { return std::string(v); }
 
 SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   SegmentArgs a;
@@ -132,10 +130,10 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
     if (params.force_head_block > 0) {
       return absl::UnimplementedError(absl::StrCat(
           "no ", l.plan.head_block, "-head attention program for geometry ",
-          Name(GeometryName(params.geometry)), " with main format ",
-          Name(KvFormatName(params.main.cache.format)),
+          Sv(GeometryName(params.geometry)), " with main format ",
+          Sv(KvFormatName(params.main.cache.format)),
           params.has_extra
-              ? absl::StrCat(" and extra format ", Name(KvFormatName(params.extra.cache.format)))
+              ? absl::StrCat(" and extra format ", Sv(KvFormatName(params.extra.cache.format)))
               : std::string(),
           " (shared memory)"));
     }
