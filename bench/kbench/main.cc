@@ -30,8 +30,10 @@
 #include "kbench/device_kernels.h"
 #include "kbench/workload.h"
 #include "nlohmann/json.hpp"
+#include "smla/base/strings.h"
 #include "smla/kernels/gpu/runtime.h"
 #include "smla/kernels/gpu_backend.h"
+#include "smla/models/grid.h"
 
 // Cell filters: comma-separated lists; a cell runs when it matches every filter given.
 ABSL_FLAG(std::vector<std::string>, model, {}, "model names, e.g. dsv4.1-flash,glm-5.3-flash");
@@ -71,7 +73,7 @@ constexpr int64_t kFlushBytes = 256ll << 20;  // > 4x the 60 MB L2
 constexpr int kCosSinPositions = 65536;
 
 struct Options {
-  Filter filter;
+  models::GridFilter filter;
   bool bar = false;
   int iters = 30;
   int warmup = 3;
@@ -249,8 +251,8 @@ class Runner {
     std::map<std::string, std::vector<const Cell*>> groups;
     std::vector<std::string> order;
     for (const Cell& c : cells) {
-      const std::string key = absl::StrCat(
-          c.model->name, "/", std::string(kernels::KvFormatName(c.format)), "/", c.context);
+      const std::string key =
+          absl::StrCat(c.model->name, "/", Sv(kernels::KvFormatName(*c.format)), "/", c.context);
       if (!groups.count(key)) order.push_back(key);
       groups[key].push_back(&c);
     }
@@ -259,9 +261,9 @@ class Runner {
       Pools pools = MakePools(group);
       std::map<std::string, std::vector<CallIndices>> index_cache;
       for (const Cell* c : group) {
-        auto& sets = index_cache[c->shape];
+        auto& sets = index_cache[c->ShapeName()];
         if (sets.empty()) {
-          const int n_sets = c->rows_per_request > 6 ? 2 : 4;
+          const int n_sets = c->rows_per_request() > 6 ? 2 : 4;
           for (int s = 0; s < n_sets; ++s) {
             sets.push_back(MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s));
           }
@@ -285,20 +287,20 @@ class Runner {
       extra_slots = std::max(extra_slots, s.extra_slots);
     }
     const Cell& c = *group.front();
-    p.main = Layout(c.format, c.model->geometry, main_slots, p.main_mem);
+    p.main = Layout(*c.format, c.model->geometry, main_slots, p.main_mem);
     Check(FillPool(p.main, 11, stream_), "fill main");
     const PoolLayout* big = &p.main;
     if (extra_slots > 0) {
-      p.extra = Layout(c.format, c.model->geometry, extra_slots, p.extra_mem);
+      p.extra = Layout(*c.format, c.model->geometry, extra_slots, p.extra_mem);
       Check(FillPool(p.extra, 12, stream_), "fill extra");
       big = &p.extra;
     }
     Check(gpu::StreamSynchronize(stream_), "fill sync");
     p.gather_gbps = GatherCeiling(*big, stream_, flush_, sink_mem_);
-    p.gather_row_bytes = GatherRowBytes(c.format, c.model->geometry);
+    p.gather_row_bytes = GatherRowBytes(*c.format, c.model->geometry);
     std::fprintf(stderr,
                  "pools %s %s %lldK: main %lld slots, extra %lld slots, gather ceiling %.0f GB/s\n",
-                 c.model->name.c_str(), std::string(kernels::KvFormatName(c.format)).c_str(),
+                 c.model->name.c_str(), std::string(kernels::KvFormatName(*c.format)).c_str(),
                  static_cast<long long>(c.context / 1024), static_cast<long long>(main_slots),
                  static_cast<long long>(extra_slots), p.gather_gbps);
     return p;
@@ -306,7 +308,8 @@ class Runner {
 
   Result RunCell(const Cell& c, const Pools& pools, const std::vector<CallIndices>& sets) {
     const int T = c.rows();
-    const int H = c.heads;
+    const int H = c.heads();
+    const KvFormat format = *c.format;
     const int qk = kernels::QkWidth(c.model->geometry);
     const bool rope = c.model->geometry == kernels::Geometry::kRopeInside;
     const bool mx = opt_.out == "mxfp8" || (opt_.out == "auto" && rope);
@@ -328,14 +331,14 @@ class Runner {
       p.q = q.get();
       p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(qk));
       p.main.cache = {
-          pools.main.base,  c.format, c.model->geometry, pools.main.num_pages, kRowsPerPage,
+          pools.main.base,  format, c.model->geometry, pools.main.num_pages, kRowsPerPage,
           pools.main.pitch, 1.0f};
       p.main.indptr = ix.main_indptr;
       p.main.indices = ix.main_indices;
       if (!ix.extra_indptr.empty()) {
         p.has_extra = true;
         p.extra.cache = {
-            pools.extra.base,  c.format, c.model->geometry, pools.extra.num_pages, kRowsPerPage,
+            pools.extra.base,  format, c.model->geometry, pools.extra.num_pages, kRowsPerPage,
             pools.extra.pitch, 1.0f};
         p.extra.indptr = ix.extra_indptr;
         p.extra.indices = ix.extra_indices;
@@ -356,7 +359,7 @@ class Runner {
       p.force_tile_kernel = opt_.tile_kernel;
       p.no_scale_fold = opt_.no_fold;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
-      p.rows_per_group = c.rows_per_request;
+      p.rows_per_group = c.rows_per_request();
       p.row_pairs = opt_.pairs;
       absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, info_);
       Check(l.status(), "plan");
@@ -409,7 +412,7 @@ class Runner {
     r.attended = static_cast<int64_t>(attended / n);
     r.unique_main = static_cast<int64_t>(um / n);
     r.unique_extra = static_cast<int64_t>(ue / n);
-    const double row_bytes = static_cast<double>(kernels::RowBytes(c.format, c.model->geometry));
+    const double row_bytes = static_cast<double>(kernels::RowBytes(format, c.model->geometry));
     const double q_bytes = double(T) * H * qk * 2;
     const double out_bytes = mx ? double(T) * H * (512 + 16) : double(T) * H * 1024;
     r.bytes = (r.unique_main + r.unique_extra) * row_bytes + q_bytes + out_bytes;
@@ -422,7 +425,7 @@ class Runner {
     r.ratio_gemm = gemm_tflops_ > 0 ? r.tflops / gemm_tflops_ : 0;
     r.ratio_mma = mma_tflops_ > 0 ? r.tflops / mma_tflops_ : 0;
     r.union_flop =
-        2.0 * H * c.rows_per_request * double(r.unique_main + r.unique_extra) * (qk + 512);
+        2.0 * H * c.rows_per_request() * double(r.unique_main + r.unique_extra) * (qk + 512);
     r.output = mx ? "mxfp8" : "bf16";
     return r;
   }
@@ -433,15 +436,6 @@ class Runner {
   DeviceBuffer flush_, sink_mem_, cos_sin_;
   double gemm_tflops_ = 0, mma_tflops_ = 0;
 };
-
-bool IsBarCell(const Cell& c) {
-  if (c.context != 131072) return false;
-  if (c.model->name == "dsv4.1-flash" && c.format == KvFormat::kFp8Dsv4 &&
-      (c.tp == 4 || c.tp == 2) && (c.shape == "decode C=32" || c.shape == "decode C=64")) {
-    return true;
-  }
-  return c.model->name == "glm-5.3-flash" && c.tp == 4 && c.shape == "decode C=32";
-}
 
 // Options from the flags; exits with a usage error for a bad value.
 Options ParseOptions(bool* grid, bool* any_filter) {
@@ -515,13 +509,13 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     Json c;
     c["name"] = r.name;
     c["model"] = r.cell.model->name;
-    c["format"] = std::string(kernels::KvFormatName(r.cell.format));
+    c["format"] = std::string(kernels::KvFormatName(*r.cell.format));
     c["tp"] = r.cell.tp;
-    c["heads"] = r.cell.heads;
-    c["shape"] = r.cell.shape;
+    c["heads"] = r.cell.heads();
+    c["shape"] = r.cell.ShapeName();
     c["context"] = r.cell.context;
     c["rows"] = r.cell.rows();
-    c["layer"] = r.cell.model->layer_name;
+    c["layer"] = models::LayerLabel(r.cell.layer());
     c["output"] = r.output;
     c["head_block"] = r.head_block;
     c["splits"] = r.splits;
@@ -576,11 +570,11 @@ int Main(int argc, char** argv) {
   bool grid = false, any_filter = false;
   Options o = ParseOptions(&grid, &any_filter);
   if (!grid && !any_filter && !o.bar) o.bar = true;
-  std::vector<Cell> cells = GridCells(o.filter);
+  std::vector<Cell> cells = models::GridCells(o.filter);
   if (o.bar && !grid && !any_filter) {
     std::vector<Cell> bar;
     for (const Cell& c : cells) {
-      if (IsBarCell(c)) bar.push_back(c);
+      if (models::IsBarCell(c)) bar.push_back(c);
     }
     cells = bar;
   }
@@ -616,9 +610,9 @@ int Main(int argc, char** argv) {
     for (const Result& r : results) {
       std::fprintf(md,
                    "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
-                   r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block,
-                   r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops, r.bytes / 1e6,
-                   r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
+                   r.name.c_str(), models::LayerLabel(r.cell.layer()).c_str(), r.output.c_str(),
+                   r.head_block, r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops,
+                   r.bytes / 1e6, r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
     }
     std::fclose(md);
   }
@@ -627,7 +621,7 @@ int Main(int argc, char** argv) {
   int bar_fail = 0, bar_cells = 0;
   for (const Result& r : results) {
     std::string mark;
-    if (IsBarCell(r.cell)) {
+    if (models::IsBarCell(r.cell)) {
       ++bar_cells;
       const bool ok = r.ratio_gather >= 0.5;
       bar_fail += ok ? 0 : 1;
@@ -645,7 +639,7 @@ int Main(int argc, char** argv) {
     std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
                 "union TF/s", "of mma", "of GEMM");
     for (const Result& r : results) {
-      if (!IsBarCell(r.cell)) continue;
+      if (!models::IsBarCell(r.cell)) continue;
       const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
       const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
       std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6,

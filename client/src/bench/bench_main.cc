@@ -22,6 +22,7 @@
 #include "bench_runner.h"
 #include "bench_workload.h"
 #include "smla/client/cluster.h"
+#include "smla/models/grid.h"
 
 ABSL_FLAG(std::vector<std::string>, server, {"127.0.0.1:50051"},
           "smla-server HOST:PORT, repeatable: workers are spread over the servers by the "
@@ -134,10 +135,13 @@ absl::Status CheckNumericFlags() {
 
 int Run() {
   if (absl::Status st = CheckNumericFlags(); !st.ok()) return Fail(st);
-  auto spec_or = ParseCell(absl::GetFlag(FLAGS_cell));
-  if (!spec_or.ok()) return Fail(spec_or.status());
-  WorkloadSpec spec = *spec_or;
-  if (absl::GetFlag(FLAGS_context) > 0) spec.context = absl::GetFlag(FLAGS_context);
+  absl::StatusOr<models::Cell> cell = models::ParseCell(absl::GetFlag(FLAGS_cell));
+  if (!cell.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--cell: ", cell.status().message())));
+  }
+  WorkloadSpec spec;
+  spec.cell = *cell;
+  if (absl::GetFlag(FLAGS_context) > 0) spec.cell.context = absl::GetFlag(FLAGS_context);
   const std::string layer = absl::GetFlag(FLAGS_layer);
   if (layer != "all" && (!absl::SimpleAtoi(layer, &spec.layer) || spec.layer < 0)) {
     return Fail(absl::InvalidArgumentError("--layer: a layer number or 'all'"));
@@ -212,8 +216,8 @@ int Run() {
   if (!info.ok()) return Fail(info.status());
   auto model = FindModel(*info, spec);
   if (!model.ok()) return Fail(model.status());
-  if (spec.format.empty()) spec.format = model->kv_format();
-  if (spec.tp == 0) spec.tp = model->tp();
+  if (!spec.cell.format) spec.cell.format = kernels::ParseKvFormat(model->kv_format());
+  if (spec.cell.tp == 0) spec.cell.tp = model->tp();
   if (spec.layer >= model->layers_size()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--layer ", spec.layer, ": the model has ", model->layers_size())));
