@@ -548,8 +548,8 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
   return true;
 }
 
-int Main(int argc, char** argv) {
-  // --help lists this file's flags (abseil matches flags to the program by file name).
+// --help lists this file's flags (abseil matches flags to the program by file name).
+void SetUsage() {
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "kbench/main.cc");
@@ -562,60 +562,48 @@ int Main(int argc, char** argv) {
       "  smla-kbench --grid --iters=20 --json=kbench.json --md=table.md\n"
       "  smla-kbench --model=dsv4.1-flash --format=fp8_dsv4 --tp=4 "
       "--shape='decode C=32' --context=128K");
-  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "unexpected argument '%s' (see --help)\n", rest[1]);
-    return 2;
-  }
-  bool grid = false, any_filter = false;
-  Options o = ParseOptions(&grid, &any_filter);
-  if (!grid && !any_filter && !o.bar) o.bar = true;
-  std::vector<Cell> cells = models::GridCells(o.filter);
-  if (o.bar && !grid && !any_filter) {
+}
+
+// The cells to run: the grid narrowed by the filters, or the bar cells when nothing else
+// selects (and with --bar alone). Sets o->bar when it defaults to the bar cells.
+std::vector<Cell> SelectCells(bool grid, bool any_filter, Options* o) {
+  if (!grid && !any_filter && !o->bar) o->bar = true;
+  std::vector<Cell> cells = models::GridCells(o->filter);
+  if (o->bar && !grid && !any_filter) {
     std::vector<Cell> bar;
     for (const Cell& c : cells) {
       if (models::IsBarCell(c)) bar.push_back(c);
     }
     cells = bar;
   }
-  if (cells.empty()) {
-    std::fprintf(stderr, "no cell matches\n");
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateGpuBackend();
-  Check(backend.status(), "GPU backend");
-  const kernels::DeviceInfo info = (*backend)->device();
-  Runner runner(o, info);
-  const double gemm = runner.MeasureGemm();
-  const double mma = runner.MeasureMma();
-  std::fprintf(stderr,
-               "device %s, %d SMs; bf16 GEMM 8192^3 ceiling %.0f TFLOP/s; mma.sync m16n8k16 f16 "
-               "ceiling %.0f TFLOP/s\n",
-               info.name.c_str(), info.compute_units, gemm, mma);
-  const std::vector<Result> results = runner.RunAll(cells);
+  return cells;
+}
 
-  if (!WriteJson(o.json, info, gemm, mma, o.iters, results)) return 1;
-
-  if (!o.markdown.empty()) {
-    FILE* md = std::fopen(o.markdown.c_str(), "w");
-    if (md == nullptr) {
-      std::fprintf(stderr, "cannot write %s\n", o.markdown.c_str());
-      return 1;
-    }
-    std::fprintf(
-        md,
-        "| cell | layer | out | plan (head block, splits[, paired]) | median us | TFLOP/s | unique "
-        "MB | GB/s | of gather | of GEMM | of mma |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const Result& r : results) {
-      std::fprintf(md,
-                   "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
-                   r.name.c_str(), models::LayerLabel(r.cell.layer()).c_str(), r.output.c_str(),
-                   r.head_block, r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops,
-                   r.bytes / 1e6, r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
-    }
-    std::fclose(md);
+// The results as a markdown table.
+bool WriteMarkdown(const std::string& path, const std::vector<Result>& results) {
+  FILE* md = std::fopen(path.c_str(), "w");
+  if (md == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
   }
+  std::fprintf(
+      md,
+      "| cell | layer | out | plan (head block, splits[, paired]) | median us | TFLOP/s | unique "
+      "MB | GB/s | of gather | of GEMM | of mma |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Result& r : results) {
+    std::fprintf(md,
+                 "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
+                 r.name.c_str(), models::LayerLabel(r.cell.layer()).c_str(), r.output.c_str(),
+                 r.head_block, r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops,
+                 r.bytes / 1e6, r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
+  }
+  std::fclose(md);
+  return true;
+}
+
+// One line per cell on stdout, the bar cells marked pass or FAIL (half the gather ceiling).
+void PrintResults(const std::vector<Result>& results) {
   std::printf("%-50s %10s %8s %8s %6s %6s  %s\n", "cell", "us", "TFLOP/s", "GB/s", "gath", "gemm",
               "plan");
   int bar_fail = 0, bar_cells = 0;
@@ -633,19 +621,58 @@ int Main(int argc, char** argv) {
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);
-    // The bar as a compute rate: its time is the cell's bytes at half the gather ceiling, so a
-    // kernel meeting it does the cell's products in that time, per row (the useful products)
-    // or as request unions (more products, each key read once), on the ceilings above.
-    std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
-                "union TF/s", "of mma", "of GEMM");
-    for (const Result& r : results) {
-      if (!models::IsBarCell(r.cell)) continue;
-      const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
-      const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
-      std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6,
-                  row_tf, mma > 0 ? row_tf / mma : 0, union_tf, mma > 0 ? union_tf / mma : 0,
-                  gemm > 0 ? union_tf / gemm : 0);
-    }
+  }
+}
+
+// The bar as a compute rate: its time is the cell's bytes at half the gather ceiling, so a
+// kernel meeting it does the cell's products in that time, per row (the useful products) or as
+// request unions (more products, each key read once), on the ceilings measured.
+void PrintBarRates(const std::vector<Result>& results, double gemm, double mma) {
+  std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
+              "union TF/s", "of mma", "of GEMM");
+  for (const Result& r : results) {
+    if (!models::IsBarCell(r.cell)) continue;
+    const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
+    const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
+    std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6, row_tf,
+                mma > 0 ? row_tf / mma : 0, union_tf, mma > 0 ? union_tf / mma : 0,
+                gemm > 0 ? union_tf / gemm : 0);
+  }
+}
+
+int Main(int argc, char** argv) {
+  SetUsage();
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "unexpected argument '%s' (see --help)\n", rest[1]);
+    return 2;
+  }
+  bool grid = false, any_filter = false;
+  Options o = ParseOptions(&grid, &any_filter);
+  const std::vector<Cell> cells = SelectCells(grid, any_filter, &o);
+  if (cells.empty()) {
+    std::fprintf(stderr, "no cell matches\n");
+    return 2;
+  }
+
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateGpuBackend();
+  Check(backend.status(), "GPU backend");
+  const kernels::DeviceInfo info = (*backend)->device();
+  Runner runner(o, info);
+  const double gemm = runner.MeasureGemm();
+  const double mma = runner.MeasureMma();
+  std::fprintf(stderr,
+               "device %s, %d SMs; bf16 GEMM 8192^3 ceiling %.0f TFLOP/s; mma.sync m16n8k16 f16 "
+               "ceiling %.0f TFLOP/s\n",
+               info.name.c_str(), info.compute_units, gemm, mma);
+  const std::vector<Result> results = runner.RunAll(cells);
+
+  if (!WriteJson(o.json, info, gemm, mma, o.iters, results)) return 1;
+  if (!o.markdown.empty() && !WriteMarkdown(o.markdown, results)) return 1;
+  PrintResults(results);
+  if (std::any_of(results.begin(), results.end(),
+                  [](const Result& r) { return models::IsBarCell(r.cell); })) {
+    PrintBarRates(results, gemm, mma);
   }
   return 0;
 }
