@@ -1,21 +1,26 @@
-// smla-cpu-bench: the CPU backend on cells of the docs/performance.md grid. Inputs are built here:
-// pools written through WriteRows from random bf16 rows, SWA windows ending at each row's own
-// position, top-k sets of distinct entries per row (each draft row's set drawn from its
-// neighbour's with a quarter replaced, as indexers do).
+// smla-cpu-bench: the CPU backend on cells of the docs/performance.md grid (smla/models/grid.h),
+// each on the layer its model has most of. Inputs are built here: pools written through
+// WriteRows from random bf16 rows, SWA windows ending at each row's own position, top-k sets of
+// distinct entries per row (each draft row's set drawn from its neighbour's with a quarter
+// replaced, as indexers do).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/kernels/formats.h"
+#include "smla/models/grid.h"
 
 namespace smla::bench {
 namespace {
@@ -28,18 +33,18 @@ using kernels::Geometry;
 using kernels::KvFormat;
 using kernels::OutputFormat;
 
-constexpr int kDraftRows = 6;  // decode: 5 draft rows + 1 per request
-constexpr int kWindow = 128;   // SWA keys per row
 constexpr int kPageRows = 64;
 
+// What one benchmark runs: a grid cell's facts, and the pool sizes the CPU can afford.
 struct CellSpec {
   Geometry geometry = Geometry::kRopeInside;
   KvFormat format = KvFormat::kFp8Dsv4;
   int requests = 1;
-  int rows_per_request = kDraftRows;
+  int rows_per_request = 6;
   int heads = 16;
   int64_t context = 131072;         // position of each request's last row + 1
   bool swa = true;                  // main segment = SWA window (else: the top-k set)
+  int window = 128;                 // SWA keys per row
   int topk = 512;                   // chosen entries per row
   int64_t compressed_rows = 32768;  // entries per request in the pool the top-k draws from
   bool sink = true;
@@ -66,7 +71,7 @@ class Cell {
     const int w = kernels::QkWidth(s.geometry);
 
     // Main segment: the SWA ring of each request (2 * window slots), or the top-k pool.
-    const int64_t swa_slots_per_request = 2 * kWindow;
+    const int64_t swa_slots_per_request = 2 * s.window;
     if (s.swa) {
       main_ = MakePool(s.requests * swa_slots_per_request, rng);
       extra_ = MakePool(s.requests * s.compressed_rows, rng);
@@ -83,7 +88,7 @@ class Cell {
         std::vector<int32_t>& topk_indices = s.swa ? extra_indices_ : main_indices_;
         std::vector<int32_t>& topk_indptr = s.swa ? extra_indptr_ : main_indptr_;
         if (s.swa) {
-          for (int64_t p = std::max<int64_t>(0, pos - kWindow + 1); p <= pos; ++p) {
+          for (int64_t p = std::max<int64_t>(0, pos - s.window + 1); p <= pos; ++p) {
             main_indices_.push_back(
                 static_cast<int32_t>(r * swa_slots_per_request + p % swa_slots_per_request));
           }
@@ -226,32 +231,40 @@ void RunCell(benchmark::State& state, const CellSpec& spec) {
   state.counters["keys/row"] = static_cast<double>(cell.keys()) / cell.rows();
 }
 
-CellSpec Dsv4(int requests, int heads) {
+// A grid cell on its model's most common layer. The top-k draws from a pool of 32,768 entries
+// per request (8,192 past C=1, as many requests share the memory budget) rather than the
+// context's: the time per row depends on the keys attended, not on the pool they lie in.
+CellSpec SpecFor(const models::Cell& cell) {
+  const models::LayerSpec& layer = cell.layer();
   CellSpec s;
-  s.requests = requests;
-  s.heads = heads;
-  // Many requests share the memory budget: a smaller pool per request past C=1.
-  s.compressed_rows = requests == 1 ? 32768 : 8192;
+  s.geometry = cell.model->geometry;
+  s.format = cell.format.value_or(cell.model->default_format);
+  s.requests = cell.sequences();
+  s.rows_per_request = cell.rows_per_request();
+  s.heads = cell.heads();
+  s.context = cell.context;
+  s.swa = layer.has_window();
+  s.window = cell.model->swa_window;
+  s.topk = layer.topk;
+  s.compressed_rows = s.swa && s.requests > 1 ? 8192 : 32768;
+  s.sink = cell.model->has_sink;
+  s.rope_epilogue = cell.model->geometry == Geometry::kRopeInside;
+  s.output = s.rope_epilogue ? OutputFormat::kMxfp8 : OutputFormat::kBf16;
   return s;
 }
 
-CellSpec Glm53(int requests, int heads) {
-  CellSpec s;
-  s.geometry = Geometry::kRopeFree;
-  s.format = KvFormat::kFp8PerTensor;
-  s.requests = requests;
-  s.heads = heads;
-  s.swa = false;
-  s.topk = 2048;
-  s.compressed_rows = 32768;
-  s.sink = false;
-  s.rope_epilogue = false;
-  s.output = OutputFormat::kBf16;
-  return s;
-}
-
-void Register(const char* name, const CellSpec& spec) {
-  benchmark::RegisterBenchmark(name, [spec](benchmark::State& st) { RunCell(st, spec); })
+// Registers the grid cell `name` (the benchmark's name), with `threads` CPU backend threads
+// (0: one per hardware thread) named in a suffix when given.
+void Register(const std::string& name, int threads = 0) {
+  absl::StatusOr<models::Cell> cell = models::ParseCell(name);
+  if (!cell.ok() || !cell->format || cell->tp == 0) {
+    std::fprintf(stderr, "smla-cpu-bench: '%s' is not a full grid cell\n", name.c_str());
+    std::exit(2);
+  }
+  CellSpec spec = SpecFor(*cell);
+  spec.threads = threads;
+  const std::string full = threads > 0 ? absl::StrCat(name, "/threads=", threads) : name;
+  benchmark::RegisterBenchmark(full.c_str(), [spec](benchmark::State& st) { RunCell(st, spec); })
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime()
       ->MinTime(1.0);
@@ -261,18 +274,14 @@ void Register(const char* name, const CellSpec& spec) {
 }  // namespace smla::bench
 
 int main(int argc, char** argv) {
-  using namespace smla::bench;
-  Register("dsv4.1-flash/fp8_dsv4/TP4/decode_C=1", Dsv4(1, 16));
-  Register("dsv4.1-flash/fp8_dsv4/TP4/decode_C=16", Dsv4(16, 16));
-  Register("dsv4.1-flash/fp8_dsv4/TP1/decode_C=1", Dsv4(1, 64));
-  CellSpec decode1 = Dsv4(1, 16);
-  decode1.rows_per_request = 1;
-  Register("dsv4.1-flash/fp8_dsv4/TP4/decode1_C=1", decode1);
-  Register("glm-5.3-flash/fp8_per_tensor/TP4/decode_C=1", Glm53(1, 16));
+  using smla::bench::Register;
+  Register("dsv4.1-flash fp8_dsv4 TP4 decode C=1 128K");
+  Register("dsv4.1-flash fp8_dsv4 TP4 decode C=16 128K");
+  Register("dsv4.1-flash fp8_dsv4 TP1 decode C=1 128K");
+  Register("dsv4.1-flash fp8_dsv4 TP4 decode1 C=1 128K");
+  Register("glm-5.3-flash fp8_per_tensor TP4 decode C=1 128K");
   // One thread: the cost per call in CPU time, less sensitive to other load on the machine.
-  CellSpec single = Dsv4(1, 16);
-  single.threads = 1;
-  Register("dsv4.1-flash/fp8_dsv4/TP4/decode_C=1/threads=1", single);
+  Register("dsv4.1-flash fp8_dsv4 TP4 decode C=1 128K", 1);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

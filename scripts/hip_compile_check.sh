@@ -91,10 +91,10 @@ fi
 # docs/gpu.md's command, plus the project's include paths and the HIP build's macro.
 device_flags=(-x hip "--offload-arch=$arch" -nogpulib --cuda-device-only
               -D__AMDGCN_WAVEFRONT_SIZE=64 -O3 -S -std=c++20 -DSMLA_WITH_HIP
-              -Wall -Wextra -Wno-unused-parameter -Ikernels/include -Ikernels/src)
+              -Wall -Wextra -Wno-unused-parameter -Ibase/include -Ikernels/include -Ikernels/src)
 if command -v c++filt > /dev/null; then demangle=(c++filt); else demangle=(cat); fi
 host_flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter
-            -DSMLA_WITH_HIP -Ikernels/include -Ikernels/src)
+            -DSMLA_WITH_HIP -Ibase/include -Ikernels/include -Ikernels/src)
 
 # One tab-separated line per kernel of an assembly file: VGPRs (architectural), AGPRs, static
 # LDS bytes, private segment (scratch) bytes, dynamic stack, VGPR/SGPR spills, symbol.

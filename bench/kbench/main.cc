@@ -30,8 +30,10 @@
 #include "kbench/device_kernels.h"
 #include "kbench/workload.h"
 #include "nlohmann/json.hpp"
+#include "smla/base/strings.h"
 #include "smla/kernels/gpu/runtime.h"
 #include "smla/kernels/gpu_backend.h"
+#include "smla/models/grid.h"
 
 // Cell filters: comma-separated lists; a cell runs when it matches every filter given.
 ABSL_FLAG(std::vector<std::string>, model, {}, "model names, e.g. dsv4.1-flash,glm-5.3-flash");
@@ -71,7 +73,7 @@ constexpr int64_t kFlushBytes = 256ll << 20;  // > 4x the 60 MB L2
 constexpr int kCosSinPositions = 65536;
 
 struct Options {
-  Filter filter;
+  models::GridFilter filter;
   bool bar = false;
   int iters = 30;
   int warmup = 3;
@@ -249,8 +251,8 @@ class Runner {
     std::map<std::string, std::vector<const Cell*>> groups;
     std::vector<std::string> order;
     for (const Cell& c : cells) {
-      const std::string key = absl::StrCat(
-          c.model->name, "/", std::string(kernels::KvFormatName(c.format)), "/", c.context);
+      const std::string key =
+          absl::StrCat(c.model->name, "/", Sv(kernels::KvFormatName(*c.format)), "/", c.context);
       if (!groups.count(key)) order.push_back(key);
       groups[key].push_back(&c);
     }
@@ -259,9 +261,9 @@ class Runner {
       Pools pools = MakePools(group);
       std::map<std::string, std::vector<CallIndices>> index_cache;
       for (const Cell* c : group) {
-        auto& sets = index_cache[c->shape];
+        auto& sets = index_cache[c->ShapeName()];
         if (sets.empty()) {
-          const int n_sets = c->rows_per_request > 6 ? 2 : 4;
+          const int n_sets = c->rows_per_request() > 6 ? 2 : 4;
           for (int s = 0; s < n_sets; ++s) {
             sets.push_back(MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s));
           }
@@ -285,20 +287,20 @@ class Runner {
       extra_slots = std::max(extra_slots, s.extra_slots);
     }
     const Cell& c = *group.front();
-    p.main = Layout(c.format, c.model->geometry, main_slots, p.main_mem);
+    p.main = Layout(*c.format, c.model->geometry, main_slots, p.main_mem);
     Check(FillPool(p.main, 11, stream_), "fill main");
     const PoolLayout* big = &p.main;
     if (extra_slots > 0) {
-      p.extra = Layout(c.format, c.model->geometry, extra_slots, p.extra_mem);
+      p.extra = Layout(*c.format, c.model->geometry, extra_slots, p.extra_mem);
       Check(FillPool(p.extra, 12, stream_), "fill extra");
       big = &p.extra;
     }
     Check(gpu::StreamSynchronize(stream_), "fill sync");
     p.gather_gbps = GatherCeiling(*big, stream_, flush_, sink_mem_);
-    p.gather_row_bytes = GatherRowBytes(c.format, c.model->geometry);
+    p.gather_row_bytes = GatherRowBytes(*c.format, c.model->geometry);
     std::fprintf(stderr,
                  "pools %s %s %lldK: main %lld slots, extra %lld slots, gather ceiling %.0f GB/s\n",
-                 c.model->name.c_str(), std::string(kernels::KvFormatName(c.format)).c_str(),
+                 c.model->name.c_str(), std::string(kernels::KvFormatName(*c.format)).c_str(),
                  static_cast<long long>(c.context / 1024), static_cast<long long>(main_slots),
                  static_cast<long long>(extra_slots), p.gather_gbps);
     return p;
@@ -306,7 +308,8 @@ class Runner {
 
   Result RunCell(const Cell& c, const Pools& pools, const std::vector<CallIndices>& sets) {
     const int T = c.rows();
-    const int H = c.heads;
+    const int H = c.heads();
+    const KvFormat format = *c.format;
     const int qk = kernels::QkWidth(c.model->geometry);
     const bool rope = c.model->geometry == kernels::Geometry::kRopeInside;
     const bool mx = opt_.out == "mxfp8" || (opt_.out == "auto" && rope);
@@ -328,14 +331,14 @@ class Runner {
       p.q = q.get();
       p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(qk));
       p.main.cache = {
-          pools.main.base,  c.format, c.model->geometry, pools.main.num_pages, kRowsPerPage,
+          pools.main.base,  format, c.model->geometry, pools.main.num_pages, kRowsPerPage,
           pools.main.pitch, 1.0f};
       p.main.indptr = ix.main_indptr;
       p.main.indices = ix.main_indices;
       if (!ix.extra_indptr.empty()) {
         p.has_extra = true;
         p.extra.cache = {
-            pools.extra.base,  c.format, c.model->geometry, pools.extra.num_pages, kRowsPerPage,
+            pools.extra.base,  format, c.model->geometry, pools.extra.num_pages, kRowsPerPage,
             pools.extra.pitch, 1.0f};
         p.extra.indptr = ix.extra_indptr;
         p.extra.indices = ix.extra_indices;
@@ -356,7 +359,7 @@ class Runner {
       p.force_tile_kernel = opt_.tile_kernel;
       p.no_scale_fold = opt_.no_fold;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
-      p.rows_per_group = c.rows_per_request;
+      p.rows_per_group = c.rows_per_request();
       p.row_pairs = opt_.pairs;
       absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, info_);
       Check(l.status(), "plan");
@@ -409,7 +412,7 @@ class Runner {
     r.attended = static_cast<int64_t>(attended / n);
     r.unique_main = static_cast<int64_t>(um / n);
     r.unique_extra = static_cast<int64_t>(ue / n);
-    const double row_bytes = static_cast<double>(kernels::RowBytes(c.format, c.model->geometry));
+    const double row_bytes = static_cast<double>(kernels::RowBytes(format, c.model->geometry));
     const double q_bytes = double(T) * H * qk * 2;
     const double out_bytes = mx ? double(T) * H * (512 + 16) : double(T) * H * 1024;
     r.bytes = (r.unique_main + r.unique_extra) * row_bytes + q_bytes + out_bytes;
@@ -422,7 +425,7 @@ class Runner {
     r.ratio_gemm = gemm_tflops_ > 0 ? r.tflops / gemm_tflops_ : 0;
     r.ratio_mma = mma_tflops_ > 0 ? r.tflops / mma_tflops_ : 0;
     r.union_flop =
-        2.0 * H * c.rows_per_request * double(r.unique_main + r.unique_extra) * (qk + 512);
+        2.0 * H * c.rows_per_request() * double(r.unique_main + r.unique_extra) * (qk + 512);
     r.output = mx ? "mxfp8" : "bf16";
     return r;
   }
@@ -433,15 +436,6 @@ class Runner {
   DeviceBuffer flush_, sink_mem_, cos_sin_;
   double gemm_tflops_ = 0, mma_tflops_ = 0;
 };
-
-bool IsBarCell(const Cell& c) {
-  if (c.context != 131072) return false;
-  if (c.model->name == "dsv4.1-flash" && c.format == KvFormat::kFp8Dsv4 &&
-      (c.tp == 4 || c.tp == 2) && (c.shape == "decode C=32" || c.shape == "decode C=64")) {
-    return true;
-  }
-  return c.model->name == "glm-5.3-flash" && c.tp == 4 && c.shape == "decode C=32";
-}
 
 // Options from the flags; exits with a usage error for a bad value.
 Options ParseOptions(bool* grid, bool* any_filter) {
@@ -515,13 +509,13 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     Json c;
     c["name"] = r.name;
     c["model"] = r.cell.model->name;
-    c["format"] = std::string(kernels::KvFormatName(r.cell.format));
+    c["format"] = std::string(kernels::KvFormatName(*r.cell.format));
     c["tp"] = r.cell.tp;
-    c["heads"] = r.cell.heads;
-    c["shape"] = r.cell.shape;
+    c["heads"] = r.cell.heads();
+    c["shape"] = r.cell.ShapeName();
     c["context"] = r.cell.context;
     c["rows"] = r.cell.rows();
-    c["layer"] = r.cell.model->layer_name;
+    c["layer"] = models::LayerLabel(r.cell.layer());
     c["output"] = r.output;
     c["head_block"] = r.head_block;
     c["splits"] = r.splits;
@@ -554,8 +548,8 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
   return true;
 }
 
-int Main(int argc, char** argv) {
-  // --help lists this file's flags (abseil matches flags to the program by file name).
+// --help lists this file's flags (abseil matches flags to the program by file name).
+void SetUsage() {
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "kbench/main.cc");
@@ -568,6 +562,86 @@ int Main(int argc, char** argv) {
       "  smla-kbench --grid --iters=20 --json=kbench.json --md=table.md\n"
       "  smla-kbench --model=dsv4.1-flash --format=fp8_dsv4 --tp=4 "
       "--shape='decode C=32' --context=128K");
+}
+
+// The cells to run: the grid narrowed by the filters, or the bar cells when nothing else
+// selects (and with --bar alone). Sets o->bar when it defaults to the bar cells.
+std::vector<Cell> SelectCells(bool grid, bool any_filter, Options* o) {
+  if (!grid && !any_filter && !o->bar) o->bar = true;
+  std::vector<Cell> cells = models::GridCells(o->filter);
+  if (o->bar && !grid && !any_filter) {
+    std::vector<Cell> bar;
+    for (const Cell& c : cells) {
+      if (models::IsBarCell(c)) bar.push_back(c);
+    }
+    cells = bar;
+  }
+  return cells;
+}
+
+// The results as a markdown table.
+bool WriteMarkdown(const std::string& path, const std::vector<Result>& results) {
+  FILE* md = std::fopen(path.c_str(), "w");
+  if (md == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::fprintf(
+      md,
+      "| cell | layer | out | plan (head block, splits[, paired]) | median us | TFLOP/s | unique "
+      "MB | GB/s | of gather | of GEMM | of mma |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Result& r : results) {
+    std::fprintf(md,
+                 "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
+                 r.name.c_str(), models::LayerLabel(r.cell.layer()).c_str(), r.output.c_str(),
+                 r.head_block, r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops,
+                 r.bytes / 1e6, r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
+  }
+  std::fclose(md);
+  return true;
+}
+
+// One line per cell on stdout, the bar cells marked pass or FAIL (half the gather ceiling).
+void PrintResults(const std::vector<Result>& results) {
+  std::printf("%-50s %10s %8s %8s %6s %6s  %s\n", "cell", "us", "TFLOP/s", "GB/s", "gath", "gemm",
+              "plan");
+  int bar_fail = 0, bar_cells = 0;
+  for (const Result& r : results) {
+    std::string mark;
+    if (models::IsBarCell(r.cell)) {
+      ++bar_cells;
+      const bool ok = r.ratio_gather >= 0.5;
+      bar_fail += ok ? 0 : 1;
+      mark = ok ? "  [bar: pass]" : "  [bar: FAIL]";
+    }
+    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s%s\n", r.name.c_str(),
+                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block, r.splits,
+                r.paired ? " paired" : "", mark.c_str());
+  }
+  if (bar_cells > 0) {
+    std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);
+  }
+}
+
+// The bar as a compute rate: its time is the cell's bytes at half the gather ceiling, so a
+// kernel meeting it does the cell's products in that time, per row (the useful products) or as
+// request unions (more products, each key read once), on the ceilings measured.
+void PrintBarRates(const std::vector<Result>& results, double gemm, double mma) {
+  std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
+              "union TF/s", "of mma", "of GEMM");
+  for (const Result& r : results) {
+    if (!models::IsBarCell(r.cell)) continue;
+    const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
+    const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
+    std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6, row_tf,
+                mma > 0 ? row_tf / mma : 0, union_tf, mma > 0 ? union_tf / mma : 0,
+                gemm > 0 ? union_tf / gemm : 0);
+  }
+}
+
+int Main(int argc, char** argv) {
+  SetUsage();
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "unexpected argument '%s' (see --help)\n", rest[1]);
@@ -575,19 +649,12 @@ int Main(int argc, char** argv) {
   }
   bool grid = false, any_filter = false;
   Options o = ParseOptions(&grid, &any_filter);
-  if (!grid && !any_filter && !o.bar) o.bar = true;
-  std::vector<Cell> cells = GridCells(o.filter);
-  if (o.bar && !grid && !any_filter) {
-    std::vector<Cell> bar;
-    for (const Cell& c : cells) {
-      if (IsBarCell(c)) bar.push_back(c);
-    }
-    cells = bar;
-  }
+  const std::vector<Cell> cells = SelectCells(grid, any_filter, &o);
   if (cells.empty()) {
     std::fprintf(stderr, "no cell matches\n");
     return 2;
   }
+
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateGpuBackend();
   Check(backend.status(), "GPU backend");
   const kernels::DeviceInfo info = (*backend)->device();
@@ -601,57 +668,11 @@ int Main(int argc, char** argv) {
   const std::vector<Result> results = runner.RunAll(cells);
 
   if (!WriteJson(o.json, info, gemm, mma, o.iters, results)) return 1;
-
-  if (!o.markdown.empty()) {
-    FILE* md = std::fopen(o.markdown.c_str(), "w");
-    if (md == nullptr) {
-      std::fprintf(stderr, "cannot write %s\n", o.markdown.c_str());
-      return 1;
-    }
-    std::fprintf(
-        md,
-        "| cell | layer | out | plan (head block, splits[, paired]) | median us | TFLOP/s | unique "
-        "MB | GB/s | of gather | of GEMM | of mma |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const Result& r : results) {
-      std::fprintf(md,
-                   "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
-                   r.name.c_str(), r.cell.model->layer_name.c_str(), r.output.c_str(), r.head_block,
-                   r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops, r.bytes / 1e6,
-                   r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
-    }
-    std::fclose(md);
-  }
-  std::printf("%-50s %10s %8s %8s %6s %6s  %s\n", "cell", "us", "TFLOP/s", "GB/s", "gath", "gemm",
-              "plan");
-  int bar_fail = 0, bar_cells = 0;
-  for (const Result& r : results) {
-    std::string mark;
-    if (IsBarCell(r.cell)) {
-      ++bar_cells;
-      const bool ok = r.ratio_gather >= 0.5;
-      bar_fail += ok ? 0 : 1;
-      mark = ok ? "  [bar: pass]" : "  [bar: FAIL]";
-    }
-    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s%s\n", r.name.c_str(),
-                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block, r.splits,
-                r.paired ? " paired" : "", mark.c_str());
-  }
-  if (bar_cells > 0) {
-    std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);
-    // The bar as a compute rate: its time is the cell's bytes at half the gather ceiling, so a
-    // kernel meeting it does the cell's products in that time, per row (the useful products)
-    // or as request unions (more products, each key read once), on the ceilings above.
-    std::printf("%-50s %8s %9s %7s %9s %7s %7s\n", "at the bar", "us", "row TF/s", "of mma",
-                "union TF/s", "of mma", "of GEMM");
-    for (const Result& r : results) {
-      if (!IsBarCell(r.cell)) continue;
-      const double bar_s = r.bytes / (0.5 * r.gather_gbps * 1e9);
-      const double row_tf = r.flop / bar_s / 1e12, union_tf = r.union_flop / bar_s / 1e12;
-      std::printf("%-50s %8.1f %9.0f %7.2f %9.0f %7.2f %7.2f\n", r.name.c_str(), bar_s * 1e6,
-                  row_tf, mma > 0 ? row_tf / mma : 0, union_tf, mma > 0 ? union_tf / mma : 0,
-                  gemm > 0 ? union_tf / gemm : 0);
-    }
+  if (!o.markdown.empty() && !WriteMarkdown(o.markdown, results)) return 1;
+  PrintResults(results);
+  if (std::any_of(results.begin(), results.end(),
+                  [](const Result& r) { return models::IsBarCell(r.cell); })) {
+    PrintBarRates(results, gemm, mma);
   }
   return 0;
 }

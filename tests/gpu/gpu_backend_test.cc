@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu/attend_launch.h"
 #include "gtest/gtest.h"
+#include "smla/base/strings.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/e4m3.h"
@@ -62,8 +63,6 @@ struct Side {
     return v;
   }
 };
-
-std::string Str(std::string_view v) { return std::string(v); }
 
 Side MakeSide(bool gpu) {
   Side s;
@@ -228,9 +227,9 @@ struct CaseSpec {
 enum GroupMode { kIndependent = 0, kOverlapping = 1, kIdentical = 2, kDisjoint = 3 };
 
 std::string Describe(const CaseSpec& c) {
-  return absl::StrCat(Str(KvFormatName(c.format)), "/", Str(GeometryName(c.geometry)),
-                      " H=", c.heads, " T=", c.rows, " main<=", c.max_main, " extra<=", c.max_extra,
-                      c.max_extra ? absl::StrCat(" (", Str(KvFormatName(c.extra_format)), ")") : "",
+  return absl::StrCat(Sv(KvFormatName(c.format)), "/", Sv(GeometryName(c.geometry)), " H=", c.heads,
+                      " T=", c.rows, " main<=", c.max_main, " extra<=", c.max_extra,
+                      c.max_extra ? absl::StrCat(" (", Sv(KvFormatName(c.extra_format)), ")") : "",
                       c.sink ? " sink" : "", c.positions ? " rope" : "", c.fp8_q ? " fp8q" : "",
                       c.rows_per_group ? absl::StrCat(" groups of ", c.rows_per_group, " mode ",
                                                       c.group_mode, c.row_pairs ? " paired" : "")
@@ -599,8 +598,7 @@ void CheckCase(Side& cpu, Side& gpu, const CaseSpec& c, std::vector<RunConfig> c
     const Outputs got = RunAttend(gpu, in, rc);
     if (NotCompiled(c, rc.force_head_block)) {
       EXPECT_EQ(got.status.code(), absl::StatusCode::kUnimplemented) << got.status;
-      EXPECT_NE(std::string(got.status.message()).find(Str(GeometryName(c.geometry))),
-                std::string::npos)
+      EXPECT_NE(std::string(got.status.message()).find(GeometryName(c.geometry)), std::string::npos)
           << got.status;
       continue;
     }
@@ -1095,7 +1093,7 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
         pools[k] = s.Download<uint8_t>(pool, pitch * pages);
       }
       EXPECT_EQ(pools[0], pools[1])
-          << Str(KvFormatName(cb.format)) << "/" << Str(GeometryName(cb.geometry)) << " B=" << rpp;
+          << KvFormatName(cb.format) << "/" << GeometryName(cb.geometry) << " B=" << rpp;
     }
   }
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "attend_case.h"
 #include "gtest/gtest.h"
+#include "smla/base/strings.h"
 #include "smla/kernels/formats.h"
 
 namespace smla::testing {
@@ -33,10 +34,9 @@ std::unique_ptr<Backend> MakeBackend(int threads = 2) {
 }
 
 std::string Describe(const CaseSpec& s) {
-  std::string d =
-      absl::StrFormat("%s/%s H=%d T=%d", std::string(GeometryName(s.geometry)),
-                      std::string(KvFormatName(s.main.format)), s.num_heads, s.num_rows);
-  if (s.has_extra) d += absl::StrFormat(" extra=%s", std::string(KvFormatName(s.extra.format)));
+  std::string d = absl::StrFormat("%s/%s H=%d T=%d", Sv(GeometryName(s.geometry)),
+                                  Sv(KvFormatName(s.main.format)), s.num_heads, s.num_rows);
+  if (s.has_extra) d += absl::StrFormat(" extra=%s", Sv(KvFormatName(s.extra.format)));
   if (s.sink) d += " sink";
   if (s.q_type == QType::kFp8) d += " fp8-q";
   return d + absl::StrFormat(" seed=%d", s.seed);
@@ -126,10 +126,9 @@ std::vector<MatrixParam> LegalMatrix() {
 
 INSTANTIATE_TEST_SUITE_P(AllLegal, MatrixTest, ::testing::ValuesIn(LegalMatrix()),
                          [](const ::testing::TestParamInfo<MatrixParam>& i) {
-                           return absl::StrFormat("%s_%s_H%d",
-                                                  std::string(KvFormatName(std::get<0>(i.param))),
-                                                  std::string(GeometryName(std::get<1>(i.param))),
-                                                  std::get<2>(i.param));
+                           return absl::StrFormat(
+                               "%s_%s_H%d", Sv(KvFormatName(std::get<0>(i.param))),
+                               Sv(GeometryName(std::get<1>(i.param))), std::get<2>(i.param));
                          });
 
 // ---- Targeted cases ------------------------------------------------------------------------

@@ -12,59 +12,6 @@ using kernels::Geometry;
 using kernels::KvFormat;
 using ::testing::HasSubstr;
 
-int CountKind(const ModelProfile& p, LayerKind kind, int ratio) {
-  int n = 0;
-  for (const LayerSpec& l : p.layers) n += (l.kind == kind && l.ratio == ratio) ? 1 : 0;
-  return n;
-}
-
-TEST(ModelProfileTest, Dsv4FlashLayersFollowTheCheckpoint) {
-  const ModelProfile* p = FindProfile("dsv4-flash");
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(p->num_layers(), 43);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaOnly, 0), 2);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaTopK, 4), 21);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaDense, 128), 20);
-  EXPECT_EQ(p->layers[2].kind, LayerKind::kSwaTopK);
-  EXPECT_EQ(p->layers[3].kind, LayerKind::kSwaDense);
-  EXPECT_EQ(p->layers[42].kind, LayerKind::kSwaTopK);
-  EXPECT_EQ(p->layers[2].topk, 512);
-  EXPECT_EQ(p->geometry, Geometry::kRopeInside);
-  EXPECT_EQ(p->default_format, KvFormat::kFp8Dsv4);
-  EXPECT_TRUE(p->has_sink);
-  EXPECT_EQ(p->swa_window, 128);
-  EXPECT_FLOAT_EQ(p->softmax_scale, 1.0f / std::sqrt(512.0f));
-}
-
-TEST(ModelProfileTest, Dsv41Flash) {
-  const ModelProfile* p = FindProfile("dsv4.1-flash");
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(p->num_layers(), 40);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaOnly, 0), 2);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaTopK, 2), 18);
-  EXPECT_EQ(CountKind(*p, LayerKind::kSwaTopK, 1), 20);
-  EXPECT_TRUE(p->has_sink);
-}
-
-TEST(ModelProfileTest, GlmProfiles) {
-  const ModelProfile* g52 = FindProfile("glm-5.2");
-  ASSERT_NE(g52, nullptr);
-  EXPECT_EQ(g52->num_layers(), 78);
-  EXPECT_EQ(CountKind(*g52, LayerKind::kChosen, 0), 78);
-  EXPECT_EQ(g52->layers[0].topk, 2048);
-  EXPECT_EQ(g52->geometry, Geometry::kRopeAppended);
-  EXPECT_EQ(g52->default_format, KvFormat::kFp8PerTensor);
-  EXPECT_FALSE(g52->has_sink);
-  EXPECT_FLOAT_EQ(g52->softmax_scale, 1.0f / std::sqrt(192.0f));
-  const ModelProfile* g53 = FindProfile("glm-5.3-flash");
-  ASSERT_NE(g53, nullptr);
-  EXPECT_EQ(g53->num_layers(), 1);
-  EXPECT_EQ(g53->geometry, Geometry::kRopeFree);
-  EXPECT_FALSE(g53->has_sink);
-  EXPECT_EQ(FindProfile("llama"), nullptr);
-  EXPECT_EQ(AllProfiles().size(), 4u);
-}
-
 TEST(ModelProfileTest, ParseFullSpec) {
   absl::StatusOr<ModelConfig> c =
       ParseModelConfig("dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=4GiB");

@@ -21,7 +21,9 @@
 #include "bench_report.h"
 #include "bench_runner.h"
 #include "bench_workload.h"
+#include "smla/base/status_macros.h"
 #include "smla/client/cluster.h"
+#include "smla/models/grid.h"
 
 ABSL_FLAG(std::vector<std::string>, server, {"127.0.0.1:50051"},
           "smla-server HOST:PORT, repeatable: workers are spread over the servers by the "
@@ -132,64 +134,87 @@ absl::Status CheckNumericFlags() {
   return absl::OkStatus();
 }
 
-int Run() {
-  if (absl::Status st = CheckNumericFlags(); !st.ok()) return Fail(st);
-  auto spec_or = ParseCell(absl::GetFlag(FLAGS_cell));
-  if (!spec_or.ok()) return Fail(spec_or.status());
-  WorkloadSpec spec = *spec_or;
-  if (absl::GetFlag(FLAGS_context) > 0) spec.context = absl::GetFlag(FLAGS_context);
+// What the flags ask for, checked.
+struct Plan {
+  WorkloadSpec spec;
+  std::string transport_name;
+  Transport transport = Transport::kInline;
+  std::string mode;  // stream or unary
+  std::string q_format;
+  std::vector<int> levels;  // concurrency of each run
+  std::vector<std::string> servers;
+  int connections = 1;  // per server
+};
+
+absl::StatusOr<WorkloadSpec> SpecFromFlags() {
+  SMLA_RETURN_IF_ERROR(CheckNumericFlags());
+  absl::StatusOr<models::Cell> cell = models::ParseCell(absl::GetFlag(FLAGS_cell));
+  if (!cell.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--cell: ", cell.status().message()));
+  WorkloadSpec spec;
+  spec.cell = *cell;
+  if (absl::GetFlag(FLAGS_context) > 0) spec.cell.context = absl::GetFlag(FLAGS_context);
   const std::string layer = absl::GetFlag(FLAGS_layer);
   if (layer != "all" && (!absl::SimpleAtoi(layer, &spec.layer) || spec.layer < 0)) {
-    return Fail(absl::InvalidArgumentError("--layer: a layer number or 'all'"));
+    return absl::InvalidArgumentError("--layer: a layer number or 'all'");
   }
   const std::string out = absl::GetFlag(FLAGS_output);
-  if (out != "bf16" && out != "mxfp8") return Fail(absl::InvalidArgumentError("--output"));
+  if (out != "bf16" && out != "mxfp8") return absl::InvalidArgumentError("--output");
   spec.output_format = out == "mxfp8" ? v1::OUTPUT_FORMAT_MXFP8 : v1::OUTPUT_FORMAT_BF16;
   const std::string q_format = absl::GetFlag(FLAGS_q_format);
   if (q_format != "bf16" && q_format != "mxfp8") {
-    return Fail(absl::InvalidArgumentError("--q_format: bf16 or mxfp8"));
+    return absl::InvalidArgumentError("--q_format: bf16 or mxfp8");
   }
   spec.mxfp8_q = q_format == "mxfp8";
   spec.want_lse = absl::GetFlag(FLAGS_lse);
   spec.inverse_rope = absl::GetFlag(FLAGS_inverse_rope);
-  const std::string transport_name = absl::GetFlag(FLAGS_transport);
-  if (transport_name != "inline" && transport_name != "shm" && transport_name != "shm_spans" &&
-      transport_name != "ring") {
-    return Fail(absl::InvalidArgumentError("--transport: inline, shm, shm_spans or ring"));
+  return spec;
+}
+
+absl::StatusOr<Plan> PlanFromFlags() {
+  Plan plan;
+  SMLA_ASSIGN_OR_RETURN(plan.spec, SpecFromFlags());
+  plan.q_format = absl::GetFlag(FLAGS_q_format);
+  plan.transport_name = absl::GetFlag(FLAGS_transport);
+  const std::string& t = plan.transport_name;
+  if (t != "inline" && t != "shm" && t != "shm_spans" && t != "ring") {
+    return absl::InvalidArgumentError("--transport: inline, shm, shm_spans or ring");
   }
-  const Transport transport = transport_name == "shm"         ? Transport::kShm
-                              : transport_name == "shm_spans" ? Transport::kShmSpans
-                              : transport_name == "ring"      ? Transport::kRing
-                                                              : Transport::kInline;
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "stream" && mode != "unary") {
-    return Fail(absl::InvalidArgumentError("--mode: stream or unary"));
+  plan.transport = t == "shm"         ? Transport::kShm
+                   : t == "shm_spans" ? Transport::kShmSpans
+                   : t == "ring"      ? Transport::kRing
+                                      : Transport::kInline;
+  plan.mode = absl::GetFlag(FLAGS_mode);
+  if (plan.mode != "stream" && plan.mode != "unary") {
+    return absl::InvalidArgumentError("--mode: stream or unary");
   }
-  if (transport == Transport::kRing && mode != "stream") {
-    return Fail(absl::InvalidArgumentError("--transport ring needs --mode stream"));
+  if (plan.transport == Transport::kRing && plan.mode != "stream") {
+    return absl::InvalidArgumentError("--transport ring needs --mode stream");
   }
-  std::vector<int> levels;
   for (auto part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',', absl::SkipEmpty())) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n <= 0) {
-      return Fail(absl::InvalidArgumentError("--concurrency: positive integers"));
+      return absl::InvalidArgumentError("--concurrency: positive integers");
     }
-    levels.push_back(n);
+    plan.levels.push_back(n);
   }
-  if (levels.empty()) return Fail(absl::InvalidArgumentError("--concurrency: empty"));
-  std::vector<std::string> servers = ServerOccurrences();
-  if (servers.empty()) servers = absl::GetFlag(FLAGS_server);
+  if (plan.levels.empty()) return absl::InvalidArgumentError("--concurrency: empty");
+  plan.servers = ServerOccurrences();
+  if (plan.servers.empty()) plan.servers = absl::GetFlag(FLAGS_server);
+  plan.connections = absl::GetFlag(FLAGS_connections);
+  return plan;
+}
 
-  // Connections: `connections` per server. Distinct channel arguments keep gRPC from
-  // folding them onto one TCP connection (it shares subchannels of identical channels).
-  const int conns = absl::GetFlag(FLAGS_connections);
-  std::vector<std::vector<std::unique_ptr<Connection>>> connections(servers.size());
-  client::HashRing ring;
-  for (size_t s = 0; s < servers.size(); ++s) {
-    ring.Add(servers[s]);
-    for (int c = 0; c < conns; ++c) {
+// `connections` per server. Distinct channel arguments keep gRPC from folding them onto one
+// TCP connection (it shares subchannels of identical channels).
+using Connections = std::vector<std::vector<std::unique_ptr<Connection>>>;
+
+absl::StatusOr<Connections> Connect(const Plan& plan) {
+  Connections connections(plan.servers.size());
+  for (size_t s = 0; s < plan.servers.size(); ++s) {
+    for (int c = 0; c < plan.connections; ++c) {
       client::ClientOptions o;
-      o.target = servers[s];
+      o.target = plan.servers[s];
       o.max_message_bytes = (1 << 30) - c;
       o.keep_freed_memory = absl::GetFlag(FLAGS_keep_freed_memory);
       o.copy_threads = absl::GetFlag(FLAGS_copy_threads);
@@ -197,122 +222,177 @@ int Run() {
         const size_t eq = arg.find('=');
         int value = 0;
         if (eq == std::string::npos || !absl::SimpleAtoi(arg.substr(eq + 1), &value)) {
-          return Fail(
-              absl::InvalidArgumentError(absl::StrCat("--grpc_arg: '", arg, "' is not NAME=INT")));
+          return absl::InvalidArgumentError(
+              absl::StrCat("--grpc_arg: '", arg, "' is not NAME=INT"));
         }
         o.grpc_args.emplace_back(arg.substr(0, eq), value);
       }
-      auto cl = client::Client::Connect(o);
-      if (!cl.ok()) return Fail(cl.status());
+      SMLA_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> cl, client::Client::Connect(o));
       connections[s].push_back(
-          std::make_unique<Connection>(Connection{servers[s], *std::move(cl)}));
+          std::make_unique<Connection>(Connection{plan.servers[s], std::move(cl)}));
     }
   }
-  auto info = connections[0][0]->client->Info();
-  if (!info.ok()) return Fail(info.status());
-  auto model = FindModel(*info, spec);
-  if (!model.ok()) return Fail(model.status());
-  if (spec.format.empty()) spec.format = model->kv_format();
-  if (spec.tp == 0) spec.tp = model->tp();
-  if (spec.layer >= model->layers_size()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--layer ", spec.layer, ": the model has ", model->layers_size())));
+  return connections;
+}
+
+// The served model the spec names, with the spec's format and TP filled in from it; sinks and
+// the rope table uploaded to every server.
+absl::StatusOr<v1::ModelInfo> ResolveModel(const v1::ServerInfo& info, const Connections& conns,
+                                           WorkloadSpec* spec) {
+  SMLA_ASSIGN_OR_RETURN(v1::ModelInfo model, FindModel(info, *spec));
+  if (!spec->cell.format) spec->cell.format = kernels::ParseKvFormat(model.kv_format());
+  if (spec->cell.tp == 0) spec->cell.tp = model.tp();
+  if (spec->layer >= model.layers_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layer ", spec->layer, ": the model has ", model.layers_size()));
   }
-  for (size_t s = 0; s < servers.size(); ++s) {
-    if (absl::Status st =
-            PrepareModel(connections[s][0]->client.get(), *model, spec, absl::GetFlag(FLAGS_seed));
-        !st.ok()) {
-      return Fail(st);
-    }
+  for (const auto& server : conns) {
+    SMLA_RETURN_IF_ERROR(
+        PrepareModel(server[0]->client.get(), model, *spec, absl::GetFlag(FLAGS_seed)));
+  }
+  return model;
+}
+
+// The workers, created and set up on demand: worker i goes to the server the client's hash
+// ring picks for "worker-i", on that server's connections in turn.
+class WorkerPool {
+ public:
+  WorkerPool(const Plan& plan, const v1::ModelInfo& model, const Connections& connections)
+      : plan_(plan), model_(model), connections_(connections), per_server_(plan.servers.size()) {
+    for (const std::string& s : plan.servers) ring_.Add(s);
   }
 
-  CallTotals totals;
-  std::vector<std::unique_ptr<Worker>> workers;
-  std::vector<int> per_server(servers.size(), 0);
-  auto grow = [&](int n) -> absl::Status {
-    while (static_cast<int>(workers.size()) < n) {
-      const int i = static_cast<int>(workers.size());
-      const std::string where = ring.Find(absl::StrCat("worker-", i));
+  absl::Status Grow(int n) {
+    while (static_cast<int>(workers_.size()) < n) {
+      const int i = static_cast<int>(workers_.size());
+      const std::string where = ring_.Find(absl::StrCat("worker-", i));
       size_t s = 0;
-      while (servers[s] != where) ++s;
-      Connection* c = connections[s][per_server[s]++ % conns].get();
-      auto w = std::make_unique<Worker>(i, spec, *model, c, transport, mode == "stream", &totals);
+      while (plan_.servers[s] != where) ++s;
+      Connection* c = connections_[s][per_server_[s]++ % plan_.connections].get();
+      auto w = std::make_unique<Worker>(i, plan_.spec, model_, c, plan_.transport,
+                                        plan_.mode == "stream", &totals_);
       w->set_ring_spin(absl::Microseconds(absl::GetFlag(FLAGS_ring_spin_us)));
       if (absl::Status st = w->Setup(absl::GetFlag(FLAGS_prefill_chunk), absl::GetFlag(FLAGS_seed),
                                      absl::GetFlag(FLAGS_prefill_shm));
           !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("worker ", i, " set-up: ", st.message()));
       }
-      workers.push_back(std::move(w));
+      workers_.push_back(std::move(w));
     }
     return absl::OkStatus();
-  };
+  }
 
+  std::vector<Worker*> First(int n) const {
+    std::vector<Worker*> use;
+    for (int i = 0; i < n; ++i) use.push_back(workers_[i].get());
+    return use;
+  }
+
+  // Releases every worker's sequences and regions; the call totals go into the report.
+  void Teardown(Report* report) {
+    for (auto& w : workers_) w->Teardown();
+    report->total_unary_ok = totals_.unary_ok.load();
+    report->total_stream_ok = totals_.stream_ok.load();
+    report->total_rows_ok = totals_.rows_ok.load();
+    report->total_failed = totals_.failed.load();
+  }
+
+ private:
+  const Plan& plan_;
+  const v1::ModelInfo& model_;
+  const Connections& connections_;
+  client::HashRing ring_;
+  std::vector<int> per_server_;
+  CallTotals totals_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+// The report's description of the run, printed as its first line.
+Report StartReport(const Plan& plan, const v1::ServerInfo& info) {
   Report report;
-  report.cell = spec.Name();
-  report.transport = transport_name;
-  report.mode = mode;
-  report.q_format = q_format;
+  report.cell = plan.spec.Name();
+  report.transport = plan.transport_name;
+  report.mode = plan.mode;
+  report.q_format = plan.q_format;
   report.loop = absl::GetFlag(FLAGS_rate) > 0 ? "open" : "closed";
-  report.servers = servers;
-  report.connections = conns;
-  report.device = absl::StrCat(info->device().backend(), " ", info->device().name());
+  report.servers = plan.servers;
+  report.connections = plan.connections;
+  report.device = absl::StrCat(info.device().backend(), " ", info.device().name());
   report.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   report.slo_ms = absl::GetFlag(FLAGS_slo_ms);
   std::printf(
       "smla-bench: %s, %s %s, %s queries, %s loop, %zu server(s) x %d connection(s), device %s\n",
-      report.cell.c_str(), transport_name.c_str(), mode.c_str(), q_format.c_str(),
-      report.loop.c_str(), servers.size(), conns, report.device.c_str());
+      report.cell.c_str(), plan.transport_name.c_str(), plan.mode.c_str(), plan.q_format.c_str(),
+      report.loop.c_str(), plan.servers.size(), plan.connections, report.device.c_str());
   std::fflush(stdout);
+  return report;
+}
 
+// One run per concurrency level; a sweep (several levels) stops when the SLO breaks or rows/s
+// stops growing. Returns the exit code: 1 when a level's workers could not be set up.
+int Sweep(const Plan& plan, WorkerPool& pool, Report* report) {
   RunOptions ro;
   ro.rate = absl::GetFlag(FLAGS_rate);
   ro.warmup_s = absl::GetFlag(FLAGS_warmup_s);
   ro.duration_s = absl::GetFlag(FLAGS_duration_s);
   ro.steps = absl::GetFlag(FLAGS_steps);
-  ro.slo_ms = report.slo_ms;
+  ro.slo_ms = report->slo_ms;
   ro.progress = isatty(STDOUT_FILENO) != 0;
   ro.seed = absl::GetFlag(FLAGS_seed);
+  const std::vector<int>& levels = plan.levels;
   double best_rows = 0;
-  int exit_code = 0;
   for (size_t k = 0; k < levels.size(); ++k) {
-    if (absl::Status st = grow(levels[k]); !st.ok()) {
+    if (absl::Status st = pool.Grow(levels[k]); !st.ok()) {
       Fail(st);
-      exit_code = 1;
-      break;
+      return 1;
     }
     ro.concurrency = levels[k];
-    std::vector<Worker*> use;
-    for (int i = 0; i < levels[k]; ++i) use.push_back(workers[i].get());
-    RunStats r = RunOnce(use, ro);
+    RunStats r = RunOnce(pool.First(levels[k]), ro);
     std::printf("%s", TextSummary(r).c_str());
     std::fflush(stdout);
-    report.runs.push_back(r);
+    report->runs.push_back(r);
     if (levels.size() > 1) {
       if (!r.slo_met) {
-        report.stop_reason = absl::StrCat("step p99 ", r.step_ms.p99, " ms broke the SLO of ",
-                                          report.slo_ms, " ms at N=", levels[k]);
+        report->stop_reason = absl::StrCat("step p99 ", r.step_ms.p99, " ms broke the SLO of ",
+                                           report->slo_ms, " ms at N=", levels[k]);
         break;
       }
       if (k > 0 && r.rows_per_s < best_rows * (1 + absl::GetFlag(FLAGS_sweep_min_gain))) {
-        report.stop_reason = absl::StrCat("rows/s stopped growing at N=", levels[k]);
+        report->stop_reason = absl::StrCat("rows/s stopped growing at N=", levels[k]);
         break;
       }
     }
     best_rows = std::max(best_rows, r.rows_per_s);
   }
-  for (auto& w : workers) w->Teardown();
-  report.total_unary_ok = totals.unary_ok.load();
-  report.total_stream_ok = totals.stream_ok.load();
-  report.total_rows_ok = totals.rows_ok.load();
-  report.total_failed = totals.failed.load();
-  if (!report.stop_reason.empty()) std::printf("sweep ended: %s\n", report.stop_reason.c_str());
+  return 0;
+}
+
+absl::Status WriteReports(const Report& report) {
   if (!absl::GetFlag(FLAGS_json).empty() && !WriteFile(absl::GetFlag(FLAGS_json), ToJson(report))) {
-    return Fail(absl::InternalError("cannot write --json"));
+    return absl::InternalError("cannot write --json");
   }
   if (!absl::GetFlag(FLAGS_html).empty() && !WriteFile(absl::GetFlag(FLAGS_html), ToHtml(report))) {
-    return Fail(absl::InternalError("cannot write --html"));
+    return absl::InternalError("cannot write --html");
   }
+  return absl::OkStatus();
+}
+
+int Run() {
+  absl::StatusOr<Plan> plan = PlanFromFlags();
+  if (!plan.ok()) return Fail(plan.status());
+  absl::StatusOr<Connections> connections = Connect(*plan);
+  if (!connections.ok()) return Fail(connections.status());
+  absl::StatusOr<v1::ServerInfo> info = (*connections)[0][0]->client->Info();
+  if (!info.ok()) return Fail(info.status());
+  absl::StatusOr<v1::ModelInfo> model = ResolveModel(*info, *connections, &plan->spec);
+  if (!model.ok()) return Fail(model.status());
+
+  WorkerPool pool(*plan, *model, *connections);
+  Report report = StartReport(*plan, *info);
+  const int exit_code = Sweep(*plan, pool, &report);
+  pool.Teardown(&report);
+  if (!report.stop_reason.empty()) std::printf("sweep ended: %s\n", report.stop_reason.c_str());
+  if (absl::Status st = WriteReports(report); !st.ok()) return Fail(st);
   return exit_code;
 }
 

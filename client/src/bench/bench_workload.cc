@@ -4,9 +4,8 @@
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "smla/base/align.h"
 #include "smla/base/status_macros.h"
 #include "smla/client/testing/workload.h"
 
@@ -16,68 +15,11 @@ namespace {
 // A closed-loop worker has one call in flight.
 constexpr uint32_t kRingSlots = 2;
 
-// "128K" -> 131072; false when not a size.
-bool ParseK(const std::string& s, int64_t* out) {
-  if (s.size() < 2 || (s.back() != 'K' && s.back() != 'k')) return false;
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(s.substr(0, s.size() - 1), &v) || v <= 0) return false;
-  *out = v * 1024;
-  return true;
-}
-
 }  // namespace
 
 std::string WorkloadSpec::Name() const {
-  std::string s = model;
-  if (!format.empty()) absl::StrAppend(&s, " ", format);
-  if (tp > 0) absl::StrAppend(&s, " TP", tp);
-  if (shape == "prefill") {
-    absl::StrAppend(&s, " prefill ",
-                    prefill_rows % 1024 == 0 ? absl::StrCat(prefill_rows / 1024, "K")
-                                             : absl::StrCat(prefill_rows));
-  } else {
-    absl::StrAppend(&s, " ", shape, " C=", requests);
-  }
-  absl::StrAppend(&s, " ",
-                  context % 1024 == 0 ? absl::StrCat(context / 1024, "K") : absl::StrCat(context));
-  absl::StrAppend(&s, layer < 0 ? " (model step)" : absl::StrCat(" (layer ", layer, ")"));
-  return s;
-}
-
-absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell) {
-  std::vector<std::string> tok = absl::StrSplit(cell, ' ', absl::SkipEmpty());
-  if (tok.empty()) return absl::InvalidArgumentError("--cell: empty");
-  WorkloadSpec w;
-  w.model = tok[0];
-  for (size_t i = 1; i < tok.size(); ++i) {
-    const std::string& t = tok[i];
-    int64_t k = 0;
-    if (t == "bf16" || t.rfind("fp8", 0) == 0) {
-      w.format = t;
-    } else if (t.size() > 2 && (t.rfind("TP", 0) == 0 || t.rfind("tp", 0) == 0)) {
-      if (!absl::SimpleAtoi(t.substr(2), &w.tp) || w.tp <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("--cell: bad TP '", t, "'"));
-      }
-    } else if (t == "decode" || t == "decode1") {
-      w.shape = t;
-    } else if (t == "prefill") {
-      w.shape = t;
-      if (i + 1 < tok.size() && ParseK(tok[i + 1], &k)) {
-        w.prefill_rows = static_cast<int>(k);
-        ++i;
-      }
-    } else if (t.rfind("C=", 0) == 0) {
-      if (!absl::SimpleAtoi(t.substr(2), &w.requests) || w.requests <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("--cell: bad '", t, "'"));
-      }
-    } else if (ParseK(t, &k)) {
-      w.context = k;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--cell: unknown part '", t, "' in '", cell, "'"));
-    }
-  }
-  return w;
+  return absl::StrCat(cell.Name(),
+                      layer < 0 ? " (model step)" : absl::StrCat(" (layer ", layer, ")"));
 }
 
 absl::StatusOr<v1::ModelInfo> FindModel(const v1::ServerInfo& info, const WorkloadSpec& spec) {
@@ -85,9 +27,9 @@ absl::StatusOr<v1::ModelInfo> FindModel(const v1::ServerInfo& info, const Worklo
   for (const v1::ModelInfo& m : info.models()) {
     absl::StrAppend(&served, served.empty() ? "" : ", ", m.profile(), " TP", m.tp(), " ",
                     m.kv_format());
-    if (m.profile() != spec.model) continue;
-    if (spec.tp > 0 && m.tp() != spec.tp) continue;
-    if (!spec.format.empty() && m.kv_format() != spec.format) continue;
+    if (m.profile() != spec.cell.model->name) continue;
+    if (spec.cell.tp > 0 && m.tp() != spec.cell.tp) continue;
+    if (spec.cell.format && m.kv_format() != kernels::KvFormatName(*spec.cell.format)) continue;
     return m;
   }
   return absl::NotFoundError(
@@ -108,7 +50,7 @@ absl::Status PrepareModel(client::Client* client, const v1::ModelInfo& model,
     }
   }
   if (spec.inverse_rope) {
-    const int64_t most = spec.context + (spec.shape == "prefill" ? 64 * spec.prefill_rows : 64);
+    const int64_t most = spec.cell.context + (spec.prefill() ? 64 * spec.cell.prefill_rows : 64);
     const int32_t positions = static_cast<int32_t>(std::min<int64_t>(most, 1 << 22));
     std::vector<float> table = client::MakeRopeTable(positions);
     if (absl::Status st = client->SetRopeTable(model.profile(), table, positions); !st.ok()) {
@@ -138,28 +80,28 @@ Worker::~Worker() { Teardown(); }
 
 absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   std::mt19937_64 rng(seed + 7919 * static_cast<uint64_t>(index_));
-  for (int j = 0; j < spec_.SequencesPerWorker(); ++j) {
+  for (int j = 0; j < spec_.cell.sequences(); ++j) {
     std::string id = absl::StrCat("bench-", getpid(), "-w", index_, "-s", j);
     SMLA_ASSIGN_OR_RETURN(auto seq, conn_->client->CreateSequence(model_.profile(), id));
     sequences_.push_back(id);
   }
   // The timed requests, inline first.
-  const bool prefill = spec_.shape == "prefill";
-  const int64_t call_first = prefill ? spec_.context - spec_.prefill_rows : spec_.context;
+  const models::Cell& cell = spec_.cell;
+  const int64_t call_first = spec_.prefill() ? cell.context - cell.prefill_rows : cell.context;
   if (call_first < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("context ", spec_.context, " is shorter than the prefill chunk"));
+        absl::StrCat("context ", cell.context, " is shorter than the prefill chunk"));
   }
   client::StepOptions o;
   o.output_format = spec_.output_format;
   o.want_lse = spec_.want_lse;
   o.inverse_rope = spec_.inverse_rope;
   o.mxfp8_q = spec_.mxfp8_q;
-  const int rows = prefill ? spec_.prefill_rows : spec_.RowsPerRequest();
-  const int drafts = spec_.shape == "decode" ? 5 : 0;
   for (int layer : layers_) {
     std::vector<client::SpanSpec> spans;
-    for (const std::string& s : sequences_) spans.push_back({s, call_first, rows, drafts});
+    for (const std::string& s : sequences_) {
+      spans.push_back({s, call_first, cell.rows_per_request(), cell.drafts()});
+    }
     requests_.push_back(
         std::make_shared<v1::StepRequest>(client::MakeStep(model_, layer, spans, o, rng)));
     next_position_.push_back(call_first);
@@ -179,8 +121,8 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
         for (const auto& sp : r->spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
         largest = std::max(largest, b);
       }
-      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, (largest + 63) / 64 * 64));
-      ring_offset_ = (bytes + 63) / 64 * 64;
+      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, AlignUp(largest, 64)));
+      ring_offset_ = AlignUp(bytes, 64);
       bytes = ring_offset_ + client::StepRing::BytesFor(kRingSlots, ring_slot_bytes_);
     }
     prefill_offset_ = bytes;
@@ -309,13 +251,13 @@ absl::Status Worker::Send(const std::shared_ptr<v1::StepRequest>& shared,
 
 absl::Status Worker::Call(size_t layer_slot, v1::StepResponse* response) {
   std::shared_ptr<v1::StepRequest>& req = requests_[layer_slot];
-  if (spec_.shape == "prefill") {
+  if (spec_.prefill()) {
     // gRPC may still hold the last call's bytes of this request: change a copy then.
     if (req.use_count() > 1) req = std::make_shared<v1::StepRequest>(*req);
     for (auto& s : *req->mutable_spans()) s.set_first_position(next_position_[layer_slot]);
   }
   absl::Status st = Send(req, response, true);
-  if (st.ok() && spec_.shape == "prefill") next_position_[layer_slot] += spec_.prefill_rows;
+  if (st.ok() && spec_.prefill()) next_position_[layer_slot] += spec_.cell.prefill_rows;
   return st;
 }
 

@@ -21,36 +21,25 @@
 #include "smla/client/client.h"
 #include "smla/client/shm.h"
 #include "smla/client/step_ring.h"
+#include "smla/models/grid.h"
 #include "smla/v1/info.pb.h"
 #include "smla/v1/step.pb.h"
 
 namespace smla::bench {
 
 struct WorkloadSpec {
-  std::string model;             // profile name
-  std::string format;            // KV format the server must serve ("" = whatever it serves)
-  int tp = 0;                    // TP degree the server must serve (0 = whatever it serves)
-  std::string shape = "decode";  // decode | decode1 | prefill
-  int requests = 1;              // C: sequences per call (decode, decode1)
-  int prefill_rows = 8192;       // P (prefill)
-  int64_t context = 131072;      // positions stored before the timed calls
-  int layer = -1;                // -1: whole model steps
+  // Model, format and TP the server must serve (unset: whatever it serves), shape, context:
+  // the positions stored before the timed calls.
+  models::Cell cell;
+  int layer = -1;  // -1: whole model steps
   v1::OutputFormat output_format = v1::OUTPUT_FORMAT_BF16;
   bool want_lse = false;
   bool inverse_rope = false;
   bool mxfp8_q = false;  // the timed calls' queries travel as MXFP8 (--q_format mxfp8)
 
-  int RowsPerRequest() const { return shape == "decode" ? 6 : shape == "decode1" ? 1 : 0; }
-  int RowsPerCall() const {
-    return shape == "prefill" ? prefill_rows : requests * RowsPerRequest();
-  }
-  int SequencesPerWorker() const { return shape == "prefill" ? 1 : requests; }
-  std::string Name() const;  // the cell's name
+  bool prefill() const { return cell.shape == models::Shape::kPrefill; }
+  std::string Name() const;  // the cell's name and the layer stepped
 };
-
-// Parses a cell name: model, then any of format, "TP<n>", shape ("decode C=32", "decode1
-// C=8", "prefill 8K"), context ("128K"), in any order after the model.
-absl::StatusOr<WorkloadSpec> ParseCell(const std::string& cell);
 
 // kShm: the calls' inputs packed in a registered region, one range per tensor kind
 // (StepRequest.packed); kShmSpans: the per-span form (each span's tensors name the region);

@@ -7,14 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "smla/base/align.h"
 #include "smla/base/status_macros.h"
+#include "smla/base/strings.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/plan.h"
 
 namespace smla::kernels {
 namespace {
-
-bool IsPowerOfTwo(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
 
 bool LegalHeads(int32_t h) { return h == 8 || h == 16 || h == 32 || h == 64 || h == 128; }
 
@@ -65,9 +65,9 @@ absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int
 absl::Status ValidateCacheView(const CacheView& cache, std::string_view what_view) {
   const std::string what(what_view);
   if (!FormatSupports(cache.format, cache.geometry)) {
-    return absl::UnimplementedError(
-        absl::StrCat(what, ": format ", std::string(KvFormatName(cache.format)),
-                     " does not support geometry ", std::string(GeometryName(cache.geometry))));
+    return absl::UnimplementedError(absl::StrCat(what, ": format ", Sv(KvFormatName(cache.format)),
+                                                 " does not support geometry ",
+                                                 Sv(GeometryName(cache.geometry))));
   }
   if (!IsPowerOfTwo(cache.rows_per_page)) {
     return absl::InvalidArgumentError(
@@ -81,9 +81,9 @@ absl::Status ValidateCacheView(const CacheView& cache, std::string_view what_vie
   if (cache.pitch_bytes < need) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: pitch %d too small for %d rows of %s (needs %d)", what, cache.pitch_bytes,
-        cache.rows_per_page, std::string(KvFormatName(cache.format)), need));
+        cache.rows_per_page, Sv(KvFormatName(cache.format)), need));
   }
-  if (cache.pitch_bytes % 16 != 0) {
+  if (!IsAligned(cache.pitch_bytes, 16)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: pitch %d is not a multiple of 16", what, cache.pitch_bytes));
   }
@@ -124,17 +124,17 @@ absl::Status ValidateAttend(const AttendParams& p) {
         absl::StrFormat("softmax_scale must be finite (got %g)", p.softmax_scale));
   }
   if (p.main.cache.geometry != p.geometry) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "main segment cache has geometry ", std::string(GeometryName(p.main.cache.geometry)),
-        " but the call is ", std::string(GeometryName(p.geometry))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("main segment cache has geometry ", Sv(GeometryName(p.main.cache.geometry)),
+                     " but the call is ", Sv(GeometryName(p.geometry))));
   }
   SMLA_RETURN_IF_ERROR(ValidateSegment(p.main, "main", p.num_rows, p.ids_in_range));
   if (p.has_extra) {
     if (p.extra.cache.geometry != p.geometry) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extra segment cache has geometry ", std::string(GeometryName(p.extra.cache.geometry)),
-          " but the main segment has ", std::string(GeometryName(p.geometry)),
-          " (both segments share the geometry)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("extra segment cache has geometry ",
+                       Sv(GeometryName(p.extra.cache.geometry)), " but the main segment has ",
+                       Sv(GeometryName(p.geometry)), " (both segments share the geometry)"));
     }
     SMLA_RETURN_IF_ERROR(ValidateSegment(p.extra, "extra", p.num_rows, p.ids_in_range));
   }
@@ -155,7 +155,7 @@ absl::Status ValidateAttend(const AttendParams& p) {
   if (!e.positions.empty()) {
     if (p.geometry != Geometry::kRopeInside) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "epilogue, row 0: positions given with geometry ", std::string(GeometryName(p.geometry)),
+          "epilogue, row 0: positions given with geometry ", Sv(GeometryName(p.geometry)),
           " (inverse RoPE applies only to rope_inside)"));
     }
     if (e.positions.size() != static_cast<size_t>(p.num_rows)) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "cpu/attend.h"
 #include "cpu/thread_pool.h"
+#include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/codec/row_codec.h"
 #include "smla/kernels/validate.h"
@@ -62,8 +63,7 @@ class CpuBackend final : public Backend {
   const DeviceInfo& device() const override { return info_; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
-    const size_t rounded =
-        std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    const size_t rounded = std::max<size_t>(kAlignment, AlignUp(bytes, kAlignment));
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(

@@ -8,20 +8,18 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "smla/base/align.h"
+#include "smla/base/strings.h"
 #include "smla/kernels/epilogue.h"
 
 namespace smla::kernels::gpu {
 namespace {
-
-int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 int Log2(int32_t v) {
   int l = 0;
   while ((1 << l) < v) ++l;
   return l;
 }
-
-std::string Name(std::string_view v) { return std::string(v); }
 
 SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   SegmentArgs a;
@@ -71,145 +69,174 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
   return tiles;
 }
 
-}  // namespace
-
-absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device) {
-  const int32_t T = params.num_rows;
-  const int32_t H = params.num_heads;
-  AttendLaunch l;
-  l.qk_width = QkWidth(params.geometry);
-
-  PlanInput in;
-  in.num_rows = T;
-  in.num_heads = H;
-  in.format = params.main.cache.format;
-  in.max_main_keys = MaxSegmentLength(params.main.indptr);
-  in.max_extra_keys = params.has_extra ? MaxSegmentLength(params.extra.indptr) : 0;
-  in.compute_units = device.compute_units;
-  // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
-  // SM) or 32-head programs (one per SM), head block and splits by its cost model (PlanDirect)
-  // unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile kernel's 64-head
-  // programs and fp8_per_tensor takes the direct kernel (H200, 2026-12-01, TP1 decode C=64/128
-  // and prefill: the direct kernel 1.07x the tile kernel's time on fp8_dsv4, 0.92-1.00x on
-  // fp8_per_tensor). force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
-  const bool tile_only = params.force_tile_kernel;
-  l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
-  auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
-  const bool direct_for_64 = per_tensor(params.main.cache.format) &&
-                             (!params.has_extra || per_tensor(params.extra.cache.format));
-  const bool direct_formats =
-      !tile_only && DirectFormat(params.main.cache.format) &&
-      (!params.has_extra || DirectFormat(params.extra.cache.format)) &&
-      (params.force_head_block == 16 || params.force_head_block == 32 ||
-       (params.force_head_block == 0 && (l.plan.head_block <= 32 || direct_for_64)));
-  if (direct_formats) {
-    in.programs_per_unit = 2;
-    l.plan = OverridePlan(MakePlan(in), T, H, params.force_head_block, params.force_splits);
+// PlanAttend's phases, in order, each deciding one part of the launch in `l_`:
+//   PlanHeads            the launch plan (plan.h) and whether the formats take the direct kernel
+//   FitTileProgram       the tile kernel's head block, stages and shared memory
+//   ChooseDirectProgram  the direct kernel's head block and splits, where the formats take it
+//   ChooseRowPairs       paired rows over their keys' union, where that pays
+//   LayOutWorkspace      the workspace offsets of the staged arrays and split-K partials
+//   FillKernelParams     the kernels' parameters (device pointers come from BindAttend)
+class AttendPlanner {
+ public:
+  AttendPlanner(const AttendParams& params, const DeviceInfo& device)
+      : params_(params), device_(device), T_(params.num_rows), H_(params.num_heads) {
+    l_.qk_width = QkWidth(params.geometry);
+    use_tile_ = params.main.cache.format != KvFormat::kBf16;
+    if (mixed()) use_tile_ = use_tile_ || params.extra.cache.format != KvFormat::kBf16;
+    dstage_ = DirectStageBytes(params.main.cache.format, l_.qk_width);
+    if (mixed()) {
+      dstage_ = std::max(dstage_, DirectStageBytes(params.extra.cache.format, l_.qk_width));
+    }
   }
 
-  const bool mixed = params.has_extra;
-  bool use_tile = params.main.cache.format != KvFormat::kBf16;
-  if (mixed) use_tile = use_tile || params.extra.cache.format != KvFormat::kBf16;
-  auto stage_for = [&](int keys) {
-    int32_t b = StageBytes(params.main.cache.format, l.qk_width, keys);
-    if (mixed) b = std::max(b, StageBytes(params.extra.cache.format, l.qk_width, keys));
+  absl::StatusOr<AttendLaunch> Plan() {
+    PlanHeads();
+    if (absl::Status st = FitTileProgram(); !st.ok()) return st;
+    ChooseDirectProgram();
+    ChooseRowPairs();
+    LayOutWorkspace();
+    FillKernelParams();
+    return l_;
+  }
+
+ private:
+  bool mixed() const { return params_.has_extra; }
+
+  void PlanHeads() {
+    in_.num_rows = T_;
+    in_.num_heads = H_;
+    in_.format = params_.main.cache.format;
+    in_.max_main_keys = MaxSegmentLength(params_.main.indptr);
+    in_.max_extra_keys = params_.has_extra ? MaxSegmentLength(params_.extra.indptr) : 0;
+    in_.compute_units = device_.compute_units;
+    // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
+    // SM) or 32-head programs (one per SM), head block and splits by its cost model
+    // (PlanDirect) unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile
+    // kernel's 64-head programs and fp8_per_tensor takes the direct kernel (H200, 2026-12-01,
+    // TP1 decode C=64/128 and prefill: the direct kernel 1.07x the tile kernel's time on
+    // fp8_dsv4, 0.92-1.00x on fp8_per_tensor). force_tile_kernel keeps the tile kernel
+    // everywhere (for A/B measurements).
+    const bool tile_only = params_.force_tile_kernel;
+    l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
+    auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
+    const bool direct_for_64 = per_tensor(params_.main.cache.format) &&
+                               (!params_.has_extra || per_tensor(params_.extra.cache.format));
+    direct_formats_ =
+        !tile_only && DirectFormat(params_.main.cache.format) &&
+        (!params_.has_extra || DirectFormat(params_.extra.cache.format)) &&
+        (params_.force_head_block == 16 || params_.force_head_block == 32 ||
+         (params_.force_head_block == 0 && (l_.plan.head_block <= 32 || direct_for_64)));
+    if (direct_formats_) {
+      in_.programs_per_unit = 2;
+      l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
+    }
+  }
+
+  int32_t StageFor(int keys) const {
+    int32_t b = StageBytes(params_.main.cache.format, l_.qk_width, keys);
+    if (mixed()) b = std::max(b, StageBytes(params_.extra.cache.format, l_.qk_width, keys));
     return b;
-  };
-  // Gather stages that fit a head block in shared memory: as many as possible up to 3, else 0.
-  auto stages_for = [&](int hb) {
-    const int keys = AttendVariantKeys(l.qk_width, hb);
+  }
+
+  // Gather stages that fit a tile program of head block hb in shared memory: as many as
+  // possible up to 3, else 0.
+  int StagesFor(int hb) const {
+    const int keys = AttendVariantKeys(l_.qk_width, hb);
     if (keys == 0) return 0;
     for (int n : {3, 2, 1}) {
-      if (AttendSharedBytes(l.qk_width, hb, stage_for(keys), n, use_tile, keys) <=
-          device.shared_memory_per_block) {
+      if (AttendSharedBytes(l_.qk_width, hb, StageFor(keys), n, use_tile_, keys) <=
+          device_.shared_memory_per_block) {
         return n;
       }
     }
     return 0;
-  };
-  auto fits = [&](int hb) { return stages_for(hb) > 0; };
-  if (!fits(l.plan.head_block)) {
-    if (params.force_head_block > 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "no ", l.plan.head_block, "-head attention program for geometry ",
-          Name(GeometryName(params.geometry)), " with main format ",
-          Name(KvFormatName(params.main.cache.format)),
-          params.has_extra
-              ? absl::StrCat(" and extra format ", Name(KvFormatName(params.extra.cache.format)))
-              : std::string(),
-          " (shared memory)"));
-    }
-    // The plan is advice: step down to the largest head block that exists and fits.
-    while (l.plan.head_block > 16 && !fits(l.plan.head_block)) l.plan.head_block /= 2;
-    l.plan.head_blocks = (H + l.plan.head_block - 1) / l.plan.head_block;
-    l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
   }
-  int num_stages = stages_for(l.plan.head_block);
-  const int keys = AttendVariantKeys(l.qk_width, l.plan.head_block);
-  int32_t stage = stage_for(keys);
-  l.shared_bytes =
-      AttendSharedBytes(l.qk_width, l.plan.head_block, stage, num_stages, use_tile, keys);
 
-  const int direct_hb = params.force_head_block > 0              ? params.force_head_block
-                        : l.plan.head_block >= 32 && H % 32 == 0 ? 32
-                                                                 : 16;
-  int32_t dstage = DirectStageBytes(params.main.cache.format, l.qk_width);
-  if (mixed) dstage = std::max(dstage, DirectStageBytes(params.extra.cache.format, l.qk_width));
+  absl::Status FitTileProgram() {
+    auto fits = [&](int hb) { return StagesFor(hb) > 0; };
+    if (!fits(l_.plan.head_block)) {
+      if (params_.force_head_block > 0) {
+        return absl::UnimplementedError(absl::StrCat(
+            "no ", l_.plan.head_block, "-head attention program for geometry ",
+            Sv(GeometryName(params_.geometry)), " with main format ",
+            Sv(KvFormatName(params_.main.cache.format)),
+            params_.has_extra
+                ? absl::StrCat(" and extra format ", Sv(KvFormatName(params_.extra.cache.format)))
+                : std::string(),
+            " (shared memory)"));
+      }
+      // The plan is advice: step down to the largest head block that exists and fits.
+      while (l_.plan.head_block > 16 && !fits(l_.plan.head_block)) l_.plan.head_block /= 2;
+      l_.plan.head_blocks = (H_ + l_.plan.head_block - 1) / l_.plan.head_block;
+      l_.plan.programs = int64_t{T_} * l_.plan.head_blocks * l_.plan.splits;
+    }
+    num_stages_ = StagesFor(l_.plan.head_block);
+    const int keys = AttendVariantKeys(l_.qk_width, l_.plan.head_block);
+    stage_ = StageFor(keys);
+    l_.shared_bytes =
+        AttendSharedBytes(l_.qk_width, l_.plan.head_block, stage_, num_stages_, use_tile_, keys);
+    return absl::OkStatus();
+  }
+
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
   // is compiled for: as many as fit up to kDirectMaxStages, or 0 below two or without such a
   // variant. The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
   // resident program reserves 1 KB.
-  auto direct_stages = [&](int hb) {
-    const int blocks = DirectVariantBlocks(l.qk_width, hb);
+  int DirectStages(int hb) const {
+    const int blocks = DirectVariantBlocks(l_.qk_width, hb);
     if (blocks == 0) return 0;
-    const int64_t cap = (device.shared_memory_per_block + 1024) / blocks - 1024;
+    const int64_t cap = (device_.shared_memory_per_block + 1024) / blocks - 1024;
     for (int k = kDirectMaxStages; k >= 2; --k) {
-      if (DirectSharedBytes(l.qk_width, hb, dstage, k) <= cap) return k;
+      if (DirectSharedBytes(l_.qk_width, hb, dstage_, k) <= cap) return k;
     }
     return 0;
-  };
+  }
+
   // The direct cost model's input for `units` programs' worth of `heads` heads over `tiles`
   // tiles, offering the head blocks in `hbs` that have a variant with gather stages.
-  auto direct_input = [&](int64_t units, int32_t heads, int32_t tiles,
-                          std::initializer_list<int> hbs) {
-    DirectPlanInput d = DirectPlanInputFor(device);  // its architecture picks the cost model
+  DirectPlanInput DirectInput(int64_t units, int32_t heads, int32_t tiles,
+                              std::initializer_list<int> hbs) const {
+    DirectPlanInput d = DirectPlanInputFor(device_);  // its architecture picks the cost model
     d.units = units;
     d.heads = heads;
     d.tiles = tiles;
-    d.format = params.main.cache.format;
-    d.qk_width = l.qk_width;
+    d.format = params_.main.cache.format;
+    d.qk_width = l_.qk_width;
     for (int hb : hbs) {
       (hb == 32 ? d.blocks32 : d.blocks16) =
-          direct_stages(hb) > 0 ? DirectVariantBlocks(l.qk_width, hb) : 0;
+          DirectStages(hb) > 0 ? DirectVariantBlocks(l_.qk_width, hb) : 0;
     }
     return d;
-  };
-  if (direct_formats) {
-    int hb = direct_hb;
-    int splits = l.plan.splits;
-    if (params.force_head_block == 0 && params.force_splits == 0) {
-      const DirectPlan d = PlanDirect(direct_input(T, H, l.plan.tiles, {16, 32}));
+  }
+
+  void ChooseDirectProgram() {
+    if (!direct_formats_) return;
+    int hb = params_.force_head_block > 0               ? params_.force_head_block
+             : l_.plan.head_block >= 32 && H_ % 32 == 0 ? 32
+                                                        : 16;
+    int splits = l_.plan.splits;
+    if (params_.force_head_block == 0 && params_.force_splits == 0) {
+      const DirectPlan d = PlanDirect(DirectInput(T_, H_, l_.plan.tiles, {16, 32}));
       hb = d.head_block;
       splits = d.splits;
     }
-    const int n = direct_stages(hb);
-    if (n > 0) {
-      l.direct = true;
-      l.plan.head_block = hb;
-      l.plan.head_blocks = (H + hb - 1) / hb;
-      l.plan.splits = splits;
-      l.plan.programs = int64_t{T} * l.plan.head_blocks * l.plan.splits;
-      num_stages = n;
-      stage = dstage;
-      l.shared_bytes = DirectSharedBytes(l.qk_width, hb, dstage, n);
-    }
+    const int n = DirectStages(hb);
+    if (n == 0) return;
+    l_.direct = true;
+    l_.plan.head_block = hb;
+    l_.plan.head_blocks = (H_ + hb - 1) / hb;
+    l_.plan.splits = splits;
+    l_.plan.programs = int64_t{T_} * l_.plan.head_blocks * l_.plan.splits;
+    num_stages_ = n;
+    stage_ = dstage_;
+    l_.shared_bytes = DirectSharedBytes(l_.qk_width, hb, dstage_, n);
   }
 
-  // Paired rows (AttendParams::row_pairs): a request's consecutive rows share most keys, so rows
-  // 2i and 2i+1 run as one direct program over the union of their keys (built on the device by
-  // the row-union kernel), gathering and converting each shared key once. Only where the caller
-  // says rows come in even groups of one sequence (AttendParams::rows_per_group) and no head
-  // block is forced.
+  // Paired rows (AttendParams::row_pairs): a request's consecutive rows share most keys, so
+  // rows 2i and 2i+1 run as one direct program over the union of their keys (built on the
+  // device by the row-union kernel), gathering and converting each shared key once. Only where
+  // the caller says rows come in even groups of one sequence (AttendParams::rows_per_group)
+  // and no head block is forced.
   // - H = 8 (half pairs, RowPairs::kAuto): the two rows' 8 heads fill one 16-head program,
   //   which unpaired masks half of its heads. By default only with at least a quarter as many
   //   pairs as SMs: the row-union kernel's 6-20 us would not pay for fewer (on the H200, TP8
@@ -221,119 +248,143 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
   //   issues only ~14 % fewer instructions than two 16-head programs (two per SM) do for the
   //   same rows, at a fifth lower issue rate, and the DRAM bytes were already the unique ones
   //   (docs/results/kbench-h200.md).
-  const bool half_pairs = H <= 8;
-  const int pair_hb = half_pairs ? 16 : 32;  // the program's head slots
-  int union_bits = 6;                        // the row-union table (paired launches)
-  const bool want_pairs =
-      params.row_pairs == RowPairs::kAlways || (params.row_pairs == RowPairs::kAuto && half_pairs &&
-                                                int64_t{T} / 2 * 4 >= device.compute_units);
-  if (l.direct && RowPairsSupported() && want_pairs && params.rows_per_group >= 2 &&
-      params.rows_per_group % 2 == 0 && T % 2 == 0 && (half_pairs || T < kPrefillRows) &&
-      (half_pairs || H % 16 == 0) && params.force_head_block == 0) {
-    const int n = direct_stages(pair_hb);
-    // The row-union table: kUnionSlotsPerKey entries per key of the longest first row where
-    // shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
-    const int64_t longest =
-        std::min<int64_t>(kUnionMaxRow, std::max(in.max_main_keys, in.max_extra_keys));
-    while (union_bits < kMaxUnionBits && (int64_t{1} << union_bits) < kUnionSlotsPerKey * longest &&
-           RowUnionSharedBytes(union_bits + 1) <= device.shared_memory_per_block - 1024) {
-      ++union_bits;
-    }
-    if (n > 0 && (int64_t{1} << union_bits) >= 2 * longest) {
-      // The kernel splits each pair's own union tiles; the split count is planned for those of
-      // the longest pair.
-      const int64_t est = std::max<int64_t>(1, LongestPairUnionTiles(params));
-      const int64_t pairs = T / 2;
-      const int32_t hbs = half_pairs ? 1 : H / 16;
-      // Splits by the direct cost model (plan.h), a pair counting as a unit of pair_hb heads
-      // (a 32-head program per pair and head block of 16 for kGroups).
-      int splits = std::clamp(params.force_splits, 1, kMaxSplits);
-      if (params.force_splits == 0) {
-        splits =
-            PlanDirect(direct_input(pairs * hbs, pair_hb, static_cast<int32_t>(est), {pair_hb}))
-                .splits;
+  void ChooseRowPairs() {
+    const bool half_pairs = H_ <= 8;
+    const int pair_hb = half_pairs ? 16 : 32;  // the program's head slots
+    const bool want_pairs = params_.row_pairs == RowPairs::kAlways ||
+                            (params_.row_pairs == RowPairs::kAuto && half_pairs &&
+                             int64_t{T_} / 2 * 4 >= device_.compute_units);
+    if (l_.direct && RowPairsSupported() && want_pairs && params_.rows_per_group >= 2 &&
+        params_.rows_per_group % 2 == 0 && T_ % 2 == 0 && (half_pairs || T_ < kPrefillRows) &&
+        (half_pairs || H_ % 16 == 0) && params_.force_head_block == 0) {
+      const int n = DirectStages(pair_hb);
+      // The row-union table: kUnionSlotsPerKey entries per key of the longest first row where
+      // shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
+      const int64_t longest =
+          std::min<int64_t>(kUnionMaxRow, std::max(in_.max_main_keys, in_.max_extra_keys));
+      while (union_bits_ < kMaxUnionBits &&
+             (int64_t{1} << union_bits_) < kUnionSlotsPerKey * longest &&
+             RowUnionSharedBytes(union_bits_ + 1) <= device_.shared_memory_per_block - 1024) {
+        ++union_bits_;
       }
-      l.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
-      l.plan.head_block = 16;
-      l.plan.head_blocks = static_cast<int32_t>(hbs);
-      l.plan.splits = splits;
-      l.plan.tiles = static_cast<int32_t>(est);
-      l.plan.programs = pairs * hbs * splits;
-      num_stages = n;
-      stage = dstage;
-      l.shared_bytes = DirectSharedBytes(l.qk_width, pair_hb, dstage, n);
+      if (n > 0 && (int64_t{1} << union_bits_) >= 2 * longest) {
+        // The kernel splits each pair's own union tiles; the split count is planned for those
+        // of the longest pair.
+        const int64_t est = std::max<int64_t>(1, LongestPairUnionTiles(params_));
+        const int64_t pairs = T_ / 2;
+        const int32_t hbs = half_pairs ? 1 : H_ / 16;
+        // Splits by the direct cost model (plan.h), a pair counting as a unit of pair_hb heads
+        // (a 32-head program per pair and head block of 16 for kGroups).
+        int splits = std::clamp(params_.force_splits, 1, kMaxSplits);
+        if (params_.force_splits == 0) {
+          splits =
+              PlanDirect(DirectInput(pairs * hbs, pair_hb, static_cast<int32_t>(est), {pair_hb}))
+                  .splits;
+        }
+        l_.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
+        l_.plan.head_block = 16;
+        l_.plan.head_blocks = static_cast<int32_t>(hbs);
+        l_.plan.splits = splits;
+        l_.plan.tiles = static_cast<int32_t>(est);
+        l_.plan.programs = pairs * hbs * splits;
+        num_stages_ = n;
+        stage_ = dstage_;
+        l_.shared_bytes = DirectSharedBytes(l_.qk_width, pair_hb, dstage_, n);
+      }
     }
+    l_.program_head_block = l_.paired == PairMode::kGroups ? 32 : l_.plan.head_block;
   }
-  l.program_head_block = l.paired == PairMode::kGroups ? 32 : l.plan.head_block;
 
-  // Workspace layout.
-  int64_t off = 0;
-  auto add = [&](int64_t bytes) {
-    const int64_t at = off;
-    off = AlignUp(off + bytes, 16);
-    return at;
-  };
-  l.off_indptr[0] = add(4 * (int64_t{T} + 1));
-  l.off_indices[0] = add(4 * static_cast<int64_t>(params.main.indices.size()));
-  if (params.has_extra) {
-    l.off_indptr[1] = add(4 * (int64_t{T} + 1));
-    l.off_indices[1] = add(4 * static_cast<int64_t>(params.extra.indices.size()));
-  }
-  if (!params.epilogue.positions.empty()) l.off_positions = add(4 * int64_t{T});
-  if (!params.sink.empty()) l.off_sink = add(4 * int64_t{H});
-  l.staged_bytes = off;
-  if (l.paired != PairMode::kNone) {
-    const int nseg = params.has_extra ? 2 : 1;
-    for (int sg = 0; sg < nseg; ++sg) {
-      const int64_t nnz =
-          static_cast<int64_t>((sg == 0 ? params.main.indices : params.extra.indices).size());
-      l.off_union_indices[sg] = add(4 * nnz);
-      l.off_union_mask[sg] = add(nnz);
-      l.off_union_count[sg] = add(4 * (int64_t{T} / 2));
+  void LayOutWorkspace() {
+    int64_t off = 0;
+    auto add = [&](int64_t bytes) {
+      const int64_t at = off;
+      off = AlignUp(off + bytes, 16);
+      return at;
+    };
+    l_.off_indptr[0] = add(4 * (int64_t{T_} + 1));
+    l_.off_indices[0] = add(4 * static_cast<int64_t>(params_.main.indices.size()));
+    if (params_.has_extra) {
+      l_.off_indptr[1] = add(4 * (int64_t{T_} + 1));
+      l_.off_indices[1] = add(4 * static_cast<int64_t>(params_.extra.indices.size()));
     }
+    if (!params_.epilogue.positions.empty()) l_.off_positions = add(4 * int64_t{T_});
+    if (!params_.sink.empty()) l_.off_sink = add(4 * int64_t{H_});
+    l_.staged_bytes = off;
+    if (l_.paired != PairMode::kNone) {
+      const int nseg = params_.has_extra ? 2 : 1;
+      for (int sg = 0; sg < nseg; ++sg) {
+        const int64_t nnz =
+            static_cast<int64_t>((sg == 0 ? params_.main.indices : params_.extra.indices).size());
+        l_.off_union_indices[sg] = add(4 * nnz);
+        l_.off_union_mask[sg] = add(nnz);
+        l_.off_union_count[sg] = add(4 * (int64_t{T_} / 2));
+      }
+    }
+    const int64_t part_rows = l_.plan.splits > 1 ? int64_t{T_} * H_ * l_.plan.splits : 0;
+    l_.off_part_acc = AlignUp(off, 256);
+    l_.off_part_ml = l_.off_part_acc + part_rows * kValueWidth * 4;
+    l_.workspace_bytes = l_.off_part_ml + part_rows * 2 * 4;
   }
-  const int64_t part_rows = l.plan.splits > 1 ? int64_t{T} * H * l.plan.splits : 0;
-  l.off_part_acc = AlignUp(off, 256);
-  l.off_part_ml = l.off_part_acc + part_rows * kValueWidth * 4;
-  l.workspace_bytes = l.off_part_ml + part_rows * 2 * 4;
 
-  AttendKernelParams& k = l.kernel;
-  const float qs = params.q_type == QType::kFp8 ? params.q_scale : 1.0f;
-  k.q = params.q;
-  k.q_fp8 = params.q_type == QType::kFp8 ? 1 : 0;
-  k.num_rows = T;
-  k.num_heads = H;
-  k.num_segments = params.has_extra ? 2 : 1;
-  k.seg[0] = SegmentFor(params.main, params.softmax_scale, qs);
-  if (params.has_extra) k.seg[1] = SegmentFor(params.extra, params.softmax_scale, qs);
-  k.head_blocks = l.plan.head_blocks;
-  k.splits = l.plan.splits;
-  k.tiles_per_split = std::max(1, (l.plan.tiles + l.plan.splits - 1) / l.plan.splits);
-  k.stage_bytes = stage;
-  k.num_stages = num_stages;
-  k.use_tile = use_tile ? 1 : 0;
-  // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
-  k.fold_scales = params.no_scale_fold ? 0 : 1;
-  k.paired = static_cast<int32_t>(l.paired);
-  k.union_bits = union_bits;
-  k.cos_sin = params.epilogue.cos_sin;
-  k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
-  k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
-  k.mx_data = params.out.mx_data;
-  k.mx_scales = params.out.mx_scales;
-  k.lse = params.out.lse;
+  void FillKernelParams() {
+    const AttendParams& params = params_;
+    AttendKernelParams& k = l_.kernel;
+    const float qs = params.q_type == QType::kFp8 ? params.q_scale : 1.0f;
+    k.q = params.q;
+    k.q_fp8 = params.q_type == QType::kFp8 ? 1 : 0;
+    k.num_rows = T_;
+    k.num_heads = H_;
+    k.num_segments = params.has_extra ? 2 : 1;
+    k.seg[0] = SegmentFor(params.main, params.softmax_scale, qs);
+    if (params.has_extra) k.seg[1] = SegmentFor(params.extra, params.softmax_scale, qs);
+    k.head_blocks = l_.plan.head_blocks;
+    k.splits = l_.plan.splits;
+    k.tiles_per_split = std::max(1, (l_.plan.tiles + l_.plan.splits - 1) / l_.plan.splits);
+    k.stage_bytes = stage_;
+    k.num_stages = num_stages_;
+    k.use_tile = use_tile_ ? 1 : 0;
+    // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
+    k.fold_scales = params.no_scale_fold ? 0 : 1;
+    k.paired = static_cast<int32_t>(l_.paired);
+    k.union_bits = union_bits_;
+    k.cos_sin = params.epilogue.cos_sin;
+    k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
+    k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
+    k.mx_data = params.out.mx_data;
+    k.mx_scales = params.out.mx_scales;
+    k.lse = params.out.lse;
 
-  CombineKernelParams& c = l.combine;
-  c.num_rows = T;
-  c.num_heads = H;
-  c.splits = l.plan.splits;
-  c.cos_sin = k.cos_sin;
-  c.out_mxfp8 = k.out_mxfp8;
-  c.out_bf16 = k.out_bf16;
-  c.mx_data = k.mx_data;
-  c.mx_scales = k.mx_scales;
-  c.lse = k.lse;
-  return l;
+    CombineKernelParams& c = l_.combine;
+    c.num_rows = T_;
+    c.num_heads = H_;
+    c.splits = l_.plan.splits;
+    c.cos_sin = k.cos_sin;
+    c.out_mxfp8 = k.out_mxfp8;
+    c.out_bf16 = k.out_bf16;
+    c.mx_data = k.mx_data;
+    c.mx_scales = k.mx_scales;
+    c.lse = k.lse;
+  }
+
+  const AttendParams& params_;
+  const DeviceInfo& device_;
+  const int32_t T_;
+  const int32_t H_;
+  AttendLaunch l_;
+  PlanInput in_;
+  bool direct_formats_ = false;  // the formats take the direct kernel (PlanHeads)
+  bool use_tile_ = false;        // the tile kernel stages converted keys (non-bf16 formats)
+  int32_t dstage_ = 0;           // a direct program's gather stage bytes
+  int32_t stage_ = 0;            // the chosen program's gather stage bytes
+  int num_stages_ = 0;
+  int union_bits_ = 6;  // the row-union table (paired launches)
+};
+
+}  // namespace
+
+absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device) {
+  return AttendPlanner(params, device).Plan();
 }
 
 namespace {

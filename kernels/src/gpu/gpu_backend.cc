@@ -21,6 +21,7 @@
 #include "gpu/attend_launch.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/kernel_params.h"
+#include "smla/base/align.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/gpu/runtime.h"
@@ -217,8 +218,7 @@ class GpuBackend : public Backend {
     if (absl::Status st = ValidateExpandQuery(params); !st.ok()) return st;
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
-    if (reinterpret_cast<uintptr_t>(params.codes) % 2 != 0 ||
-        reinterpret_cast<uintptr_t>(params.out) % 4 != 0) {
+    if (!IsAligned(params.codes, 2) || !IsAligned(params.out, 4)) {
       return absl::InvalidArgumentError("codes must be 2-byte aligned and out 4-byte aligned");
     }
     gpu::ExpandQueryKernelParams k;

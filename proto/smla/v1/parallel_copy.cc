@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "absl/synchronization/mutex.h"
+#include "smla/base/align.h"
 
 namespace smla::v1 {
 namespace {
@@ -105,7 +106,7 @@ void ParallelCopier::Copy(std::span<const CopyPiece> pieces) {
   }
   // Chunks sized so that every thread gets a few, cut at 64-byte boundaries of the piece.
   const size_t workers = threads_.size() + 1;
-  const size_t chunk = std::max(kMinChunk, (total / (workers * 2) + 63) / 64 * 64);
+  const size_t chunk = std::max(kMinChunk, AlignUp(total / (workers * 2), 64));
   auto job = std::make_shared<Job>();
   for (const CopyPiece& p : pieces) {
     for (size_t at = 0; at < p.bytes; at += chunk) {

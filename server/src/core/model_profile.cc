@@ -9,67 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "internal.h"
+#include "smla/base/align.h"
 
 namespace smla::server {
 namespace {
-
-using kernels::Geometry;
-using kernels::KvFormat;
-
-constexpr int32_t kSwaWindow = 128;
-constexpr int32_t kDsv4TopK = 512;
-constexpr int32_t kGlmChosen = 2048;
-
-std::vector<ModelProfile> BuildProfiles() {
-  std::vector<ModelProfile> out;
-
-  ModelProfile v4;
-  v4.name = "dsv4-flash";
-  v4.geometry = Geometry::kRopeInside;
-  v4.default_format = KvFormat::kFp8Dsv4;
-  v4.has_sink = true;
-  v4.swa_window = kSwaWindow;
-  v4.softmax_scale = 1.0f / std::sqrt(512.0f);
-  v4.layers.assign(2, LayerSpec{LayerKind::kSwaOnly, 0, 0});
-  for (int i = 0; i < 20; ++i) {
-    v4.layers.push_back({LayerKind::kSwaTopK, 4, kDsv4TopK});
-    v4.layers.push_back({LayerKind::kSwaDense, 128, 0});
-  }
-  v4.layers.push_back({LayerKind::kSwaTopK, 4, kDsv4TopK});
-  out.push_back(v4);
-
-  ModelProfile v41 = v4;
-  v41.name = "dsv4.1-flash";
-  v41.layers.assign(2, LayerSpec{LayerKind::kSwaOnly, 0, 0});
-  for (int i = 0; i < 18; ++i) v41.layers.push_back({LayerKind::kSwaTopK, 2, kDsv4TopK});
-  for (int i = 0; i < 20; ++i) v41.layers.push_back({LayerKind::kSwaTopK, 1, kDsv4TopK});
-  out.push_back(v41);
-
-  ModelProfile g52;
-  g52.name = "glm-5.2";
-  g52.geometry = Geometry::kRopeAppended;
-  g52.default_format = KvFormat::kFp8PerTensor;
-  g52.has_sink = false;
-  g52.swa_window = 0;
-  g52.softmax_scale = 1.0f / std::sqrt(192.0f);
-  g52.layers.assign(78, LayerSpec{LayerKind::kChosen, 0, kGlmChosen});
-  out.push_back(g52);
-
-  ModelProfile g53 = g52;
-  g53.name = "glm-5.3-flash";
-  g53.geometry = Geometry::kRopeFree;
-  g53.softmax_scale = 1.0f / std::sqrt(512.0f);
-  g53.layers.assign(1, LayerSpec{LayerKind::kChosen, 0, kGlmChosen});
-  out.push_back(g53);
-  return out;
-}
-
-const std::vector<ModelProfile>& Profiles() {
-  static const std::vector<ModelProfile>* profiles = new std::vector<ModelProfile>(BuildProfiles());
-  return *profiles;
-}
-
-bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 absl::StatusOr<int64_t> ParseInt(std::string_view key, std::string_view value) {
   int64_t v = 0;
@@ -89,29 +32,6 @@ absl::StatusOr<float> ParseFloat(std::string_view key, std::string_view value) {
 
 }  // namespace
 
-std::string_view LayerKindName(LayerKind kind) {
-  switch (kind) {
-    case LayerKind::kSwaOnly:
-      return "swa";
-    case LayerKind::kSwaTopK:
-      return "swa+topk";
-    case LayerKind::kSwaDense:
-      return "swa+dense";
-    case LayerKind::kChosen:
-      return "chosen";
-  }
-  return "?";
-}
-
-const ModelProfile* FindProfile(std::string_view name) {
-  for (const ModelProfile& p : Profiles()) {
-    if (p.name == name) return &p;
-  }
-  return nullptr;
-}
-
-std::span<const ModelProfile> AllProfiles() { return Profiles(); }
-
 int64_t PageBytes(const ModelConfig& config, const ModelProfile& profile) {
   return kernels::ServingPitch(config.kv_format, profile.geometry, config.page_rows);
 }
@@ -119,11 +39,8 @@ int64_t PageBytes(const ModelConfig& config, const ModelProfile& profile) {
 absl::StatusOr<ModelConfig> ResolveModelConfig(const ModelConfig& config) {
   const ModelProfile* profile = FindProfile(config.profile);
   if (profile == nullptr) {
-    std::string names;
-    for (const ModelProfile& p : Profiles())
-      absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
     return absl::InvalidArgumentError(
-        Cat("unknown model profile '", config.profile, "' (known: ", names, ")"));
+        Cat("unknown model profile '", config.profile, "' (known: ", models::ProfileNames(), ")"));
   }
   ModelConfig out = config;
   if (out.tp != 1 && out.tp != 2 && out.tp != 4 && out.tp != 8) {

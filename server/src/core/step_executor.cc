@@ -9,6 +9,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/server/segment_builder.h"
 #include "smla/server/step_validation.h"
@@ -101,7 +102,7 @@ absl::StatusOr<uint8_t*> StepExecutor::HostArena(size_t bytes) {
   if (host_plain_.size() < words) host_plain_.resize(std::max(words, host_plain_.size() * 2));
   // 64-byte alignment inside the vector's 8-byte-aligned storage.
   const uintptr_t at = reinterpret_cast<uintptr_t>(host_plain_.data());
-  return reinterpret_cast<uint8_t*>((at + 63) / 64 * 64);
+  return reinterpret_cast<uint8_t*>(AlignUp(at, 64));
 }
 
 absl::Status StepExecutor::WarmUp() {
@@ -436,7 +437,7 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   size_t total = 0;
   auto take = [&total](size_t bytes) {
     const size_t at = total;
-    total = (total + bytes + 63) / 64 * 64;
+    total = AlignUp(total + bytes, 64);
     return at;
   };
   const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));

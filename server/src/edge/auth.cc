@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "edge_metrics.h"
+#include "smla/base/strings.h"
 #include "spdlog/spdlog.h"
 
 namespace smla::server::edge {
@@ -86,8 +87,7 @@ const std::string* TokenTable::Find(std::string_view token) const {
 std::string_view BearerToken(std::string_view authorization) {
   constexpr std::string_view kPrefix = "Bearer ";
   if (authorization.size() <= kPrefix.size() ||
-      !absl::EqualsIgnoreCase(absl::string_view(authorization.data(), kPrefix.size()),
-                              absl::string_view(kPrefix.data(), kPrefix.size()))) {
+      !absl::EqualsIgnoreCase(Sv(authorization.substr(0, kPrefix.size())), Sv(kPrefix))) {
     return {};
   }
   return authorization.substr(kPrefix.size());

@@ -3,14 +3,14 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "smla/base/strings.h"
 
 namespace smla::server::edge {
 
 absl::Status CheckIdLength(std::string_view field, std::string_view value) {
   if (value.size() <= kMaxIdBytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(absl::string_view(field.data(), field.size()),
-                                                 ": ", value.size(), " bytes, at most ",
-                                                 kMaxIdBytes));
+  return absl::InvalidArgumentError(
+      absl::StrCat(Sv(field), ": ", value.size(), " bytes, at most ", kMaxIdBytes));
 }
 
 absl::Status CheckStepIds(const v1::StepRequest& request) {

@@ -8,14 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "host_staging.h"
+#include "smla/base/align.h"
 #include "smla/v1/tensor_bytes.h"
 
 namespace smla::server::edge {
 namespace {
 
 constexpr uint64_t kAlign = 64;
-
-uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // The order tensors land in: all spans' queries, then their query scales, KV rows, compressed
 // rows and chosen entries, each kind in span order, then anything else in wire order. The
@@ -62,7 +61,7 @@ absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
   absl::Status st = reader.Parse(buffer, request);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("request: ", st.message()));
   uint64_t total = 0;
-  for (const auto& t : reader.tensors()) total += AlignUp(t.size);
+  for (const auto& t : reader.tensors()) total += AlignUp(t.size, kAlign);
   if (total > 0) {
     auto staging = pool.Lease(total, tenant);
     if (!staging.ok()) return staging.status();
@@ -73,7 +72,7 @@ absl::Status ReadStepRequest(const grpc::ByteBuffer& buffer, StagingPool& pool,
   for (const auto* t : LandingOrder(*request, reader.tensors())) {
     if (t->size > 0) reader.AppendPieces(*t, dst, &pieces);
     landed->bytes[t->tensor] = {dst, t->size};
-    if (t->size > 0) dst += AlignUp(t->size);
+    if (t->size > 0) dst += AlignUp(t->size, kAlign);
   }
   v1::CopyPieces(pieces, copier);
   return absl::OkStatus();

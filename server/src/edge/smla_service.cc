@@ -8,6 +8,7 @@
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
 #include "id_limits.h"
+#include "smla/base/align.h"
 #include "smla/server/log_field.h"
 #include "smla/server/model_profile.h"
 #include "spdlog/spdlog.h"
@@ -225,14 +226,16 @@ absl::Status SmlaService::PrepareStaged(const std::string& tenant, const v1::Ste
   const size_t out_bytes = cells * kernels::kValueWidth * (mx ? 1 : 2);
   const size_t mx_bytes = mx ? cells * kernels::kMxGroupsPerHead : 0;
   const size_t lse_bytes = out->want_lse ? cells * sizeof(float) : 0;
-  const auto align = [](size_t n) { return (n + 63) / 64 * 64; };
-  auto buffer = staging_->Lease(align(out_bytes) + align(mx_bytes) + lse_bytes, tenant);
+  // out, mx_scales and lse one after another, each 64-byte aligned.
+  const size_t mx_at = AlignUp(out_bytes, 64);
+  const size_t lse_at = mx_at + AlignUp(mx_bytes, 64);
+  auto buffer = staging_->Lease(lse_at + lse_bytes, tenant);
   if (!buffer.ok()) return buffer.status();
   staged->buffer = *std::move(buffer);
   uint8_t* p = staged->buffer->data();
   staged->out = {p, out_bytes};
-  staged->mx_scales = {p + align(out_bytes), mx_bytes};
-  staged->lse = {p + align(out_bytes) + align(mx_bytes), lse_bytes};
+  staged->mx_scales = {p + mx_at, mx_bytes};
+  staged->lse = {p + lse_at, lse_bytes};
   out->destination = {staged->out, staged->mx_scales, staged->lse};
   return absl::OkStatus();
 }

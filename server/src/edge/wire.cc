@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shm_region.h"
+#include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/server/log_field.h"
 #include "smla/server/step_validation.h"
@@ -179,7 +180,7 @@ absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span
 // fail its own step.
 std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage) {
   const size_t n = bytes.size() / 4;
-  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(int32_t) == 0) {
+  if (IsAligned(bytes.data(), alignof(int32_t))) {
     return {reinterpret_cast<const int32_t*>(bytes.data()), n};
   }
   // Not value-initialised: every element is copied over.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "smla/base/align.h"
 #include "smla/kernels/hd.h"
 
 namespace smla::kernels {
@@ -87,16 +88,14 @@ SMLA_HD_INLINE constexpr int64_t RowBytes(KvFormat f, Geometry g) {
 
 // Smallest legal pitch: what B rows need, rounded up to 16 bytes.
 SMLA_HD_INLINE constexpr int64_t MinPitch(KvFormat f, Geometry g, int64_t rows_per_page) {
-  return (RowBytes(f, g) * rows_per_page + 15) / 16 * 16;
+  return AlignUp(RowBytes(f, g) * rows_per_page, 16);
 }
 
 // The pitch the serving stacks use: fp8_dsv4 pads to a multiple of 576 bytes
 // (ceil(B*584/576)*576), every other format packs rows and rounds to 16.
 SMLA_HD_INLINE constexpr int64_t ServingPitch(KvFormat f, Geometry g, int64_t rows_per_page) {
   if (f == KvFormat::kFp8Dsv4) {
-    const int64_t need = RowBytes(f, g) * rows_per_page;
-    const int64_t padded = (need + kDsv4DataBytes - 1) / kDsv4DataBytes * kDsv4DataBytes;
-    return (padded + 15) / 16 * 16;
+    return AlignUp(AlignUp(RowBytes(f, g) * rows_per_page, kDsv4DataBytes), 16);
   }
   return MinPitch(f, g, rows_per_page);
 }

@@ -13,7 +13,7 @@
 
 namespace smla::server {
 
-// One served model (a profile of model_profile.h at a TP degree), resolved.
+// One served model (a profile of smla/models/profile.h at a TP degree), resolved.
 struct ModelConfig {
   std::string profile;  // "dsv4-flash", "dsv4.1-flash", "glm-5.2", "glm-5.3-flash"
   int32_t tp = 1;
