@@ -1368,9 +1368,8 @@ TEST(GpuPlanTest, SixtyFourHeadPlansByFormat) {
 
 // Paired launches plan their splits for the union of the call's longest row pair. TP8 decode on
 // dsv4.1-flash c1 rows (a window of 128 keys and 512 chosen ones, a quarter redrawn per row):
-// 3 + 10 = 13 union tiles, where one split beats two from C=32 and five fit C=16 (H200,
-// 2026-12-02, us: C=16 34.4 with 5 splits, 36.4 with 2; C=32 48.2 against 50.6; C=64 70.2 against
-// 73.8).
+// 3 + 10 = 13 union tiles, where one split beats two from C=32 and five fit C=16, as measured
+// on the H200 (docs/results/kbench-h200.md, "Paired splits from the call's own keys").
 TEST(GpuPlanTest, PairedSplitsFromTheUnionOfTheCallsKeys) {
   if (!gpu::RowPairsSupported()) GTEST_SKIP() << "no paired launches in this build";
   const DeviceInfo device = PlanDevice();

@@ -123,8 +123,9 @@ TEST(OverridePlan, ForcesAndClamps) {
   EXPECT_EQ(q.ToString(), p.ToString());
 }
 
-// The direct kernel's cost model against the H200 sweep it was fitted to (2026-12-01): each
-// choice below was the fastest measured one for that cell.
+// The direct kernel's cost model against the H200 sweep it was fitted to
+// (docs/results/kbench-h200.md, "Split planning by a cost model"): each choice below was the
+// fastest measured one for that cell.
 DirectPlanInput Direct(int64_t units, int32_t heads, int32_t tiles, KvFormat format,
                        int32_t qk_width) {
   DirectPlanInput in;

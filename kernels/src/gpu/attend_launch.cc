@@ -112,10 +112,9 @@ class AttendPlanner {
     // fp8_dsv4 / fp8_per_tensor segments run on the direct kernel in 16-head programs (two per
     // SM) or 32-head programs (one per SM), head block and splits by its cost model
     // (PlanDirect) unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile
-    // kernel's 64-head programs and fp8_per_tensor takes the direct kernel (H200, 2026-12-01,
-    // TP1 decode C=64/128 and prefill: the direct kernel 1.07x the tile kernel's time on
-    // fp8_dsv4, 0.92-1.00x on fp8_per_tensor). force_tile_kernel keeps the tile kernel
-    // everywhere (for A/B measurements).
+    // kernel's 64-head programs and fp8_per_tensor takes the direct kernel, where each was the
+    // faster on the H200 (docs/results/kbench-h200.md, "Split planning by a cost model").
+    // force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
     const bool tile_only = params_.force_tile_kernel;
     l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
