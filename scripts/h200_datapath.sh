@@ -6,7 +6,8 @@
 # compared on one machine.
 # Knobs: NEW and BASE (bundle folders holding bin/ and lib/ from scripts/device_bundle.sh;
 # BASE empty to skip), CELLS (default "1 32 64"), TRANSPORTS (default "ring shm inline";
-# "inline_mxq" is inline with MXFP8 queries, new bundles only), BASE_TRANSPORTS (default
+# "inline_mxq" is inline with MXFP8 queries, new bundles only; "gpu" and "gpu_ring" put the
+# tensors and outputs in a GPU region of the bench's), BASE_TRANSPORTS (default
 # TRANSPORTS without inline_mxq), DURATION_S (4), OUT (where the JSON reports and the log go),
 # ARG_SETS (gRPC channel-argument sets to compare on inline C=32 at a 4K context, where the
 # transport dominates: "name=ARG,ARG ..." each, the same arguments on server and client;
@@ -48,7 +49,7 @@ run_bundle() {  # label bundle transports
     for t in $list; do
       local args=(--transport "$t")
       [ "$t" = inline_mxq ] && args=(--transport inline --q_format mxfp8)
-      [ "$t" = ring ] && args+=(--ring_spin_us 2000)
+      case $t in ring | gpu_ring) args+=(--ring_spin_us 2000) ;; esac
       echo "$(date -u +%T) $label: C=$c $t"
       "$bundle/bin/smla-bench" --server 127.0.0.1:$port \
         --cell "dsv4.1-flash fp8_dsv4 TP4 decode C=$c 128K" --layer 20 \

@@ -152,6 +152,33 @@ TEST(BenchTest, Mxfp8QueriesOnEveryTransport) {
 }
 
 // Out-of-range numbers stop the bench before it connects, naming the flag.
+// GPU-region transports: on a GPU host (SMLA_TEST_BACKEND=cuda with a CUDA smla-bench) every
+// call is accepted and counted by the server; a build without a GPU runtime refuses them.
+TEST(BenchTest, GpuTransports) {
+  const char* backend = std::getenv("SMLA_TEST_BACKEND");
+  const std::vector<std::string> base = {"--cell=dsv4.1-flash decode C=2", "--context=128",
+                                         "--layer=2", "--prefill_chunk=64", "--mode=stream",
+                                         "--concurrency=1", "--warmup_s=0.2", "--steps=15"};
+  if (backend != nullptr && std::string(backend) == "cuda") {
+    for (const std::string transport : {"gpu", "gpu_ring"}) {
+      SCOPED_TRACE(transport);
+      std::vector<std::string> args = base;
+      args.push_back("--transport=" + transport);
+      CheckAgainstServer(args, transport);
+    }
+    return;
+  }
+  auto server = ServerProcess::Start({kDsv41, "--allow_shm"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> args = base;
+  args.push_back("--server=" + (*server)->target());
+  args.push_back("--transport=gpu");
+  std::string out;
+  EXPECT_EQ(RunBench(args, &out), 1) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("GPU-region transports need a CUDA or HIP build")) << out;
+  EXPECT_EQ((*server)->Terminate(), 0);
+}
+
 TEST(BenchTest, OutOfRangeFlagsAreRefused) {
   for (const std::string flag : {"--duration_s=0", "--prefill_chunk=0", "--connections=0",
                                  "--rate=-1", "--warmup_s=nan", "--steps=-3"}) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,8 +37,10 @@ ABSL_FLAG(int64_t, context, 0, "Override the cell's context (positions), e.g. sm
 ABSL_FLAG(int32_t, prefill_chunk, 4096, "Rows per pre-fill call");
 ABSL_FLAG(std::string, transport, "inline",
           "inline, shm (registered shared memory, one range per tensor kind for all spans), "
-          "shm_spans (shared memory, each span's tensors named separately) or ring (as shm, "
-          "sent through a shared-memory step ring attached to the stream; --mode stream)");
+          "shm_spans (shared memory, each span's tensors named separately), ring (as shm, "
+          "sent through a shared-memory step ring attached to the stream; --mode stream), gpu "
+          "or gpu_ring (as shm or ring, with the tensors and outputs in a GPU region of the "
+          "bench's: a CUDA or HIP build, on the server's node)");
 ABSL_FLAG(bool, prefill_shm, true,
           "Pre-fill through a shared-memory region when the server allows it, whatever "
           "--transport (the pre-fill is set-up, not measured)");
@@ -177,19 +180,21 @@ absl::StatusOr<Plan> PlanFromFlags() {
   plan.q_format = absl::GetFlag(FLAGS_q_format);
   plan.transport_name = absl::GetFlag(FLAGS_transport);
   const std::string& t = plan.transport_name;
-  if (t != "inline" && t != "shm" && t != "shm_spans" && t != "ring") {
-    return absl::InvalidArgumentError("--transport: inline, shm, shm_spans or ring");
+  static const absl::flat_hash_map<std::string, Transport> kTransports = {
+      {"inline", Transport::kInline}, {"shm", Transport::kShm}, {"shm_spans", Transport::kShmSpans},
+      {"ring", Transport::kRing},     {"gpu", Transport::kGpu}, {"gpu_ring", Transport::kGpuRing}};
+  const auto known = kTransports.find(t);
+  if (known == kTransports.end()) {
+    return absl::InvalidArgumentError("--transport: inline, shm, shm_spans, ring, gpu or gpu_ring");
   }
-  plan.transport = t == "shm"         ? Transport::kShm
-                   : t == "shm_spans" ? Transport::kShmSpans
-                   : t == "ring"      ? Transport::kRing
-                                      : Transport::kInline;
+  plan.transport = known->second;
   plan.mode = absl::GetFlag(FLAGS_mode);
   if (plan.mode != "stream" && plan.mode != "unary") {
     return absl::InvalidArgumentError("--mode: stream or unary");
   }
-  if (plan.transport == Transport::kRing && plan.mode != "stream") {
-    return absl::InvalidArgumentError("--transport ring needs --mode stream");
+  if ((plan.transport == Transport::kRing || plan.transport == Transport::kGpuRing) &&
+      plan.mode != "stream") {
+    return absl::InvalidArgumentError("--transport ring and gpu_ring need --mode stream");
   }
   for (auto part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',', absl::SkipEmpty())) {
     int n = 0;

@@ -107,12 +107,16 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     next_position_.push_back(call_first);
   }
   const bool calls_in_region = transport_ != Transport::kInline;
-  if (calls_in_region || (prefill_shm && call_first > 0)) {
-    uint64_t bytes = 0;
-    if (calls_in_region) {
-      for (const auto& r : requests_) bytes += client::ShmRegion::BytesFor(*r);
-    }
-    if (transport_ == Transport::kRing) {
+  uint64_t call_bytes = 0;
+  if (calls_in_region) {
+    for (const auto& r : requests_) call_bytes += client::ShmRegion::BytesFor(*r);
+  }
+  if (InGpu()) SMLA_RETURN_IF_ERROR(PlaceInGpuRegion(call_bytes));
+  // Shared memory holds the calls (kShm, kShmSpans, kRing), the ring, and the pre-fill.
+  const bool calls_in_shm = calls_in_region && !InGpu();
+  if (calls_in_shm || OnRing() || (prefill_shm && call_first > 0)) {
+    uint64_t bytes = calls_in_shm ? call_bytes : 0;
+    if (OnRing()) {
       // Slots hold the placed requests: a few region references plus each span's id,
       // positions and roles (the requests are still inline here, so this is an upper bound).
       uint64_t largest = 0;
@@ -121,8 +125,8 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
         for (const auto& sp : r->spans()) b += 64 + sp.sequence_id().size() + 2 * sp.roles_size();
         largest = std::max(largest, b);
       }
-      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, AlignUp(largest, 64)));
-      ring_offset_ = AlignUp(bytes, 64);
+      ring_slot_bytes_ = static_cast<uint32_t>(std::max<uint64_t>(4096, (largest + 63) / 64 * 64));
+      ring_offset_ = (bytes + 63) / 64 * 64;
       bytes = ring_offset_ + client::StepRing::BytesFor(kRingSlots, ring_slot_bytes_);
     }
     prefill_offset_ = bytes;
@@ -143,11 +147,11 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
                                             bytes + static_cast<uint64_t>(scratch) + 64);
     if (region.ok()) {
       region_ = *std::move(region);
-    } else if (calls_in_region) {
+    } else if (calls_in_shm || OnRing()) {
       return region.status();
     }  // else: the server takes no regions, so the pre-fill goes inline too
     uint64_t at = 0;
-    for (size_t i = 0; calls_in_region && i < requests_.size(); ++i) {
+    for (size_t i = 0; calls_in_shm && i < requests_.size(); ++i) {
       SMLA_ASSIGN_OR_RETURN(at, region_->Place(requests_[i].get(), at,
                                                transport_ == Transport::kShmSpans
                                                    ? client::ShmRegion::Layout::kPerSpan
@@ -158,7 +162,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   if (streaming_) {
     SMLA_ASSIGN_OR_RETURN(stream_, conn_->client->OpenStream());
   }
-  if (transport_ == Transport::kRing) {
+  if (OnRing()) {
     if (!streaming_) return absl::InvalidArgumentError("--transport ring needs --mode stream");
     SMLA_ASSIGN_OR_RETURN(
         ring_, client::StepRing::Attach(stream_.get(), region_.get(), ring_offset_, kRingSlots,
@@ -166,6 +170,23 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
     ring_->set_spin(ring_spin_);
   }
   return absl::OkStatus();
+}
+
+absl::Status Worker::PlaceInGpuRegion(uint64_t bytes) {
+  SMLA_ASSIGN_OR_RETURN(device_, DeviceMemory::Create(bytes + 64));
+  SMLA_ASSIGN_OR_RETURN(
+      gpu_region_,
+      client::GpuRegion::Register(conn_->client.get(), device_->ipc_handle(), device_->size()));
+  // Laid out in a host mirror, then uploaded once: the calls reuse their placed inputs, as a
+  // frontend's buffers stay where its model wrote them.
+  std::vector<uint8_t> mirror(device_->size());
+  uint64_t at = 0;
+  for (const auto& r : requests_) {
+    SMLA_ASSIGN_OR_RETURN(
+        at, client::ShmRegion::PlaceInto(mirror.data(), mirror.size(), gpu_region_->name(), r.get(),
+                                         at, client::ShmRegion::Layout::kPacked));
+  }
+  return device_->Upload(mirror);
 }
 
 absl::Status Worker::Prefill(int chunk, std::mt19937_64& rng) {
@@ -273,6 +294,8 @@ void Worker::Teardown() {
   }
   sequences_.clear();
   region_.reset();
+  gpu_region_.reset();  // the server drops the region before the memory is freed
+  device_.reset();
 }
 
 }  // namespace smla::bench

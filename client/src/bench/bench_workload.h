@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench_device_memory.h"
 #include "smla/client/client.h"
+#include "smla/client/gpu_region.h"
 #include "smla/client/shm.h"
 #include "smla/client/step_ring.h"
 #include "smla/models/grid.h"
@@ -44,8 +46,10 @@ struct WorkloadSpec {
 // kShm: the calls' inputs packed in a registered region, one range per tensor kind
 // (StepRequest.packed); kShmSpans: the per-span form (each span's tensors name the region);
 // kRing: packed as kShm, sent through a step ring attached to the worker's stream
-// (smla/client/step_ring.h) instead of the stream's messages.
-enum class Transport { kInline, kShm, kShmSpans, kRing };
+// (smla/client/step_ring.h) instead of the stream's messages. kGpu / kGpuRing: as kShm /
+// kRing, with the packed tensors and outputs in a GPU region of the worker's (the ring itself
+// stays in shared memory).
+enum class Transport { kInline, kShm, kShmSpans, kRing, kGpu, kGpuRing };
 
 struct Connection {
   std::string server;
@@ -86,6 +90,12 @@ class Worker {
 
  private:
   absl::Status Prefill(int chunk, std::mt19937_64& rng);
+  // kGpu, kGpuRing: places the calls' requests in a new GPU region.
+  absl::Status PlaceInGpuRegion(uint64_t bytes);
+  bool InGpu() const { return transport_ == Transport::kGpu || transport_ == Transport::kGpuRing; }
+  bool OnRing() const {
+    return transport_ == Transport::kRing || transport_ == Transport::kGpuRing;
+  }
   absl::Status Send(const std::shared_ptr<v1::StepRequest>& request, v1::StepResponse* response,
                     bool count_rows);
 
@@ -103,7 +113,9 @@ class Worker {
   std::vector<int64_t> next_position_;  // prefill: where the next call writes
   std::unique_ptr<client::StepStream> stream_;
   std::unique_ptr<client::ShmRegion> region_;
-  std::unique_ptr<client::StepRing> ring_;  // kRing: on stream_, in region_ at ring_offset_
+  std::unique_ptr<DeviceMemory> device_;           // kGpu, kGpuRing: the calls' tensors
+  std::unique_ptr<client::GpuRegion> gpu_region_;  // device_, registered
+  std::unique_ptr<client::StepRing> ring_;         // kRing: on stream_, in region_ at ring_offset_
   uint64_t ring_offset_ = 0;
   uint32_t ring_slot_bytes_ = 0;
   absl::Duration ring_spin_ = client::StepRing::kSpin;
