@@ -200,9 +200,10 @@ class ServiceCoreImpl : public ServiceCore {
                                             });
   }
 
-  absl::Status ReadDevice(void* dst, const void* src, size_t bytes) override {
+  absl::Status ReadDevice(std::span<const kernels::CopyOp> copies) override {
     absl::MutexLock lock(&upload_mu_);
-    SMLA_RETURN_IF_ERROR(backend_->CopyToHost(dst, src, bytes, *upload_stream_));
+    SMLA_RETURN_IF_ERROR(
+        backend_->CopyBatch(copies, kernels::CopyDirection::kToHost, *upload_stream_));
     return backend_->Synchronize(*upload_stream_);
   }
 

@@ -72,15 +72,14 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
   auto bytes = RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
                                      static_cast<uint64_t>(align));
   if (!bytes.ok() || !mapping->on_device() || host_reads == HostReads::kNo) return bytes;
-  if (!regions->read_device) {
+  if (!regions->host_buffer) {
     return absl::FailedPreconditionError(absl::StrCat(field, ": GPU regions are not served here"));
   }
-  // new[] aligns to 16 bytes, enough for the int32 ids read in place.
-  auto& copy = storage->device_copies.emplace_back(new uint8_t[std::max<size_t>(bytes->size(), 1)]);
-  if (absl::Status st = regions->read_device(copy.get(), bytes->data(), bytes->size()); !st.ok()) {
-    return st;
-  }
-  return std::span<uint8_t>(copy.get(), bytes->size());
+  auto host = regions->host_buffer(bytes->size());
+  if (!host.ok()) return host.status();
+  storage->device_copies.push_back(std::move(host->second));
+  storage->device_reads.push_back(kernels::CopyOp{host->first, bytes->data(), bytes->size()});
+  return std::span<uint8_t>(host->first, bytes->size());
 }
 
 // Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/arena.h"
 #include "request_reader.h"
+#include "smla/kernels/backend.h"
 #include "smla/server/config.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
@@ -56,8 +58,10 @@ struct ParseStorage {
   // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
   // is read from there instead of its inline_data.
   LandedTensors landed;
-  // Host copies of the GPU-region tensors the host reads (ids, KV rows, MXFP8 queries).
-  std::vector<std::unique_ptr<uint8_t[]>> device_copies;
+  // GPU-region tensors the host reads (ids, KV rows, MXFP8 queries): their host copies, and
+  // the copies still to make (RegionContext::host_buffer says who runs them).
+  std::vector<std::shared_ptr<void>> device_copies;
+  std::vector<kernels::CopyOp> device_reads;
 };
 
 class RegionRegistry;
@@ -66,10 +70,13 @@ class RegionRegistry;
 struct RegionContext {
   const RegionRegistry* registry = nullptr;
   std::string tenant;
-  // Copies `bytes` of a GPU region to host memory and waits (ServiceCore::ReadDevice): the
-  // tensors the host reads before a launch (top-k ids, KV rows, MXFP8 queries) are read from
-  // such a copy. Queries in bf16 and the outputs stay on the device.
-  std::function<absl::Status(void* dst, const void* src, size_t bytes)> read_device;
+  // Host memory (kept alive by the returned handle) for a GPU-region tensor the host reads
+  // before a launch (top-k ids, KV rows, MXFP8 queries): parsing points the span at it and
+  // lists the copy in ParseStorage::device_reads, which the caller makes, all at once, before
+  // the step is submitted. Queries in bf16 and the outputs stay on the device. Unset: GPU
+  // regions are refused.
+  std::function<absl::StatusOr<std::pair<uint8_t*, std::shared_ptr<void>>>(size_t bytes)>
+      host_buffer;
 };
 
 // Fills `out` (all but tenant, deadline and cancel flag) from `pb`. The step's extent is checked

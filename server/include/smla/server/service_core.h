@@ -118,8 +118,8 @@ class ServiceCore {
     return absl::UnimplementedError(
         "GPU regions need a GPU backend; this server runs the CPU backend");
   }
-  // Copies `bytes` from a GPU region to host memory and waits.
-  virtual absl::Status ReadDevice(void* /*dst*/, const void* /*src*/, size_t /*bytes*/) {
+  // Copies bytes of GPU regions to page-locked host memory, all in one batch, and waits.
+  virtual absl::Status ReadDevice(std::span<const kernels::CopyOp> /*copies*/) {
     return absl::UnimplementedError("this server has no device memory");
   }
 };
