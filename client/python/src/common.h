@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,25 @@ T Unwrap(absl::StatusOr<T>&& value) {
 // A step's own outcome on a stream or ring (a google.rpc.Code and its message).
 inline void CheckCode(int32_t code, const std::string& message) {
   if (code != 0) throw StatusError(absl::Status(static_cast<absl::StatusCode>(code), message));
+}
+
+// pybind11 before 2.12 reads a dtype's element size from NumPy 1's struct layout, which NumPy 2
+// changed (it then reads 0), so sizes, byte counts and the strides of arrays made here come from
+// Python's attributes, right under NumPy 1 and 2 alike.
+inline ssize_t ItemSize(const py::handle& dtype_or_array) {
+  return dtype_or_array.attr("itemsize").cast<ssize_t>();
+}
+inline char Kind(const py::array& a) { return a.dtype().attr("kind").cast<std::string>()[0]; }
+// A C-contiguous array of `shape` over `data`, whose lifetime `base` keeps.
+inline py::array CArray(const py::dtype& dtype, const std::vector<ssize_t>& shape, void* data,
+                        const py::handle& base) {
+  std::vector<ssize_t> strides(shape.size());
+  ssize_t step = ItemSize(dtype);
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= shape[i];
+  }
+  return py::array(dtype, shape, strides, data, base);
 }
 
 // Seconds from Python (None = `none`) as an absl::Duration.

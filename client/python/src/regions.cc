@@ -35,12 +35,12 @@ py::array View(const std::shared_ptr<PyRegion>& r, uint64_t offset, const py::ob
   } else {
     for (py::handle d : shape) dims.push_back(d.cast<ssize_t>());
   }
-  uint64_t bytes = dt.itemsize();
+  uint64_t bytes = static_cast<uint64_t>(ItemSize(dt));
   for (ssize_t d : dims) {
     if (d < 0) throw py::value_error("shape: negative dimension");
     bytes *= static_cast<uint64_t>(d);
   }
-  if (offset % dt.itemsize() != 0) {
+  if (offset % static_cast<uint64_t>(ItemSize(dt)) != 0) {
     throw py::value_error("offset: not a multiple of the element size");
   }
   if (offset > region.size() || bytes > region.size() - offset) {
@@ -49,7 +49,7 @@ py::array View(const std::shared_ptr<PyRegion>& r, uint64_t offset, const py::ob
   }
   auto* keep = new std::shared_ptr<PyRegion>(r);
   py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<PyRegion>*>(p); });
-  return py::array(dt, dims, {}, region.data() + offset, base);
+  return CArray(dt, dims, region.data() + offset, base);
 }
 
 PyResult Wait(PyRing& r, uint64_t ticket, absl::Duration timeout) {

@@ -88,8 +88,8 @@ HostTensor ReadNumpy(py::handle obj, Want want, const std::string& what, bool co
   py::module_ np = py::module_::import("numpy");
   py::array a = py::array::ensure(obj);
   if (!a) throw py::type_error(what + ": not an array");
-  const char kind = a.dtype().kind();
-  const ssize_t size = a.itemsize();
+  const char kind = Kind(a);
+  const ssize_t size = ItemSize(a);
   const bool integer = kind == 'i' || kind == 'u';
   bool ok = false;
   py::object cast_to;
@@ -100,8 +100,8 @@ HostTensor ReadNumpy(py::handle obj, Want want, const std::string& what, bool co
            (size == 2 && py::str(a.dtype().attr("name")).cast<std::string>() == "bfloat16");
       if (!ok && convert && kind == 'f') {
         py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
-        py::array_t<uint16_t> bits(std::vector<ssize_t>(f.shape(), f.shape() + f.ndim()));
         std::vector<uint16_t> b = client::ToBf16({f.data(), static_cast<size_t>(f.size())});
+        py::array bits = np.attr("empty")(py::tuple(f.attr("shape")), np.attr("uint16"));
         std::memcpy(bits.mutable_data(), b.data(), b.size() * sizeof(uint16_t));
         a = bits;
         ok = true;
@@ -131,7 +131,7 @@ HostTensor ReadNumpy(py::handle obj, Want want, const std::string& what, bool co
   HostTensor h;
   h.shape.assign(a.shape(), a.shape() + a.ndim());
   h.data = static_cast<const uint8_t*>(a.data());
-  h.bytes = static_cast<size_t>(a.nbytes());
+  h.bytes = a.attr("nbytes").cast<size_t>();
   h.keep = std::move(a);
   return h;
 }
@@ -254,7 +254,7 @@ py::object TensorView(const v1::Tensor& t, const std::shared_ptr<const void>& ow
       return py::none();
   }
   std::vector<ssize_t> shape(t.shape().begin(), t.shape().end());
-  size_t bytes = dtype.itemsize();
+  size_t bytes = static_cast<size_t>(ItemSize(dtype));
   for (ssize_t d : shape) bytes *= static_cast<size_t>(d);
   if (t.has_region()) {
     const v1::RegionRef& ref = t.region();
@@ -271,7 +271,7 @@ py::object TensorView(const v1::Tensor& t, const std::shared_ptr<const void>& ow
     }
     auto* keep = new std::shared_ptr<PyRegion>(region);
     py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<PyRegion>*>(p); });
-    return py::array(dtype, shape, {}, region->region->data() + ref.offset(), base);
+    return CArray(dtype, shape, region->region->data() + ref.offset(), base);
   }
   if (t.inline_data().size() != bytes) {
     throw StatusError(absl::DataLossError(absl::StrCat(
@@ -279,7 +279,7 @@ py::object TensorView(const v1::Tensor& t, const std::shared_ptr<const void>& ow
   }
   auto* keep = new std::shared_ptr<const void>(owner);
   py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
-  return py::array(dtype, shape, {}, const_cast<char*>(t.inline_data().data()), base);
+  return CArray(dtype, shape, const_cast<char*>(t.inline_data().data()), base);
 }
 
 }  // namespace smla::python
