@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "harness.h"
 #include "smla/client/shm.h"
+#include "smla/client/step_ring.h"
 
 namespace smla::testing {
 namespace {
@@ -112,6 +113,59 @@ TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
       pos += 6;
     }
   }
+  (*stream)->WritesDone();
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Steps through a step ring (in shared memory) whose tensors lie in a GPU region: each answer
+// equals the inline one, and what the server reads to the host for a step is let go with it
+// (the ring reuses each slot's parse storage), so many calls hold no more server memory.
+TEST_F(GpuRegionTest, RingStepsLetGoOfWhatTheyRead) {
+  DeviceBuffer device(kRegionBytes);
+  auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto ring_region = client::ShmRegion::Create(h_.client.get(), "gpu-ring", 1 << 20);
+  ASSERT_TRUE(ring_region.ok()) << ring_region.status();
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "a").ok());
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "b").ok());
+  v1::StepRequest fill = h_.Make(kLayer, {{"a", 0, 64, 0}});
+  h_.StepAndCheck(fill);
+  fill.mutable_spans(0)->set_sequence_id("b");
+  ASSERT_TRUE(h_.client->Step(fill).ok());
+  // One decode request of 6 rows, re-sent at the same positions (rows are rewritten).
+  v1::StepRequest req = h_.Make(kLayer, {{"a", 64, 6, 5}});
+  const v1::StepResponse want = h_.StepAndCheck(req);
+  req.mutable_spans(0)->set_sequence_id("b");
+  std::vector<uint8_t> mirror(kRegionBytes, 0xA5);
+  auto end = client::ShmRegion::PlaceInto(mirror.data(), kRegionBytes, (*region)->name(), &req, 0,
+                                          client::ShmRegion::Layout::kPacked);
+  ASSERT_TRUE(end.ok()) << end.status();
+  device.Upload(mirror, kRegionBytes);
+  auto stream = h_.client->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  auto ring = client::StepRing::Attach(stream->get(), ring_region->get(), 0, 4, 64 << 10);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto call = [&](int i) {
+    v1::StepResponse resp;
+    ASSERT_TRUE((*ring)->Call(req, &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+    device.Download(mirror);
+    ASSERT_TRUE(
+        client::ShmRegion::InlineFrom(mirror.data(), kRegionBytes, (*region)->name(), &resp).ok());
+    ExpectSameOutputs(resp, want, absl::StrCat("call ", i));
+  };
+  for (int i = 0; i < 50; ++i) ASSERT_NO_FATAL_FAILURE(call(i));
+  const int64_t before = RssBytes(h_.server->pid());
+  for (int i = 0; i < 400; ++i) {
+    v1::StepResponse resp;
+    ASSERT_TRUE((*ring)->Call(req, &resp).ok());
+    ASSERT_EQ(resp.code(), 0) << resp.message();
+  }
+  ASSERT_NO_FATAL_FAILURE(call(450));
+  // Each call reads its ids and rows into at least 64 KiB of staging: kept, 400 calls would
+  // hold over 25 MiB.
+  EXPECT_LT(RssBytes(h_.server->pid()) - before, int64_t{8} << 20);
+  ring->reset();
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());
 }

@@ -146,8 +146,7 @@ void StepRing::Serve(uint64_t n) {
   w.start = absl::Now();
   w.request_id.clear();
   w.arena.Reset();
-  w.storage.int32_copies.clear();
-  w.storage.looked_up.clear();
+  w.storage.Clear();
   w.request = google::protobuf::Arena::CreateMessage<v1::StepRequest>(&w.arena);
   w.response = google::protobuf::Arena::CreateMessage<v1::StepResponse>(&w.arena);
   const uint32_t len = ring::Load(s->request_bytes, std::memory_order_relaxed);

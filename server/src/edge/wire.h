@@ -62,6 +62,15 @@ struct ParseStorage {
   // the copies still to make (RegionContext::host_buffer says who runs them).
   std::vector<std::shared_ptr<void>> device_copies;
   std::vector<kernels::CopyOp> device_reads;
+
+  // Empties it for the next request (storage reused per ring slot).
+  void Clear() {
+    int32_copies.clear();
+    looked_up.clear();
+    landed = LandedTensors();
+    device_copies.clear();
+    device_reads.clear();
+  }
 };
 
 class RegionRegistry;
