@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -86,8 +87,9 @@ const std::string* TokenTable::Find(std::string_view token) const {
 std::string_view BearerToken(std::string_view authorization) {
   constexpr std::string_view kPrefix = "Bearer ";
   if (authorization.size() <= kPrefix.size() ||
-      !absl::EqualsIgnoreCase(absl::string_view(authorization.data(), kPrefix.size()),
-                              absl::string_view(kPrefix.data(), kPrefix.size()))) {
+      !std::equal(kPrefix.begin(), kPrefix.end(), authorization.begin(), [](char a, char b) {
+        return absl::ascii_tolower(a) == absl::ascii_tolower(b);
+      })) {
     return {};
   }
   return authorization.substr(kPrefix.size());

@@ -188,8 +188,8 @@ void StepRing::Serve(uint64_t n) {
     Complete(index, st);
     return;
   }
-  service_->core()->Submit(std::move(step),
-                           [this, index](absl::StatusOr<StepResult> r) { Complete(index, r); });
+  service_->core()->Submit(
+      std::move(step), [this, index](const absl::StatusOr<StepResult>& r) { Complete(index, r); });
 }
 
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {

@@ -112,8 +112,9 @@ void StepStreamReactor::OnReadDone(bool ok) {
     if (!st.ok()) {
       Complete(entry, st);
     } else {
-      service_->core()->Submit(std::move(step),
-                               [this, entry](absl::StatusOr<StepResult> r) { Complete(entry, r); });
+      service_->core()->Submit(std::move(step), [this, entry](const absl::StatusOr<StepResult>& r) {
+        Complete(entry, r);
+      });
     }
   }
   Actions a;
