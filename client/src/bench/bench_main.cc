@@ -132,7 +132,8 @@ absl::Status CheckNumericFlags() {
   return absl::OkStatus();
 }
 
-int Run() {
+// Flag checks, set-up and the runs in one: split it into phases before it grows.
+int Run() {  // NOLINT(readability-function-size)
   if (absl::Status st = CheckNumericFlags(); !st.ok()) return Fail(st);
   auto spec_or = ParseCell(absl::GetFlag(FLAGS_cell));
   if (!spec_or.ok()) return Fail(spec_or.status());
@@ -283,6 +284,7 @@ int Run() {
     }
     ro.concurrency = levels[k];
     std::vector<Worker*> use;
+    use.reserve(levels[k]);
     for (int i = 0; i < levels[k]; ++i) use.push_back(workers[i].get());
     RunStats r = RunOnce(use, ro);
     std::printf("%s", TextSummary(r).c_str());

@@ -159,6 +159,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   const int drafts = spec_.shape == "decode" ? 5 : 0;
   for (int layer : layers_) {
     std::vector<client::SpanSpec> spans;
+    spans.reserve(sequences_.size());
     for (const std::string& s : sequences_) spans.push_back({s, call_first, rows, drafts});
     requests_.push_back(
         std::make_shared<v1::StepRequest>(client::MakeStep(model_, layer, spans, o, rng)));
@@ -323,11 +324,11 @@ void Worker::Teardown() {
   ring_.reset();
   if (stream_ && !broken_) {
     stream_->WritesDone();
-    stream_->Finish().ok();
+    stream_->Finish().IgnoreError();  // tearing down: a failed finish changes nothing
     stream_.reset();
   }
   for (const std::string& s : sequences_) {
-    conn_->client->Release({model_.profile(), s}).ok();
+    conn_->client->Release({model_.profile(), s}).IgnoreError();
   }
   sequences_.clear();
   region_.reset();
