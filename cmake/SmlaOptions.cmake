@@ -16,6 +16,14 @@ function(smla_host_target target)
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
 endfunction()
 
+# CUDA sources: nvcc's own warnings (front end, ptxas) and the host compiler's are errors, as
+# for host code.
+function(smla_cuda_target target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings
+                              -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unused-parameter>)
+endfunction()
+
 # HIP defaults, set before the top level enables the HIP language: gfx950 (MI355X) unless the
 # caller names other targets, and ROCm's clang as the HIP compiler when ROCm is installed.
 if(SMLA_GPU_BACKEND STREQUAL "hip")

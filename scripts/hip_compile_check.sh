@@ -88,10 +88,11 @@ else
   trap 'rm -rf "$out"' EXIT
 fi
 
-# docs/gpu.md's command, plus the project's include paths and the HIP build's macro.
+# docs/gpu.md's command, plus the project's include paths, the HIP build's macro and -Werror
+# (a warning in device code fails the check, as in the CUDA and HIP builds).
 device_flags=(-x hip "--offload-arch=$arch" -nogpulib --cuda-device-only
               -D__AMDGCN_WAVEFRONT_SIZE=64 -O3 -S -std=c++20 -DSMLA_WITH_HIP
-              -Wall -Wextra -Wno-unused-parameter -Ibase/include -Ikernels/include -Ikernels/src)
+              -Wall -Wextra -Werror -Wno-unused-parameter -Ibase/include -Ikernels/include -Ikernels/src)
 if command -v c++filt > /dev/null; then demangle=(c++filt); else demangle=(cat); fi
 host_flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter
             -DSMLA_WITH_HIP -Ibase/include -Ikernels/include -Ikernels/src)

@@ -13,22 +13,24 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml                              # tests/deploy
   python3-dev pybind11-dev python3-numpy python3-pytest  # the Python client and its tests
+  clang-format-14                                   # scripts/check_format.sh (pinned)
 )
 
 # The HIP compile check (scripts/hip_compile_check.sh, docs/gpu.md) needs clang-22, Debian's HIP
-# headers and ROCm's device libraries (linked into the kernels as a ROCm build does). Debian 12
-# has all three; elsewhere (the ROCm and CUDA images) they are not needed.
-add_hip_check_packages() {
+# headers and ROCm's device libraries (linked into the kernels as a ROCm build does), and the
+# tidy check (scripts/tidy.sh, docs/checks.md) clang-tidy-22. Debian 12 has all four; elsewhere
+# (the ROCm and CUDA images) they are not needed.
+add_debian12_packages() {
   local id="" version=""
   if [ -r /etc/os-release ]; then
     id="$(. /etc/os-release && echo "${ID:-}")"
     version="$(. /etc/os-release && echo "${VERSION_ID:-}")"
   fi
   if [ "$id" = debian ] && [ "$version" = 12 ]; then
-    packages+=(clang-22 libamdhip64-dev rocm-device-libs)
+    packages+=(clang-22 libamdhip64-dev rocm-device-libs clang-tidy-22)
   fi
 }
-add_hip_check_packages
+add_debian12_packages
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi

@@ -140,6 +140,7 @@ void Cluster::AddServerLocked(const std::string& server) {
 std::vector<std::string> Cluster::Servers() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
+  out.reserve(nodes_.size());
   for (const auto& [s, n] : nodes_) out.push_back(s);
   return out;
 }

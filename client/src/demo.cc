@@ -148,6 +148,7 @@ int RunDemo(Client& client, const DemoOptions& o) {
     for (int32_t first = 0; first < o.context; first += o.chunk) {
       const int32_t rows = std::min(o.chunk, o.context - first);
       std::vector<SpanSpec> spans;
+      spans.reserve(seqs.size());
       for (const Sequence& s : seqs) spans.push_back({s.id, first, rows, 0});
       if (!run(MakeStep(*model, layer, spans, {}, rng))) {
         release_all();
@@ -168,6 +169,7 @@ int RunDemo(Client& client, const DemoOptions& o) {
     so.want_lse = true;
     so.output_format = round % 2 == 0 ? v1::OUTPUT_FORMAT_BF16 : v1::OUTPUT_FORMAT_MXFP8;
     std::vector<SpanSpec> spans;
+    spans.reserve(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) {
       spans.push_back({seqs[i].id, length[i], decode_rows, decode_rows - 1});
     }

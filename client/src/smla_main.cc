@@ -58,6 +58,7 @@ int Info(Client& client) {
       ++kinds[k];
     }
     std::vector<std::string> parts;
+    parts.reserve(kinds.size());
     for (const auto& [k, n] : kinds) parts.push_back(absl::StrCat(n, " x ", k));
     std::printf(
         "model %s TP%d: %d heads/rank, %s (%d wide), kv %s, softmax scale %g, sinks %s\n"

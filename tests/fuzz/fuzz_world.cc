@@ -155,7 +155,7 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   const bool parses = want.ParseFromArray(data, static_cast<int>(size));
   v1::StepRequest pb;
   server::edge::ParseStorage storage;
-  const absl::Status read = server::edge::ReadStepRequest(
+  absl::Status read = server::edge::ReadStepRequest(
       Sliced(data, size), *staging_, nullptr, kTenant, &pb, &storage.landed,
       size % 2 == 0 ? 0 : server::edge::kWalkFromBytes);
   if (read.ok() != parses) {
@@ -187,7 +187,7 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   if (st.ok()) {
     step.tenant = kTenant;
     absl::Notification done;
-    core_->Submit(std::move(step), [&](absl::StatusOr<server::StepResult> r) {
+    core_->Submit(std::move(step), [&](const absl::StatusOr<server::StepResult>& r) {
       st = r.status();
       done.Notify();
     });

@@ -49,7 +49,8 @@ TEST(FuzzReplayTest, ValidSeedsRunAndMutantsAreAnswered) {
         // Byte flips: every one is answered (no crash); most are errors.
         for (int i = 0; i < 200; ++i) {
           std::string mutant = bytes;
-          mutant[rng() % mutant.size()] ^= static_cast<char>(1 + rng() % 255);
+          char& c = mutant[rng() % mutant.size()];
+          c = static_cast<char>(c ^ (1 + rng() % 255));
           w.RunOne(reinterpret_cast<const uint8_t*>(mutant.data()), mutant.size()).IgnoreError();
         }
       }

@@ -156,9 +156,14 @@ TEST(BenchTest, Mxfp8QueriesOnEveryTransport) {
 // call is accepted and counted by the server; a build without a GPU runtime refuses them.
 TEST(BenchTest, GpuTransports) {
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
-  const std::vector<std::string> base = {"--cell=dsv4.1-flash decode C=2", "--context=128",
-                                         "--layer=2", "--prefill_chunk=64", "--mode=stream",
-                                         "--concurrency=1", "--warmup_s=0.2", "--steps=15"};
+  const std::vector<std::string> base = {"--cell=dsv4.1-flash decode C=2",
+                                         "--context=128",
+                                         "--layer=2",
+                                         "--prefill_chunk=64",
+                                         "--mode=stream",
+                                         "--concurrency=1",
+                                         "--warmup_s=0.2",
+                                         "--steps=15"};
   if (backend != nullptr && std::string(backend) == "cuda") {
     for (const std::string transport : {"gpu", "gpu_ring"}) {
       SCOPED_TRACE(transport);

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -22,15 +23,15 @@ bool ValidName(const std::string& s) {
 
 bool ParseValue(const std::string& s, double* v) {
   if (s == "+Inf") {
-    *v = INFINITY;
+    *v = std::numeric_limits<double>::infinity();
     return true;
   }
   if (s == "-Inf") {
-    *v = -INFINITY;
+    *v = -std::numeric_limits<double>::infinity();
     return true;
   }
   if (s == "NaN") {
-    *v = NAN;
+    *v = std::numeric_limits<double>::quiet_NaN();
     return true;
   }
   char* end = nullptr;

@@ -91,7 +91,9 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
     const v1::StepRequest inline_req = h_.Make(kLayer, Spans(a, pos), variants[v]);
     const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
     v1::StepRequest twin = inline_req;
-    for (size_t i = 0; i < b.size(); ++i) twin.mutable_spans(i)->set_sequence_id(b[i]);
+    for (int i = 0; i < static_cast<int>(b.size()); ++i) {
+      twin.mutable_spans(i)->set_sequence_id(b[i]);
+    }
     const v1::StepRequest packed = Packed(twin);
     ASSERT_TRUE(packed.has_packed());
     EXPECT_LT(packed.ByteSizeLong(), 512u) << "three spans, a handful of references";
@@ -112,7 +114,9 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
     ASSERT_NE(inline_req.spans(0).topk().shape(1), inline_req.spans(1).topk().shape(1));
     const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
     v1::StepRequest twin = inline_req;
-    for (size_t i = 0; i < b.size(); ++i) twin.mutable_spans(i)->set_sequence_id(b[i]);
+    for (int i = 0; i < static_cast<int>(b.size()); ++i) {
+      twin.mutable_spans(i)->set_sequence_id(b[i]);
+    }
     auto resp = h_.client->Step(Packed(twin));
     ASSERT_TRUE(resp.ok()) << resp.status();
     ASSERT_TRUE(region_->Inline(&*resp).ok());

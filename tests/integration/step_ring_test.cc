@@ -150,7 +150,9 @@ TEST_F(StepRingTest, OutputsEqualInlineBitForBit) {
     const v1::StepRequest inline_req = h_.Make(kLayer, Spans(a, pos), variants[v]);
     const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
     v1::StepRequest twin = inline_req;
-    for (size_t i = 0; i < b.size(); ++i) twin.mutable_spans(i)->set_sequence_id(b[i]);
+    for (int i = 0; i < static_cast<int>(b.size()); ++i) {
+      twin.mutable_spans(i)->set_sequence_id(b[i]);
+    }
     v1::StepResponse resp;
     ASSERT_TRUE(ring.Call(Packed(twin), &resp).ok());
     ASSERT_EQ(resp.code(), 0) << resp.message();
@@ -164,7 +166,9 @@ TEST_F(StepRingTest, OutputsEqualInlineBitForBit) {
         h_.Make(kLayer, {{a[0], pos, 6, 5}, {a[1], pos, 1, 0}, {a[2], pos, 3, 2}}, mx_rope);
     const v1::StepResponse inline_resp = h_.StepAndCheck(inline_req);
     v1::StepRequest twin = inline_req;
-    for (size_t i = 0; i < b.size(); ++i) twin.mutable_spans(i)->set_sequence_id(b[i]);
+    for (int i = 0; i < static_cast<int>(b.size()); ++i) {
+      twin.mutable_spans(i)->set_sequence_id(b[i]);
+    }
     v1::StepResponse resp;
     ASSERT_TRUE(ring.Call(Packed(twin), &resp).ok());
     ASSERT_EQ(resp.code(), 0) << resp.message();

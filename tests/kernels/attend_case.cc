@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "smla/base/status_macros.h"
 #include "smla/kernels/codec/row_codec.h"
 
 namespace smla::testing {
@@ -20,12 +21,6 @@ using kernels::QkWidth;
 
 constexpr int32_t kPositions = 97;
 constexpr int32_t kSentinels[] = {-1, -2, std::numeric_limits<int32_t>::min()};
-
-#define RETURN_IF_ERROR_(expr)      \
-  do {                              \
-    const absl::Status s_ = (expr); \
-    if (!s_.ok()) return s_;        \
-  } while (0)
 
 }  // namespace
 
@@ -53,7 +48,7 @@ absl::Status AttendCase::BuildSegment(const SegmentSpec& s, int index) {
   pool.buffer = std::move(*buf);
   v.base = pool.buffer.data();
   // Garbage everywhere first: slots no index names hold NaN patterns.
-  RETURN_IF_ERROR_(backend_.Fill(pool.buffer.data(), 0xff, bytes, *stream_));
+  SMLA_RETURN_IF_ERROR(backend_.Fill(pool.buffer.data(), 0xff, bytes, *stream_));
 
   const int64_t slots = v.num_slots();
   std::vector<int64_t> written;
@@ -71,7 +66,7 @@ absl::Status AttendCase::BuildSegment(const SegmentSpec& s, int index) {
   if (s.raw_ds_mla_scales) {
     // Another writer's convention: f32 scale amax/448 as is (rarely a power of two).
     std::vector<uint8_t> host(bytes);
-    RETURN_IF_ERROR_(backend_.CopyToHost(host.data(), pool.buffer.data(), bytes, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(host.data(), pool.buffer.data(), bytes, *stream_));
     for (size_t r = 0; r < written.size(); ++r) {
       const int64_t slot = written[r];
       uint8_t* dst =
@@ -92,23 +87,23 @@ absl::Status AttendCase::BuildSegment(const SegmentSpec& s, int index) {
       }
       std::memcpy(dst + 528, x + 512, 128);
     }
-    RETURN_IF_ERROR_(backend_.CopyToDevice(pool.buffer.data(), host.data(), bytes, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(pool.buffer.data(), host.data(), bytes, *stream_));
   } else {
     absl::StatusOr<kernels::Buffer> dev_rows = backend_.Allocate(rows.size() * 2);
     if (!dev_rows.ok()) return dev_rows.status();
-    RETURN_IF_ERROR_(
+    SMLA_RETURN_IF_ERROR(
         backend_.CopyToDevice(dev_rows->data(), rows.data(), rows.size() * 2, *stream_));
     kernels::WriteRowsParams wp;
     wp.cache = {pool.buffer.data(), v.format,      v.geometry, v.num_pages,
                 v.rows_per_page,    v.pitch_bytes, v.scale};
     wp.slots = written;
     wp.rows = dev_rows->data();
-    RETURN_IF_ERROR_(backend_.WriteRows(wp, *stream_));
-    RETURN_IF_ERROR_(backend_.Synchronize(*stream_));
+    SMLA_RETURN_IF_ERROR(backend_.WriteRows(wp, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   }
   pool.host.resize(bytes);
-  RETURN_IF_ERROR_(backend_.CopyToHost(pool.host.data(), pool.buffer.data(), bytes, *stream_));
-  RETURN_IF_ERROR_(backend_.Synchronize(*stream_));
+  SMLA_RETURN_IF_ERROR(backend_.CopyToHost(pool.host.data(), pool.buffer.data(), bytes, *stream_));
+  SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
 
   // CSR: random written slots, with the requested sentinels and duplicates.
   if (s.lengths.size() != static_cast<size_t>(spec_.num_rows)) {
@@ -142,8 +137,8 @@ absl::Status AttendCase::Build() {
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend_.CreateStream();
   if (!stream.ok()) return stream.status();
   stream_ = std::move(*stream);
-  RETURN_IF_ERROR_(BuildSegment(spec_.main, 0));
-  if (spec_.has_extra) RETURN_IF_ERROR_(BuildSegment(spec_.extra, 1));
+  SMLA_RETURN_IF_ERROR(BuildSegment(spec_.main, 0));
+  if (spec_.has_extra) SMLA_RETURN_IF_ERROR(BuildSegment(spec_.extra, 1));
 
   std::mt19937_64 rng(rng_state_ * 104729 + 17);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -161,7 +156,7 @@ absl::Status AttendCase::Build() {
     absl::StatusOr<kernels::Buffer> b = backend_.Allocate(qn * 2);
     if (!b.ok()) return b.status();
     q_ = std::move(*b);
-    RETURN_IF_ERROR_(backend_.CopyToDevice(q_.data(), q.data(), qn * 2, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(q_.data(), q.data(), qn * 2, *stream_));
   } else {
     std::vector<uint8_t> q(qn);
     for (size_t i = 0; i < qn; ++i) {
@@ -171,7 +166,7 @@ absl::Status AttendCase::Build() {
     absl::StatusOr<kernels::Buffer> b = backend_.Allocate(qn);
     if (!b.ok()) return b.status();
     q_ = std::move(*b);
-    RETURN_IF_ERROR_(backend_.CopyToDevice(q_.data(), q.data(), qn, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(q_.data(), q.data(), qn, *stream_));
   }
   if (spec_.sink) {
     std::uniform_real_distribution<float> u(-2.0f, 4.0f);
@@ -188,8 +183,8 @@ absl::Status AttendCase::Build() {
   absl::StatusOr<kernels::Buffer> cs = backend_.Allocate(cos_sin_host_.size() * 4);
   if (!cs.ok()) return cs.status();
   cos_sin_ = std::move(*cs);
-  RETURN_IF_ERROR_(backend_.CopyToDevice(cos_sin_.data(), cos_sin_host_.data(),
-                                         cos_sin_host_.size() * 4, *stream_));
+  SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(cos_sin_.data(), cos_sin_host_.data(),
+                                             cos_sin_host_.size() * 4, *stream_));
   std::uniform_int_distribution<int32_t> pos(0, kPositions - 1);
   for (int64_t t = 0; t < T; ++t) positions_.push_back(pos(rng));
 
@@ -234,26 +229,26 @@ AttendParams AttendCase::Params(const RunOptions& o) {
 absl::StatusOr<RunResult> AttendCase::Run(const RunOptions& o) {
   if (!status_.ok()) return status_;
   for (kernels::Buffer* b : {&out_bf16_, &out_mx_data_, &out_mx_scales_, &out_lse_}) {
-    RETURN_IF_ERROR_(backend_.Fill(b->data(), 0xff, b->size(), *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.Fill(b->data(), 0xff, b->size(), *stream_));
   }
-  RETURN_IF_ERROR_(backend_.Attend(Params(o), *stream_));
-  RETURN_IF_ERROR_(backend_.Synchronize(*stream_));
+  SMLA_RETURN_IF_ERROR(backend_.Attend(Params(o), *stream_));
+  SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   const size_t th = static_cast<size_t>(spec_.num_rows) * spec_.num_heads;
   RunResult r;
   if (o.format == OutputFormat::kBf16) {
     r.bf16.resize(th * 512);
-    RETURN_IF_ERROR_(backend_.CopyToHost(r.bf16.data(), out_bf16_.data(), th * 1024, *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(r.bf16.data(), out_bf16_.data(), th * 1024, *stream_));
   } else {
     r.mx_data.resize(th * 512);
     r.mx_scales.resize(th * 16);
-    RETURN_IF_ERROR_(
+    SMLA_RETURN_IF_ERROR(
         backend_.CopyToHost(r.mx_data.data(), out_mx_data_.data(), th * 512, *stream_));
-    RETURN_IF_ERROR_(
+    SMLA_RETURN_IF_ERROR(
         backend_.CopyToHost(r.mx_scales.data(), out_mx_scales_.data(), th * 16, *stream_));
   }
   r.lse.resize(th);
-  RETURN_IF_ERROR_(backend_.CopyToHost(r.lse.data(), out_lse_.data(), th * 4, *stream_));
-  RETURN_IF_ERROR_(backend_.Synchronize(*stream_));
+  SMLA_RETURN_IF_ERROR(backend_.CopyToHost(r.lse.data(), out_lse_.data(), th * 4, *stream_));
+  SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   return r;
 }
 

@@ -22,7 +22,7 @@ Split Empty() { return {-kInf, 0.0f, std::vector<float>(512, 0.0f)}; }
 // A split over given (score, value) keys, computed in double then stored as f32 (base 2).
 Split Over(const std::vector<std::pair<double, double>>& keys) {
   Split s{-kInf, 0.0f, std::vector<float>(512, 0.0f)};
-  double m = -INFINITY;
+  double m = -std::numeric_limits<double>::infinity();
   for (auto [score, v] : keys) m = std::max(m, score * 1.4426950408889634);
   double l = 0;
   std::vector<double> acc(512, 0.0);
@@ -76,7 +76,7 @@ TEST(CombineTest, SplitsEqualTheWholeWithSink) {
   for (bool has_sink : {false, true}) {
     const float sink = 1.25f;
     // Reference in double.
-    double m = -INFINITY;
+    double m = -std::numeric_limits<double>::infinity();
     for (auto [s, v] : keys) m = std::max(m, s);
     if (has_sink) m = std::max(m, double{sink});
     double z = has_sink ? std::exp(sink - m) : 0.0;

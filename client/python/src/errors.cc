@@ -5,6 +5,8 @@
 namespace smla::python {
 
 void RegisterErrors(py::module_& m) {
+  // By value: pybind11's translator type is void (*)(std::exception_ptr).
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

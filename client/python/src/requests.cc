@@ -75,8 +75,8 @@ std::shared_ptr<PyRequest> MakeRequest(const std::string& model, int32_t layer,
                                        const std::vector<PySpan>& spans,
                                        const std::string& output_format, bool want_lse,
                                        bool inverse_rope, int64_t timeout_us,
-                                       const std::string& request_id, py::object out,
-                                       py::object mx_scales_out, py::object lse_out) {
+                                       const std::string& request_id, const py::object& out,
+                                       const py::object& mx_scales_out, const py::object& lse_out) {
   auto r = std::make_shared<PyRequest>();
   v1::StepRequest& q = r->request;
   q.set_model(model);
@@ -148,7 +148,7 @@ kv_rows: bf16 [rows, W]; q: bf16 [rows, H, W], or e4m3 codes (uint8) with q_scal
 [rows, H, W/32]); compressed_rows: bf16 [n, W]; topk: int32 [rows, K]. bf16 tensors are uint16
 bit patterns, DLPack bfloat16 tensors, or float32 (rounded to nearest even, a copy). roles: one
 of ROW_VERIFY / ROW_DRAFT per row, or drafts=k for the last k rows.)")
-      .def(py::init([](py::object sequence, int64_t first_position, py::object kv_rows,
+      .def(py::init([](const py::object& sequence, int64_t first_position, py::object kv_rows,
                        py::object q, py::object compressed_rows, py::object topk,
                        py::object q_scales, py::object roles, int32_t drafts) {
              PySpan s;
@@ -203,7 +203,8 @@ elsewhere: the response is copied in); the result then returns those buffers.)")
                              })
       .def(
           "set_span",
-          [](PyRequest& r, int index, py::object sequence, py::object first_position) {
+          [](PyRequest& r, int index, const py::object& sequence,
+             const py::object& first_position) {
             if (index < 0 || index >= r.request.spans_size()) throw py::index_error("span");
             v1::Span* s = r.request.mutable_spans(index);
             if (!sequence.is_none()) {

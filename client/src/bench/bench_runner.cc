@@ -152,7 +152,7 @@ RunStats Aggregate(const Collected& out, const RunOptions& options, Clock::durat
 
 }  // namespace
 
-RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
+RunStats RunOnce(const std::vector<Worker*>& workers, const RunOptions& options) {
   Collected out;
   const auto t0 = Clock::now();
   const auto measure_from = t0 + std::chrono::duration_cast<Clock::duration>(
@@ -225,6 +225,7 @@ RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options) {
   };
 
   std::vector<std::thread> threads;
+  threads.reserve(workers.size());
   for (Worker* w : workers) threads.emplace_back(worker_loop, w);
   std::thread progress;
   std::atomic<bool> progress_stop{false};

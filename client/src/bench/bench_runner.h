@@ -69,7 +69,7 @@ struct RunStats {
   bool slo_met = true;  // step p99 within the SLO
 };
 
-RunStats RunOnce(std::vector<Worker*> workers, const RunOptions& options);
+RunStats RunOnce(const std::vector<Worker*>& workers, const RunOptions& options);
 
 Percentiles Summarise(std::vector<double> values);
 

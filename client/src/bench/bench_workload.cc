@@ -99,6 +99,7 @@ absl::Status Worker::Setup(int chunk, uint64_t seed, bool prefill_shm) {
   o.mxfp8_q = spec_.mxfp8_q;
   for (int layer : layers_) {
     std::vector<client::SpanSpec> spans;
+    spans.reserve(sequences_.size());
     for (const std::string& s : sequences_) {
       spans.push_back({s, call_first, cell.rows_per_request(), cell.drafts()});
     }
@@ -286,11 +287,11 @@ void Worker::Teardown() {
   ring_.reset();
   if (stream_ && !broken_) {
     stream_->WritesDone();
-    stream_->Finish().ok();
+    stream_->Finish().IgnoreError();  // tearing down: a failed finish changes nothing
     stream_.reset();
   }
   for (const std::string& s : sequences_) {
-    conn_->client->Release({model_.profile(), s}).ok();
+    conn_->client->Release({model_.profile(), s}).IgnoreError();
   }
   sequences_.clear();
   region_.reset();

@@ -36,7 +36,10 @@ void ThreadPool::WorkerLoop(int worker) {
         uint64_t seen;
       } wake{this, seen};
       mu_.Await(absl::Condition(
-          +[](Wake* w) { return w->pool->stop_ || w->pool->generation_ != w->seen; }, &wake));
+          +[](Wake* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->pool->mu_) {
+            return w->pool->stop_ || w->pool->generation_ != w->seen;
+          },
+          &wake));
       if (stop_) return;
       seen = generation_;
     }

@@ -21,6 +21,7 @@ target_sources(smla_kernels PRIVATE
 )
 target_compile_definitions(smla_kernels PUBLIC SMLA_WITH_HIP)
 target_link_libraries(smla_kernels PUBLIC hip::host)
-# Device code: warnings as for CUDA device code, and line tables for profilers and debuggers.
+# Device code: warnings are errors as for CUDA device code, and line tables for profilers and
+# debuggers.
 target_compile_options(smla_kernels PRIVATE
-  $<$<COMPILE_LANGUAGE:HIP>:-Wall -Wextra -Wno-unused-parameter -gline-tables-only>)
+  $<$<COMPILE_LANGUAGE:HIP>:-Wall -Wextra -Werror -Wno-unused-parameter -gline-tables-only>)

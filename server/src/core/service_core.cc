@@ -166,7 +166,8 @@ class ServiceCoreImpl : public ServiceCore {
     const int64_t rows = StepRows(request);
     const int64_t bytes = StepBytes(request, model.profile(), model.config().heads_per_rank);
     absl::Status admitted = scheduler_->Submit(std::move(request), std::move(done), rows, bytes);
-    if (!admitted.ok()) done(std::move(admitted));  // not moved from: Submit refused it
+    // Submit takes `done` by rvalue reference and moves from it only when it admits the step.
+    if (!admitted.ok()) done(std::move(admitted));  // NOLINT(bugprone-use-after-move)
   }
 
   void Drain() override { scheduler_->Drain(); }

@@ -44,7 +44,7 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
 }  // namespace
 
 StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream,
-                           Events events, std::vector<ModelRuntime*> models)
+                           Events events, const std::vector<ModelRuntime*>& models)
     : backend_(backend), stream_(std::move(stream)), events_(std::move(events)) {
   for (ModelRuntime* m : models) {
     SMLA_CHECK(m->index() == static_cast<int32_t>(models_.size()), "models out of index order");
@@ -53,7 +53,7 @@ StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::S
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
-    kernels::Backend& backend, std::vector<ModelRuntime*> models) {
+    kernels::Backend& backend, const std::vector<ModelRuntime*>& models) {
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend.CreateStream();
   if (!stream.ok()) return stream.status();
   Events events;
@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     *e = *std::move(created);
   }
   std::unique_ptr<StepExecutor> executor(
-      new StepExecutor(backend, *std::move(stream), std::move(events), std::move(models)));
+      new StepExecutor(backend, *std::move(stream), std::move(events), models));
   // Learns whether the backend has page-locked memory (pinned()) before the first launch.
   absl::StatusOr<uint8_t*> arena = executor->HostArena(size_t{1} << 20);
   if (!arena.ok()) return arena.status();
@@ -101,8 +101,9 @@ absl::StatusOr<uint8_t*> StepExecutor::HostArena(size_t bytes) {
   const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t) + 8;
   if (host_plain_.size() < words) host_plain_.resize(std::max(words, host_plain_.size() * 2));
   // 64-byte alignment inside the vector's 8-byte-aligned storage.
-  const uintptr_t at = reinterpret_cast<uintptr_t>(host_plain_.data());
-  return reinterpret_cast<uint8_t*>(AlignUp(at, 64));
+  auto* p = reinterpret_cast<uint8_t*>(host_plain_.data());
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  return p + (AlignUp(at, 64) - at);
 }
 
 absl::Status StepExecutor::WarmUp() {

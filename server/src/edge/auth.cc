@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -201,7 +202,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }
 
 absl::Status TenantStreams::Open(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int32_t& n = open_[tenant];
   if (max_ > 0 && n >= max_) {
     if (n == 0) open_.erase(tenant);
@@ -213,7 +214,7 @@ absl::Status TenantStreams::Open(const std::string& tenant) {
 }
 
 void TenantStreams::Close(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = open_.find(tenant);
   if (it != open_.end() && --it->second <= 0) open_.erase(it);
 }

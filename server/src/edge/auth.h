@@ -11,12 +11,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 
@@ -105,8 +106,8 @@ class TenantStreams {
 
  private:
   const int32_t max_;
-  std::mutex mu_;
-  std::map<std::string, int32_t> open_;
+  absl::Mutex mu_;
+  std::map<std::string, int32_t> open_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace smla::server::edge

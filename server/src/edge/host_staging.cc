@@ -60,7 +60,8 @@ struct StagingPool::State {
       absl::MutexLock lock(&mu);
       leased -= size;
       auto t = by_tenant.find(tenant);
-      if ((t->second -= size) == 0) by_tenant.erase(t);
+      t->second -= size;
+      if (t->second == 0) by_tenant.erase(t);
       if (b == nullptr) return;  // a lease whose mapping failed
       if (cached + size <= options.max_cached_bytes) {
         free[size].push_back(b);

@@ -71,7 +71,7 @@ std::string RandomHex(size_t bytes) {
   return absl::BytesToHexString(raw);
 }
 
-HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes) {
+HostPinning BudgetedPinning(const HostPinning& inner, uint64_t max_bytes) {
   struct Budget {
     absl::Mutex mu;
     uint64_t used ABSL_GUARDED_BY(mu) = 0;

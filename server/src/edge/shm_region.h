@@ -40,7 +40,7 @@ struct HostPinning {
 // `inner` limited to `max_bytes` page-locked at once (locked memory is the host's, and any
 // tenant may register regions): past the limit `pin` answers RESOURCE_EXHAUSTED without
 // calling `inner`, and the region is served unpinned (slower copies, same results).
-HostPinning BudgetedPinning(HostPinning inner, uint64_t max_bytes);
+HostPinning BudgetedPinning(const HostPinning& inner, uint64_t max_bytes);
 
 // The size of `fd` when it is a region the server may map: a memfd on shmem (not hugetlbfs),
 // sealed against shrinking, growing and further sealing, and not against writes.

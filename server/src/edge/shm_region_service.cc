@@ -2,10 +2,11 @@
 // call stays open, so a client that goes away (cancel, closed channel) cannot leave mappings
 // behind.
 #include <memory>
-#include <mutex>
 #include <span>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "smla_service.h"
 
 namespace smla::server::edge {
@@ -20,11 +21,11 @@ absl::Status RegionsDisabled() {
 // Whoever sets `finishing` first calls Finish; OnDone only follows Finish, so the reactor is
 // alive until then.
 struct LeaseState {
-  std::mutex mu;
-  grpc::ServerWriteReactor<v1::RegisterRegionResponse>* reactor = nullptr;
-  bool write_pending = false;
-  bool end_requested = false;
-  bool finishing = false;
+  absl::Mutex mu;
+  grpc::ServerWriteReactor<v1::RegisterRegionResponse>* reactor = nullptr;  // set once, first
+  bool write_pending ABSL_GUARDED_BY(mu) = false;
+  bool end_requested ABSL_GUARDED_BY(mu) = false;
+  bool finishing ABSL_GUARDED_BY(mu) = false;
 };
 
 class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterRegionResponse> {
@@ -48,7 +49,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
     auto end = [state = state_] {
       bool finish = false;
       {
-        std::lock_guard<std::mutex> lock(state->mu);
+        absl::MutexLock lock(&state->mu);
         if (state->finishing) return;
         if (state->write_pending) {
           state->end_requested = true;
@@ -67,7 +68,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
     response_.set_name(*name);
     response_.set_size(request->size());
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->finishing) return;
       state_->write_pending = true;
     }
@@ -77,7 +78,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
   void OnWriteDone(bool ok) override {
     bool finish = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       state_->write_pending = false;
       if (!state_->finishing && (!ok || state_->end_requested)) {
         state_->finishing = true;
@@ -94,7 +95,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
     DropSession();
     bool finish = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (!state_->finishing && !state_->write_pending) {
         state_->finishing = true;
         finish = true;
@@ -113,7 +114,7 @@ class RegionLeaseReactor final : public grpc::ServerWriteReactor<v1::RegisterReg
  private:
   void FinishOnce(const absl::Status& st) {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->finishing) return;
       state_->finishing = true;
     }

@@ -74,7 +74,7 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
       Finish(service_->Finished("Step", request_id_, st));
       return;
     }
-    service_->core()->Submit(std::move(step), [this](absl::StatusOr<StepResult> result) {
+    service_->core()->Submit(std::move(step), [this](const absl::StatusOr<StepResult>& result) {
       if (!result.ok()) {
         Finish(service_->Finished("Step", request_id_, result.status()));
         return;

@@ -60,16 +60,16 @@ StepRing::~StepRing() {
 
 void StepRing::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   stop_.store(true);
   RingDoorbell();
   poller_.join();
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   joined_ = true;
-  MaybeIdle(std::move(lock));
+  MaybeIdle();
 }
 
 void StepRing::RingDoorbell() {
@@ -180,15 +180,15 @@ void StepRing::Serve(uint64_t n) {
   }
   w.parsed = absl::Now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++outstanding_;
   }
   if (!st.ok()) {
     Complete(index, st);
     return;
   }
-  service_->core()->Submit(std::move(step),
-                           [this, index](absl::StatusOr<StepResult> r) { Complete(index, r); });
+  service_->core()->Submit(
+      std::move(step), [this, index](const absl::StatusOr<StepResult>& r) { Complete(index, r); });
 }
 
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
@@ -203,9 +203,9 @@ void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result
   // The slot's work may be reused from here on.
   w.busy.store(false, std::memory_order_seq_cst);
   if (poller_sleeping_.load()) RingDoorbell();
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   --outstanding_;
-  MaybeIdle(std::move(lock));
+  MaybeIdle();
 }
 
 void StepRing::Answer(uint32_t index, uint32_t seq, v1::StepResponse* resp) {
@@ -228,10 +228,13 @@ void StepRing::Answer(uint32_t index, uint32_t seq, v1::StepResponse* resp) {
   }
 }
 
-void StepRing::MaybeIdle(std::unique_lock<std::mutex> lock) {
-  if (idle_ || !joined_ || outstanding_ > 0) return;
+void StepRing::MaybeIdle() {
+  if (idle_ || !joined_ || outstanding_ > 0) {
+    mu_.Unlock();
+    return;
+  }
   idle_ = true;
-  lock.unlock();
+  mu_.Unlock();
   ring::Header* h = ring::HeaderAt(ring_);
   ring::Store(h->closed, 1, std::memory_order_seq_cst);
   for (uint32_t i = 0; i < slots_; ++i) {

@@ -33,12 +33,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/arena.h"
 #include "smla/server/step.h"
@@ -99,8 +100,9 @@ class StepRing {
   void Complete(uint32_t index, const absl::StatusOr<StepResult>& result);
   // Writes `resp` into slot `index`'s data and publishes it as the answer to `seq`.
   void Answer(uint32_t index, uint32_t seq, v1::StepResponse* resp);
-  // One in-flight step fewer or the poller joined: the last of both closes the ring.
-  void MaybeIdle(std::unique_lock<std::mutex> lock);
+  // One in-flight step fewer or the poller joined: the last of both closes the ring. Called
+  // with mu_ held; releases it (before calling on_idle, which may destroy the ring).
+  void MaybeIdle() ABSL_UNLOCK_FUNCTION(mu_);
 
   SmlaService* const service_;
   const std::string tenant_;
@@ -116,13 +118,14 @@ class StepRing {
   std::atomic<bool> stop_{false};
   std::atomic<bool> poller_sleeping_{false};
   std::thread poller_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   // Served steps not yet answered (Serve to Complete). Changed only under mu_ (MaybeIdle reads
-  // it there); the poller reads it without the lock to decide whether to keep spinning.
+  // it there); the poller reads it without the lock to decide whether to keep spinning, so it
+  // is an atomic rather than ABSL_GUARDED_BY.
   std::atomic<int> outstanding_{0};
-  bool stopping_ = false;
-  bool joined_ = false;
-  bool idle_ = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  bool idle_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace smla::server::edge

@@ -22,7 +22,7 @@ StepStreamReactor::StepStreamReactor(SmlaService* service, grpc::CallbackServerC
   service_->metrics()->StreamOpened();
   Actions a;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     a = NextActions();
   }
   Run(a);
@@ -51,7 +51,7 @@ StepStreamReactor::Actions StepStreamReactor::NextActions() {
   }
   if ((reads_done_ || broken_) && ring_live_ && !ring_stopping_) {
     ring_stopping_ = true;
-    a.stop_ring = true;
+    a.stop_ring = ring_.get();
   }
   if ((reads_done_ || broken_) && !read_pending_ && !writing_ && inflight_.empty() &&
       outstanding_ == 0 && !ring_live_) {
@@ -69,13 +69,13 @@ void StepStreamReactor::Run(const Actions& a) {
     Finish(a.cancelled ? grpc::Status::CANCELLED : grpc::Status::OK);
   }
   // Last: the ring's on_idle may finish the call from inside Stop.
-  if (a.stop_ring) ring_->Stop();
+  if (a.stop_ring != nullptr) a.stop_ring->Stop();
 }
 
 void StepStreamReactor::OnReadDone(bool ok) {
   Entry* entry = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     read_pending_ = false;
     if (!ok) {
       reads_done_ = true;
@@ -102,7 +102,7 @@ void StepStreamReactor::OnReadDone(bool ok) {
                                    &entry->storage, &entry->staged);
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       entry->bytes = entry->storage.landed.total_bytes() +
                      (entry->staged.buffer ? entry->staged.buffer->size() : 0);
       inflight_bytes_ += entry->bytes;
@@ -112,13 +112,14 @@ void StepStreamReactor::OnReadDone(bool ok) {
     if (!st.ok()) {
       Complete(entry, st);
     } else {
-      service_->core()->Submit(std::move(step),
-                               [this, entry](absl::StatusOr<StepResult> r) { Complete(entry, r); });
+      service_->core()->Submit(std::move(step), [this, entry](const absl::StatusOr<StepResult>& r) {
+        Complete(entry, r);
+      });
     }
   }
   Actions a;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     a = NextActions();
   }
   Run(a);
@@ -138,7 +139,7 @@ void StepStreamReactor::Pop() {
 void StepStreamReactor::Answered(Entry* entry) {
   Actions a;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     entry->done = true;
     --outstanding_;
     a = NextActions();
@@ -151,7 +152,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
   absl::Status st;
   bool already = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     already = ring_ != nullptr;
   }
   if (already) {
@@ -163,7 +164,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
         StepRing::Attach(service_, tenant_, call_deadline_, cancel_, pb.ring_attach(), [this] {
           Actions a;
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            absl::MutexLock lock(&mu_);
             ring_live_ = false;
             a = NextActions();
           }
@@ -171,7 +172,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
         });
     st = ring.status();
     if (ring.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ring_ = *std::move(ring);
       ring_live_ = true;
     }
@@ -188,7 +189,7 @@ void StepStreamReactor::AttachRing(Entry* entry) {
 void StepStreamReactor::OnWriteDone(bool ok) {
   Actions a;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     Pop();
     if (!ok) broken_ = true;
@@ -201,7 +202,7 @@ void StepStreamReactor::OnCancel() {
   cancel_->store(true);
   Actions a;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     broken_ = true;
     a = NextActions();
   }

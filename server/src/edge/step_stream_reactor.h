@@ -14,9 +14,10 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "response_writer.h"
@@ -65,7 +66,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     const grpc::ByteBuffer* write = nullptr;
     bool finish = false;
     bool cancelled = false;  // finish with CANCELLED
-    bool stop_ring = false;
+    StepRing* stop_ring = nullptr;
   };
 
   void Complete(Entry* entry, const absl::StatusOr<StepResult>& result);
@@ -73,29 +74,33 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   void AttachRing(Entry* entry);
   // Marks the entry answered and starts what that allows (writes in request order, the finish).
   void Answered(Entry* entry);
-  // Drops the answered front entry; needs mu_.
-  void Pop();
-  // Picks the next read, write or finish; needs mu_.
-  Actions NextActions();
+  // Drops the answered front entry.
+  void Pop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Picks the next read, write or finish.
+  Actions NextActions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(const Actions& a);
 
   SmlaService* const service_;
   const std::string tenant_;
   const absl::Time call_deadline_;
   const CancelFlag cancel_;
-  std::mutex mu_;
-  std::deque<std::unique_ptr<Entry>> inflight_;  // request order; front is written first
-  std::unique_ptr<Entry> reading_;               // its request is the pending read's target
-  uint64_t inflight_bytes_ = 0;                  // Entry::bytes over inflight_
-  int outstanding_ = 0;                          // core callbacks not yet run
-  bool read_pending_ = false;
-  bool reads_done_ = false;
-  bool writing_ = false;
-  bool broken_ = false;  // cancelled or a write failed: drop remaining responses
-  bool finished_ = false;
-  std::unique_ptr<StepRing> ring_;  // set once by AttachRing; destroyed with the reactor
-  bool ring_live_ = false;          // attached and not yet idle (StepRing's on_idle)
-  bool ring_stopping_ = false;
+  // Also guards each Entry's `done` and `bytes` once the entry is in inflight_.
+  absl::Mutex mu_;
+  // Request order; front is written first.
+  std::deque<std::unique_ptr<Entry>> inflight_ ABSL_GUARDED_BY(mu_);
+  // Its request is the pending read's target.
+  std::unique_ptr<Entry> reading_ ABSL_GUARDED_BY(mu_);
+  uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Entry::bytes over inflight_
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;          // core callbacks not yet run
+  bool read_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // cancelled or a write failed: drop responses
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once by AttachRing; destroyed with the reactor.
+  std::unique_ptr<StepRing> ring_ ABSL_GUARDED_BY(mu_);
+  bool ring_live_ ABSL_GUARDED_BY(mu_) = false;  // attached and not yet idle (on_idle)
+  bool ring_stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace smla::server::edge

@@ -24,7 +24,10 @@
 
 #define SMLA_STATUS_CONCAT_INNER_(a, b) a##b
 #define SMLA_STATUS_CONCAT_(a, b) SMLA_STATUS_CONCAT_INNER_(a, b)
+// `statusor` names a variable and `lhs` may declare one: parentheses would break both.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define SMLA_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)   \
   auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)
+// NOLINTEND(bugprone-macro-parentheses)

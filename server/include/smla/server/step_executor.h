@@ -45,8 +45,8 @@ class StepExecutor : public BatchRunner {
  public:
   // `models` (in index order: models[i]->index() == i) outlive the executor; the executor owns
   // its stream and staging buffers.
-  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(kernels::Backend& backend,
-                                                              std::vector<ModelRuntime*> models);
+  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
+      kernels::Backend& backend, const std::vector<ModelRuntime*>& models);
 
   // One empty-row Attend per model, so that the first real step pays no start-up cost.
   absl::Status WarmUp();
@@ -84,7 +84,7 @@ class StepExecutor : public BatchRunner {
   struct DeviceWork;  // what a launch enqueues (step_executor.cc)
 
   StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::Stream> stream, Events events,
-               std::vector<ModelRuntime*> models);
+               const std::vector<ModelRuntime*>& models);
   absl::Status Ensure(kernels::Buffer& buffer, size_t bytes);
   // Host bytes for a launch's arrays and gathered inputs: page-locked where the backend has
   // such memory (pinned() says which), else plain memory; 64-byte aligned.
