@@ -92,7 +92,7 @@ absl::StatusOr<Cell> ParseCell(std::string_view name) {
   for (size_t i = 1; i < tok.size(); ++i) {
     const std::string_view t = tok[i];
     if (std::optional<KvFormat> f = kernels::ParseKvFormat(t)) {
-      c.format = *f;
+      c.format = f;
     } else if (t.size() > 2 && (t.starts_with("TP") || t.starts_with("tp"))) {
       if (!absl::SimpleAtoi(Sv(t.substr(2)), &c.tp) || c.tp <= 0) {
         return absl::InvalidArgumentError(Cat("cell '", name, "': bad TP '", t, "'"));

@@ -89,12 +89,8 @@ TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
     h_.StepAndCheck(p);
     through_region(p, nullptr, client::ShmRegion::Layout::kPerSpan);
   }
-  client::StepOptions bf16_lse;
-  bf16_lse.want_lse = true;
-  client::StepOptions mx_rope;
-  mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
-  mx_rope.inverse_rope = true;
-  mx_rope.want_lse = true;
+  const client::StepOptions bf16_lse = Bf16WithLse();
+  const client::StepOptions mx_rope = Mxfp8WithRope();
   client::StepOptions mx_queries = bf16_lse;
   mx_queries.mxfp8_q = true;
   const std::vector<client::StepOptions> variants = {client::StepOptions{}, bf16_lse, mx_rope,

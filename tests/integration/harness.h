@@ -50,6 +50,21 @@ void SendStep(client::Client& c, client::StepStream* stream, const v1::StepReque
 void ExpectSameOutputs(const v1::StepResponse& inlined, const v1::StepResponse& want,
                        const std::string& what);
 
+// Step options the transport tests compare every transport on: bf16 output with the LSE, and
+// MXFP8 output with inverse RoPE and the LSE.
+inline client::StepOptions Bf16WithLse() {
+  client::StepOptions o;
+  o.want_lse = true;
+  return o;
+}
+inline client::StepOptions Mxfp8WithRope() {
+  client::StepOptions o;
+  o.output_format = v1::OUTPUT_FORMAT_MXFP8;
+  o.inverse_rope = true;
+  o.want_lse = true;
+  return o;
+}
+
 // A small DeepSeek-V4.1 rank (8 heads) with a small pool.
 inline const char kDsv41[] = "--model=dsv4.1-flash:tp=8:kv=fp8_dsv4:page_rows=16:pool=48MiB";
 // GLM-5.2 (8 heads, rope_appended: 576-lane queries and rows).

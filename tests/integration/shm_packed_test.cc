@@ -71,12 +71,8 @@ TEST_F(ShmPackedTest, ResultsEqualInlineBitForBit) {
     p.mutable_spans(0)->set_sequence_id(b[i]);
     ASSERT_TRUE(h_.client->Step(p).ok());
   }
-  client::StepOptions bf16_lse;
-  bf16_lse.want_lse = true;
-  client::StepOptions mx_rope;
-  mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
-  mx_rope.inverse_rope = true;
-  mx_rope.want_lse = true;
+  const client::StepOptions bf16_lse = Bf16WithLse();
+  const client::StepOptions mx_rope = Mxfp8WithRope();
   // MXFP8 queries too (PackedInputs.q_scales), unary and streamed.
   client::StepOptions mxq_lse = bf16_lse;
   mxq_lse.mxfp8_q = true;

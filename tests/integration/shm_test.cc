@@ -58,15 +58,8 @@ TEST_F(ShmTest, ResultsEqualInlineBitForBit) {
     ASSERT_TRUE((*region)->Place(&p).ok());
     ASSERT_TRUE(h_.client->Step(p).ok());
   }
-  const std::vector<client::StepOptions> variants = [] {
-    client::StepOptions bf16_lse;
-    bf16_lse.want_lse = true;
-    client::StepOptions mx_rope;
-    mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
-    mx_rope.inverse_rope = true;
-    mx_rope.want_lse = true;
-    return std::vector<client::StepOptions>{client::StepOptions{}, bf16_lse, mx_rope};
-  }();
+  const std::vector<client::StepOptions> variants = {client::StepOptions{}, Bf16WithLse(),
+                                                     Mxfp8WithRope()};
   auto stream = h_.client->OpenStream();
   ASSERT_TRUE(stream.ok());
   int64_t pos = 64;

@@ -138,12 +138,8 @@ TEST_F(StepRingTest, OutputsEqualInlineBitForBit) {
   auto r = client::StepRing::Attach(stream.get(), region_.get(), kRingOffset, kSlots, kSlotBytes);
   ASSERT_TRUE(r.ok()) << r.status();
   client::StepRing& ring = **r;
-  client::StepOptions bf16_lse;
-  bf16_lse.want_lse = true;
-  client::StepOptions mx_rope;
-  mx_rope.output_format = v1::OUTPUT_FORMAT_MXFP8;
-  mx_rope.inverse_rope = true;
-  mx_rope.want_lse = true;
+  const client::StepOptions bf16_lse = Bf16WithLse();
+  const client::StepOptions mx_rope = Mxfp8WithRope();
   const std::vector<client::StepOptions> variants = {bf16_lse, mx_rope, client::StepOptions{}};
   int64_t pos = 64;
   for (size_t v = 0; v < variants.size(); ++v, pos += 6) {

@@ -289,6 +289,7 @@ class WorkerPool {
 
   std::vector<Worker*> First(int n) const {
     std::vector<Worker*> use;
+    use.reserve(n);
     for (int i = 0; i < n; ++i) use.push_back(workers_[i].get());
     return use;
   }
