@@ -156,8 +156,8 @@ inline Error LaunchKernel(const void* kernel, dim3 grid, dim3 block, void** args
 }
 #endif
 
-// What the backend needs to know about a device, read once at start-up (style.md, "Device
-// facts once"). `arch` is "sm_90a"-style on NVIDIA and the gfx target ("gfx950") on AMD.
+// What the backend needs to know about a device, read once at start-up (docs/gpu.md). `arch`
+// is "sm_90a"-style on NVIDIA and the gfx target ("gfx950") on AMD.
 struct DeviceFacts {
   std::string name;
   std::string arch;
