@@ -238,15 +238,11 @@ class AttendPlanner {
   // and no head block is forced.
   // - H = 8 (half pairs, RowPairs::kAuto): the two rows' 8 heads fill one 16-head program,
   //   which unpaired masks half of its heads. By default only with at least a quarter as many
-  //   pairs as SMs: the row-union kernel's 6-20 us would not pay for fewer (on the H200, TP8
-  //   on the fp8 pools: 0.74-1.01x the time from decode C=16 up and 0.69-0.71x for prefill 8K,
-  //   1.3-1.5x at decode C=1; docs/results/kbench-h200.md).
+  //   pairs as SMs: the row-union kernel's fixed cost does not pay for fewer
+  //   (docs/results/kbench-h200.md, "Half pairs for H = 8").
   // - H a multiple of 16 (RowPairs::kAlways only, decode calls): the two 16-head groups of a
-  //   32-head program.
-  //   On the H200 (TP4/TP2 C=32/64 bar cells) 1.2-1.7x slower: the 32-head program, one per SM,
-  //   issues only ~14 % fewer instructions than two 16-head programs (two per SM) do for the
-  //   same rows, at a fifth lower issue rate, and the DRAM bytes were already the unique ones
-  //   (docs/results/kbench-h200.md).
+  //   32-head program. Slower on the H200 than two 16-head programs, whose DRAM bytes were
+  //   already the unique ones (the same section says why).
   void ChooseRowPairs() {
     const bool half_pairs = H_ <= 8;
     const int pair_hb = half_pairs ? 16 : 32;  // the program's head slots
