@@ -35,12 +35,13 @@ py::array View(const std::shared_ptr<PyRegion>& r, uint64_t offset, const py::ob
   } else {
     for (py::handle d : shape) dims.push_back(d.cast<ssize_t>());
   }
-  uint64_t bytes = static_cast<uint64_t>(ItemSize(dt));
+  const auto item = static_cast<uint64_t>(ItemSize(dt));
+  uint64_t bytes = item;
   for (ssize_t d : dims) {
     if (d < 0) throw py::value_error("shape: negative dimension");
     bytes *= static_cast<uint64_t>(d);
   }
-  if (offset % static_cast<uint64_t>(ItemSize(dt)) != 0) {
+  if (offset % item != 0) {
     throw py::value_error("offset: not a multiple of the element size");
   }
   if (offset > region.size() || bytes > region.size() - offset) {
