@@ -172,7 +172,10 @@ Pool MakePool(Side& cpu, KvFormat f, Geometry g, int32_t rows_per_page, int64_t 
     for (int j = 0; j < w; ++j) rows[i * w + j] = RandBf16(rng, m);
   }
   Buffer rows_buf = cpu.Upload(rows);
-  WriteRowsParams wp{p.View(host.data()), p.written, rows_buf.data()};
+  WriteRowsParams wp;
+  wp.cache = p.View(host.data());
+  wp.slots = p.written;
+  wp.rows = rows_buf.data();
   EXPECT_TRUE(cpu.backend->WriteRows(wp, *cpu.stream).ok());
   EXPECT_TRUE(cpu.backend->Synchronize(*cpu.stream).ok());
   p.bytes.assign(host.as<uint8_t>(), host.as<uint8_t>() + bytes);
@@ -925,6 +928,88 @@ TEST_F(GpuTest, PinnedVouchedArraysMatchStagedOnes) {
 
 // Batched copies both ways between page-locked host memory and the device, and device events
 // around them.
+// TranslateEntries writes the same slots and flags as the CPU backend (TranslateEntry, shared),
+// over rows of many widths and groups with bad ids sprinkled in; WriteRows then skips the rows of
+// flagged groups.
+TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
+  std::mt19937 rng(20261203);
+  constexpr int kShift = 6;  // 64 rows per page
+  std::vector<int32_t> table(300);
+  for (size_t p = 0; p < table.size(); ++p) table[p] = static_cast<int32_t>((p * 37) % 1000);
+  const int kRows = 700, kGroups = 120;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> id_at;
+  std::vector<int32_t> widths, limits, groups;
+  for (int r = 0; r < kRows; ++r) {
+    const int32_t width = r % 5 == 0 ? 2048 : 1 + static_cast<int32_t>(rng() % 600);
+    const int32_t limit = static_cast<int32_t>(rng() % (table.size() << kShift));
+    id_at.push_back(static_cast<int64_t>(ids.size()));
+    for (int32_t k = 0; k < width; ++k) {
+      const uint32_t pick = rng() % 20000;
+      int32_t e = limit > 0 ? static_cast<int32_t>(rng() % limit) : -1;
+      if (pick < 1000) e = -1;
+      if (pick == 19999) e = limit;  // one past: bad
+      if (pick == 19998) e = -2;     // bad
+      ids.push_back(e);
+    }
+    widths.push_back(width);
+    limits.push_back(limit);
+    groups.push_back(r % kGroups);
+  }
+  auto run = [&](Side& side, std::vector<uint32_t>& flags) {
+    Buffer dev_ids = side.Upload(ids);
+    Buffer dev_table = side.Upload(table);
+    Buffer dev_out = side.Zeros(ids.size() * 4, 0x55);
+    Buffer dev_flags = side.Zeros(kGroups * 4, 0);
+    std::vector<TranslateRow> rows(kRows);
+    for (int r = 0; r < kRows; ++r) {
+      rows[r] = TranslateRow{dev_ids.as<int32_t>() + id_at[r],
+                             dev_out.as<int32_t>() + id_at[r],
+                             dev_table.as<int32_t>(),
+                             widths[r],
+                             limits[r],
+                             groups[r],
+                             0};
+    }
+    Buffer dev_rows = side.Upload(rows);
+    TranslateParams p;
+    p.rows = dev_rows.as<TranslateRow>();
+    p.num_rows = kRows;
+    p.page_shift = kShift;
+    p.flags = dev_flags.as<uint32_t>();
+    EXPECT_TRUE(side.backend->TranslateEntries(p, *side.stream).ok());
+    flags = side.Download<uint32_t>(dev_flags, kGroups);
+    // One bf16 row per group into its own slot; flagged groups leave their slot as it was.
+    std::vector<int64_t> slots(kGroups);
+    std::vector<int32_t> row_groups(kGroups);
+    for (int g = 0; g < kGroups; ++g) slots[g] = row_groups[g] = g;
+    std::vector<uint16_t> src(size_t{kGroups} * 512, 0x3f80);
+    Buffer dev_src = side.Upload(src);
+    Buffer pool = side.Zeros(size_t{kGroups} * 1024, 0);
+    WriteRowsParams wp;
+    wp.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, kGroups, 1, 1024, 1.0f};
+    wp.slots = slots;
+    wp.rows = dev_src.data();
+    wp.groups = row_groups;
+    wp.group_flags = dev_flags.as<uint32_t>();
+    EXPECT_TRUE(side.backend->WriteRows(wp, *side.stream).ok());
+    std::vector<uint8_t> written = side.Download<uint8_t>(pool, size_t{kGroups} * 1024);
+    for (int g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(written[size_t{1024} * g + 1], flags[g] != 0 ? 0 : 0x3f) << "group " << g;
+    }
+    return side.Download<int32_t>(dev_out, ids.size());
+  };
+  std::vector<uint32_t> gpu_flags, cpu_flags;
+  const std::vector<int32_t> gpu_out = run(*gpu_, gpu_flags);
+  const std::vector<int32_t> cpu_out = run(*cpu_, cpu_flags);
+  EXPECT_EQ(gpu_flags, cpu_flags);
+  EXPECT_TRUE(gpu_out == cpu_out);
+  const auto flagged =
+      std::count_if(cpu_flags.begin(), cpu_flags.end(), [](uint32_t f) { return f != 0; });
+  EXPECT_GT(flagged, 0);
+  EXPECT_LT(flagged, kGroups);
+}
+
 TEST_F(GpuTest, CopyBatchAndEvents) {
   Backend& b = *gpu_->backend;
   Stream& st = *gpu_->stream;
@@ -1088,7 +1173,10 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
         Buffer pool = s.Zeros(pitch * pages, 0xa5);
         Buffer src = s.Upload(rows);
         MutableCacheView v{pool.data(), cb.format, cb.geometry, pages, rpp, pitch, 0.37f};
-        WriteRowsParams wp{v, slots, src.data()};
+        WriteRowsParams wp;
+        wp.cache = v;
+        wp.slots = slots;
+        wp.rows = src.data();
         ASSERT_TRUE(s.backend->WriteRows(wp, *s.stream).ok());
         pools[k] = s.Download<uint8_t>(pool, pitch * pages);
       }
@@ -1154,7 +1242,10 @@ TEST_F(GpuTest, WriteRowsTimeOfTheDecodeCell) {
   Buffer src = gpu_->Upload(rows);
   MutableCacheView v{pool.data(), KvFormat::kFp8Dsv4, Geometry::kRopeInside, pages, rpp, pitch,
                      1.0f};
-  const WriteRowsParams wp{v, slots, src.data()};
+  WriteRowsParams wp;
+  wp.cache = v;
+  wp.slots = slots;
+  wp.rows = src.data();
   absl::StatusOr<std::unique_ptr<Event>> e0 = b.CreateEvent(), e1 = b.CreateEvent();
   ASSERT_TRUE(e0.ok() && e1.ok());
   std::vector<double> us;

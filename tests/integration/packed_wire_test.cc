@@ -374,10 +374,7 @@ TEST_F(PackedWireTest, IdsAreReadInPlaceAndTheLaunchNamesABadOne) {
   EXPECT_THAT(std::string(ExplainChosenEntries(out_.spans[1], 1, spec).message()),
               HasSubstr("spans[1].topk[2][3]: entry -2 is invalid (-1 means none)"));
   id = saved;
-  // Asked about a span whose ids are fine again (rewritten since the build refused it).
-  const absl::Status changed = ExplainChosenEntries(out_.spans[1], 1, spec);
-  EXPECT_EQ(changed.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(changed.message()), HasSubstr("the entries have changed since"));
+  EXPECT_TRUE(ExplainChosenEntries(out_.spans[1], 1, spec).ok());
 }
 
 // Parse + validation time of a C=32 decode step (6 rows each, top-512 of the 1/1 cache at

@@ -337,7 +337,10 @@ TEST(CpuBackendTest, ManyKeysAtTheBoundWithEqualScores) {
     std::vector<int64_t> slots(kKeys);
     std::vector<int32_t> indices(kKeys);
     for (int k = 0; k < kKeys; ++k) slots[k] = indices[k] = k;
-    kernels::WriteRowsParams wp{cache, slots, rows.data()};
+    kernels::WriteRowsParams wp;
+    wp.cache = cache;
+    wp.slots = slots;
+    wp.rows = rows.data();
     ASSERT_TRUE(b->WriteRows(wp, *stream).ok());
     const std::vector<uint16_t> q(size_t{kHeads} * w, 0);  // every score 0
     const std::vector<int32_t> indptr = {0, kKeys};

@@ -187,7 +187,11 @@ absl::StatusOr<StepResult> Reference(kernels::Backend& b, const ModelConfig& con
   std::vector<int64_t> slots(keys.size());
   std::iota(slots.begin(), slots.end(), 0);
   if (!keys.empty()) {
-    absl::Status st = b.WriteRows({cache, slots, rows_dev->data()}, s);
+    kernels::WriteRowsParams wp;
+    wp.cache = cache;
+    wp.slots = slots;
+    wp.rows = rows_dev->data();
+    absl::Status st = b.WriteRows(wp, s);
     if (!st.ok()) return st;
   }
   absl::StatusOr<kernels::Buffer> q = Upload(b, s, span.q.data(), span.q.size() * 2);

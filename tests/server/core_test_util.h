@@ -102,6 +102,9 @@ class ControlledBackend : public kernels::Backend {
   absl::Status ExpandMxfp8Query(const kernels::ExpandQueryParams& p, kernels::Stream& s) override {
     return inner_->ExpandMxfp8Query(p, s);
   }
+  absl::Status TranslateEntries(const kernels::TranslateParams& p, kernels::Stream& s) override {
+    return inner_->TranslateEntries(p, s);
+  }
   absl::Status Attend(const kernels::AttendParams& p, kernels::Stream& s) override;
   absl::Status Synchronize(kernels::Stream& s) override { return inner_->Synchronize(s); }
 

@@ -137,16 +137,18 @@ class LaunchTest : public ::testing::Test {
     for (int i = 0; i < 2; ++i) {
       decode_.push_back(testing::MakeSpan(rng_, p, kLayer, 16, prefill_[i].sequence, 150, 6, 512));
     }
-    // One buffer: all q, then all KV rows, then all compressed entries.
+    // One buffer: all q, then all KV rows, then all compressed entries, then all top-k ids.
     for (const SpanData& s : decode_) Append(s.q);
     for (const SpanData& s : decode_) Append(s.kv);
     for (const SpanData& s : decode_) Append(s.compressed);
+    for (const SpanData& s : decode_) Append(s.topk);
   }
 
-  void Append(const std::vector<uint16_t>& v) {
+  template <typename T>
+  void Append(const std::vector<T>& v) {
     const size_t at = region_.size();
-    region_.resize(at + v.size() * 2);
-    std::memcpy(region_.data() + at, v.data(), v.size() * 2);
+    region_.resize(at + v.size() * sizeof(T));
+    std::memcpy(region_.data() + at, v.data(), v.size() * sizeof(T));
   }
 
   StepRequest Request(const std::vector<SpanData>& spans, bool from_region) {
@@ -157,16 +159,20 @@ class LaunchTest : public ::testing::Test {
     r.layer = kLayer;
     r.output_format = kernels::OutputFormat::kMxfp8;
     r.want_lse = true;
-    size_t q_at = 0, kv_at = 0, c_at = 0;
+    size_t q_at = 0, kv_at = 0, c_at = 0, t_at = 0;
     for (const SpanData& s : spans) kv_at += s.q.size() * 2;
     c_at = kv_at;
     for (const SpanData& s : spans) c_at += s.kv.size() * 2;
+    t_at = c_at;
+    for (const SpanData& s : spans) t_at += s.compressed.size() * 2;
     for (const SpanData& s : spans) {
       SpanInput in = s.View();
       if (from_region) {
         in.q = {region_.data() + q_at, s.q.size() * 2};
         in.kv_rows = {region_.data() + kv_at, s.kv.size() * 2};
         in.compressed_rows = {region_.data() + c_at, s.compressed.size() * 2};
+        in.topk = {reinterpret_cast<const int32_t*>(region_.data() + t_at), s.topk.size()};
+        t_at += s.topk.size() * 4;
         q_at += s.q.size() * 2;
         kv_at += s.kv.size() * 2;
         c_at += s.compressed.size() * 2;
@@ -233,10 +239,10 @@ TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
     ASSERT_EQ(r->lse.size(), want.lse.size());
     EXPECT_EQ(0, std::memcmp(r->lse.data(), want.lse.data(), want.lse.size() * 4));
   }
-  // q, KV rows, compressed entries: one copy each, from the region or from the arena.
-  ASSERT_EQ(direct_copies.size(), 3u);
+  // q, KV rows, compressed entries, top-k ids: one copy each, from the region or from the arena.
+  ASSERT_EQ(direct_copies.size(), 4u);
   for (const kernels::CopyOp& c : direct_copies) EXPECT_TRUE(InRegion(c.src));
-  ASSERT_EQ(staged_copies.size(), 3u);
+  ASSERT_EQ(staged_copies.size(), 4u);
   for (const kernels::CopyOp& c : staged_copies) EXPECT_FALSE(InRegion(c.src));
 }
 

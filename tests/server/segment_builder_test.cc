@@ -5,6 +5,7 @@
 #include "smla/server/segment_builder.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -76,7 +77,9 @@ Built PerId(const SegmentShape& shape, std::span<const SpanRef> spans) {
   return b;
 }
 
-Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans) {
+// The bulk build, its chosen entries translated by `backend` (the executor's path; on the CPU
+// backend its memory is host memory). Spans' groups are their indices.
+Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const SpanRef> spans) {
   const SegmentCounts c = CountSegments(shape, spans);
   Built b;
   b.slots.resize(c.slots());
@@ -85,8 +88,29 @@ Built Bulk(const SegmentShape& shape, std::span<const SpanRef> spans) {
   b.extra_indptr.resize(shape.spec.has_compressed() ? c.rows + 1 : 0);
   b.extra_idx.resize(c.extra_indices);
   b.positions.resize(c.rows);
-  SegmentArrays a{b.slots, b.main_indptr, b.main_idx, b.extra_indptr, b.extra_idx, b.positions};
-  b.rejected = BuildSegments(shape, spans, a);
+  std::vector<int32_t> groups(c.slots()), tables(c.table_entries), ids;
+  std::vector<kernels::TranslateRow> rows(c.chosen_rows);
+  for (const SpanRef& r : spans) ids.insert(ids.end(), r.input->topk.begin(), r.input->topk.end());
+  const bool chosen_main = shape.spec.kind == LayerKind::kChosen;
+  std::vector<int32_t>& chosen = chosen_main ? b.main_idx : b.extra_idx;
+  SegmentArrays a{b.slots,     groups,      b.main_indptr, b.main_idx, b.extra_indptr,
+                  b.extra_idx, b.positions, tables,        rows};
+  if (shape.spec.client_chooses()) (chosen_main ? a.main_indices : a.extra_indices) = {};
+  BuildSegments(shape, spans, ChosenTargets{ids.data(), chosen.data(), tables.data()}, a);
+  for (size_t k = 0, at = 0; k < spans.size(); ++k) {  // each span's KV rows, in span order
+    for (int32_t i = 0; i < spans[k].input->num_rows; ++i) EXPECT_EQ(groups[at++], spans[k].group);
+  }
+  std::vector<uint32_t> flags(spans.size(), 0);
+  kernels::TranslateParams tp;
+  tp.rows = rows.data();
+  tp.num_rows = static_cast<int32_t>(rows.size());
+  tp.page_shift = std::countr_zero(static_cast<uint32_t>(spans[0].prepared->rows_per_page()));
+  tp.flags = flags.data();
+  std::unique_ptr<kernels::Stream> stream = *backend.CreateStream();
+  EXPECT_TRUE(backend.TranslateEntries(tp, *stream).ok());
+  for (size_t k = 0; k < flags.size(); ++k) {
+    if (flags[k] != 0) b.rejected.push_back(k);
+  }
   return b;
 }
 
@@ -192,11 +216,12 @@ class SegmentBuilderTest : public ::testing::Test {
       ASSERT_TRUE(p.ok()) << p.status();
       prepared.push_back(*std::move(p));
       for (size_t i = 0; i < inputs[r].size(); ++i) {
-        refs.push_back(SpanRef{&inputs[r][i], prepared.back().get(), i});
+        refs.push_back(
+            SpanRef{&inputs[r][i], prepared.back().get(), i, static_cast<int32_t>(refs.size())});
       }
     }
     const Built want = PerId(Shape(layer), refs);
-    const Built got = Bulk(Shape(layer), refs);
+    const Built got = Bulk(*backend_, Shape(layer), refs);
     EXPECT_EQ(got.slots, want.slots);
     EXPECT_EQ(got.main_indptr, want.main_indptr);
     EXPECT_EQ(got.main_idx, want.main_idx);
@@ -221,10 +246,10 @@ class SegmentBuilderTest : public ::testing::Test {
       EXPECT_TRUE(p.ok()) << p.status();
       if (!p.ok()) break;
       prepared.push_back(*std::move(p));
-      refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0});
+      refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0, static_cast<int32_t>(i)});
     }
     std::vector<size_t> rejected;
-    if (refs.size() == spans.size()) rejected = Bulk(Shape(layer), refs).rejected;
+    if (refs.size() == spans.size()) rejected = Bulk(*backend_, Shape(layer), refs).rejected;
     for (auto& p : prepared) store_->Abort(*p);
     store_->EndBatch();
     return rejected;
@@ -280,8 +305,8 @@ TEST_F(SegmentBuilderTest, AbortTruncateAndReusedPages) {
   Compare(layer, {{&r2}, {&a}});
 }
 
-// The build is where chosen entries are checked: an entry past what its row may see (though
-// inside the prepared table), or a negative other than -1, refuses its span and only it.
+// The translation is where chosen entries are checked: an entry past what its row may see
+// (though inside the prepared table), or a negative other than -1, flags its span and only it.
 TEST_F(SegmentBuilderTest, RefusesSpansWithEntriesTheirRowsMayNotSee) {
   Open("dsv4.1-flash:tp=8:page_rows=8:pool_pages=2048");
   for (int32_t layer : {2, 20}) {  // top-k of 1/2, top-k of 1/1
@@ -382,7 +407,7 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
     absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, {&w, 1});
     ASSERT_TRUE(p.ok()) << p.status();
     prepared.push_back(*std::move(p));
-    refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0});
+    refs.push_back(SpanRef{&inputs[i], prepared.back().get(), 0, static_cast<int32_t>(i)});
   }
   auto median_us = [](auto&& fn) {
     std::vector<double> t;
@@ -396,67 +421,15 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
     return t[t.size() / 2];
   };
   Built bulk, per_id;
-  const double bulk_us = median_us([&] { bulk = Bulk(Shape(layer), refs); });
+  const double bulk_us = median_us([&] { bulk = Bulk(*backend_, Shape(layer), refs); });
   const double per_id_us = median_us([&] { per_id = PerId(Shape(layer), refs); });
   EXPECT_EQ(bulk.extra_idx, per_id.extra_idx);
-  std::vector<int32_t> scratch(bulk.extra_idx.size());
-  const double translate_us = median_us([&] {
-    int32_t* out = scratch.data();
-    for (const SpanRef& r : refs) {
-      const LayerPages& pages = r.prepared->pages(r.index);
-      ASSERT_TRUE(TranslateEntries(r.input->topk, pages.compressed, 6,
-                                   static_cast<int64_t>(pages.compressed.size()) << 6, out));
-      out += r.input->topk.size();
-    }
-  });
-  EXPECT_EQ(scratch, bulk.extra_idx);
   std::printf(
-      "decode C=32 segments (%zu main + %zu extra ids): bulk %.1f us (top-k translation alone "
-      "%.1f us), per id %.1f us\n",
-      bulk.main_idx.size(), bulk.extra_idx.size(), bulk_us, translate_us, per_id_us);
+      "decode C=32 segments (%zu main + %zu extra ids): bulk build with the CPU backend's "
+      "translation %.1f us, per id %.1f us\n",
+      bulk.main_idx.size(), bulk.extra_idx.size(), bulk_us, per_id_us);
   for (auto& p : prepared) store_->Abort(*p);
   store_->EndBatch();
-}
-
-TEST(TranslateEntriesTest, SentinelsAndTheTableEnd) {
-  const std::vector<int32_t> pages = {7, 2, 9};  // 4 rows per page: entries 0..11
-  const std::vector<int32_t> ids = {0, 3, 4, -1, 11, 5, -1, 8};
-  std::vector<int32_t> out(ids.size());
-  ASSERT_TRUE(TranslateEntries(ids, pages, 2, 12, out.data()));
-  EXPECT_EQ(out, (std::vector<int32_t>{28, 31, 8, -1, 39, 9, -1, 36}));
-  const std::vector<int32_t> past = {1, 12};
-  EXPECT_FALSE(TranslateEntries(past, pages, 2, 12, out.data()));
-  // No pages yet: only sentinels are valid.
-  const std::vector<int32_t> none = {-1, -1};
-  EXPECT_TRUE(TranslateEntries(none, {}, 2, 0, out.data()));
-  EXPECT_EQ(out[0], -1);
-  EXPECT_FALSE(TranslateEntries(past, {}, 2, 0, out.data()));
-}
-
-// The row's own limit decides, not the table's end, and only -1 is a sentinel; long runs take
-// the vector loop and its scalar tail both.
-TEST(TranslateEntriesTest, VisibleLimitAndInvalidNegatives) {
-  std::vector<int32_t> pages(64);
-  for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(100 + p);
-  for (const size_t n : {size_t{5}, size_t{8}, size_t{37}, size_t{512}}) {
-    std::vector<int32_t> ids(n);
-    for (size_t k = 0; k < n; ++k) ids[k] = static_cast<int32_t>((k * 7) % 90);
-    std::vector<int32_t> out(n);
-    ASSERT_TRUE(TranslateEntries(ids, pages, 2, 90, out.data())) << n;
-    EXPECT_EQ(out[1], (100 + 7 / 4) * 4 + 7 % 4);
-    for (const size_t at : {size_t{0}, n / 2, n - 1}) {
-      std::vector<int32_t> bad = ids;
-      bad[at] = 90;  // inside the table (256 entries), past what the row may see
-      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
-      bad[at] = -2;
-      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
-      bad[at] = INT32_MIN;
-      EXPECT_FALSE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
-      bad[at] = -1;
-      EXPECT_TRUE(TranslateEntries(bad, pages, 2, 90, out.data())) << n << " " << at;
-      EXPECT_EQ(out[at], -1);
-    }
-  }
 }
 
 TEST(HostRangesTest, ContainsOnlyWholeRangesInsideOneRegistration) {

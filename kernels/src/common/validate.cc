@@ -47,6 +47,11 @@ absl::Status ValidateSegment(const Segment& seg, std::string_view name_view, int
                         seg.indptr[num_rows], seg.indices.size()));
   }
   if (ids_in_range) return absl::OkStatus();
+  if (seg.indices_on_device) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s segment: indices in backend memory need a call that vouches for them (ids_in_range)",
+        name));
+  }
   const int64_t slots = seg.cache.num_slots();
   for (int32_t t = 0; t < num_rows; ++t) {
     for (int32_t j = seg.indptr[t]; j < seg.indptr[t + 1]; ++j) {
@@ -210,6 +215,32 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
       return absl::InvalidArgumentError(
           absl::StrFormat("slots[%d] = %d out of range (pool has %d slots)", i, p.slots[i], n));
     }
+  }
+  if (!p.groups.empty() && p.groups.size() != p.slots.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("groups has %d entries for %d slots", p.groups.size(), p.slots.size()));
+  }
+  if (p.groups.empty() != (p.group_flags == nullptr)) {
+    return absl::InvalidArgumentError("groups and group_flags come together");
+  }
+  for (size_t i = 0; i < p.groups.size(); ++i) {
+    if (p.groups[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("groups[%d] = %d", i, p.groups[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTranslate(const TranslateParams& p) {
+  if (p.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("num_rows %d is negative", p.num_rows));
+  }
+  if (p.page_shift < 0 || p.page_shift > 30) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("page_shift %d outside [0, 30]", p.page_shift));
+  }
+  if (p.num_rows > 0 && (p.rows == nullptr || p.flags == nullptr)) {
+    return absl::InvalidArgumentError("rows or flags is null");
   }
   return absl::OkStatus();
 }

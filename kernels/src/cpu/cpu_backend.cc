@@ -14,6 +14,7 @@
 #include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/codec/row_codec.h"
+#include "smla/kernels/translate.h"
 #include "smla/kernels/validate.h"
 
 namespace smla::kernels {
@@ -101,6 +102,7 @@ class CpuBackend final : public Backend {
     uint8_t* base = static_cast<uint8_t*>(c.base);
     const uint16_t* rows = static_cast<const uint16_t*>(p.rows);
     auto write = [&](int64_t i, int) {
+      if (!p.groups.empty() && p.group_flags[p.groups[i]] != 0) return;
       const int64_t slot = p.slots[i];
       uint8_t* scales = c.format == KvFormat::kFp8Dsv4
                             ? base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes)
@@ -130,6 +132,21 @@ class CpuBackend final : public Backend {
       pool_.ParallelFor(p.vectors, expand);
     } else {
       for (int64_t v = 0; v < p.vectors; ++v) expand(v, 0);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status TranslateEntries(const TranslateParams& p, Stream&) override {
+    if (absl::Status s = ValidateTranslate(p); !s.ok()) return s;
+    for (int32_t r = 0; r < p.num_rows; ++r) {
+      const TranslateRow& row = p.rows[r];
+      bool bad = false;
+      for (int32_t k = 0; k < row.width; ++k) {
+        // One relaxed load per id: the ids may lie in memory a client can rewrite.
+        const int32_t e = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
+        row.out[k] = TranslateEntry(e, row.table, p.page_shift, row.limit, bad);
+      }
+      if (bad) p.flags[row.group] |= 1u;
     }
     return absl::OkStatus();
   }

@@ -60,7 +60,8 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
     const int32_t a0 = s.indptr[2 * pair];
     const int32_t a1 = s.indptr[2 * pair + 1];
     const int32_t b1 = s.indptr[2 * pair + 2];
-    const int64_t n = a1 - a0 > kUnionMaxRow || b1 - a1 > kUnionMaxRow
+    // Indices in backend memory cannot be read here: their concatenation bounds the union.
+    const int64_t n = s.indices_on_device || a1 - a0 > kUnionMaxRow || b1 - a1 > kUnionMaxRow
                           ? b1 - a0
                           : PairUnionLength(s.indices.subspan(a0, a1 - a0),
                                             s.indices.subspan(a1, b1 - a1), s.cache.num_slots());
@@ -297,11 +298,19 @@ class AttendPlanner {
       off = AlignUp(off + bytes, 16);
       return at;
     };
+    // Indices already in backend memory are read where they lie, not staged.
+    auto indices = [&](const Segment& sg, int s) {
+      if (sg.indices_on_device) {
+        l_.device_indices[s] = sg.indices.data();
+        return int64_t{-1};
+      }
+      return add(4 * static_cast<int64_t>(sg.indices.size()));
+    };
     l_.off_indptr[0] = add(4 * (int64_t{T_} + 1));
-    l_.off_indices[0] = add(4 * static_cast<int64_t>(params_.main.indices.size()));
+    l_.off_indices[0] = indices(params_.main, 0);
     if (params_.has_extra) {
       l_.off_indptr[1] = add(4 * (int64_t{T_} + 1));
-      l_.off_indices[1] = add(4 * static_cast<int64_t>(params_.extra.indices.size()));
+      l_.off_indices[1] = indices(params_.extra, 1);
     }
     if (!params_.epilogue.positions.empty()) l_.off_positions = add(4 * int64_t{T_});
     if (!params_.sink.empty()) l_.off_sink = add(4 * int64_t{H_});
@@ -392,10 +401,14 @@ void ForEachHostArray(const AttendParams& params, const AttendLaunch& l,
     if (bytes > 0) fn(off, src, bytes);
   };
   put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
-  put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
+  if (l.off_indices[0] >= 0) {
+    put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
+  }
   if (params.has_extra) {
     put(l.off_indptr[1], params.extra.indptr.data(), params.extra.indptr.size_bytes());
-    put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
+    if (l.off_indices[1] >= 0) {
+      put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
+    }
   }
   if (l.off_positions >= 0) {
     put(l.off_positions, params.epilogue.positions.data(), params.epilogue.positions.size_bytes());
@@ -422,7 +435,9 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
   AttendKernelParams& k = l.kernel;
   for (int s = 0; s < k.num_segments; ++s) {
     k.seg[s].indptr = reinterpret_cast<const int32_t*>(ws + l.off_indptr[s]);
-    k.seg[s].indices = reinterpret_cast<const int32_t*>(ws + l.off_indices[s]);
+    k.seg[s].indices = l.off_indices[s] >= 0
+                           ? reinterpret_cast<const int32_t*>(ws + l.off_indices[s])
+                           : l.device_indices[s];
     if (l.paired != PairMode::kNone) {
       k.seg[s].union_indices = reinterpret_cast<int32_t*>(ws + l.off_union_indices[s]);
       k.seg[s].union_mask = ws + l.off_union_mask[s];

@@ -32,7 +32,8 @@ struct AttendLaunch {
   int64_t staged_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t off_indptr[2] = {0, 0};
-  int64_t off_indices[2] = {0, 0};
+  int64_t off_indices[2] = {0, 0};        // -1: Segment::indices_on_device, read from
+  const int32_t* device_indices[2] = {};  // here instead
   int64_t off_positions = -1;
   int64_t off_sink = -1;
   int64_t off_union_indices[2] = {0, 0};  // paired: device-written unions (not staged)

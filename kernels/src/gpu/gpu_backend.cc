@@ -194,16 +194,25 @@ class GpuBackend : public Backend {
     if (s == nullptr) return NotOurs();
     const int64_t n = static_cast<int64_t>(params.slots.size());
     if (n == 0) return absl::OkStatus();
-    const int64_t bytes = n * static_cast<int64_t>(sizeof(int64_t));
+    // One upload: the slots, then the groups when there are any.
+    const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
+    const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
     absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
     if (!pinned.ok()) return pinned.status();
     absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
     if (!ws.ok()) return ws.status();
-    std::memcpy(*pinned, params.slots.data(), bytes);
+    std::memcpy(*pinned, params.slots.data(), slot_bytes);
+    if (!params.groups.empty()) {
+      std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
+    }
     if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
     gpu::WriteRowsKernelParams k;
     k.base = static_cast<uint8_t*>(params.cache.base);
     k.slots = reinterpret_cast<const int64_t*>(*ws);
+    if (!params.groups.empty()) {
+      k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
+      k.group_flags = params.group_flags;
+    }
     k.rows = static_cast<const uint16_t*>(params.rows);
     k.num_rows = n;
     k.pitch = params.cache.pitch_bytes;
@@ -227,6 +236,13 @@ class GpuBackend : public Backend {
     k.out = static_cast<uint16_t*>(params.out);
     k.lanes = params.vectors * params.width;
     return gpu::LaunchExpandQuery(k, s->handle());
+  }
+
+  absl::Status TranslateEntries(const TranslateParams& params, Stream& stream) override {
+    if (absl::Status st = ValidateTranslate(params); !st.ok()) return st;
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    return gpu::LaunchTranslate(params, s->handle());
   }
 
   absl::Status Attend(const AttendParams& params, Stream& stream) override {

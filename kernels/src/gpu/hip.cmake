@@ -10,6 +10,7 @@ set(_smla_hip_kernels
   ${CMAKE_CURRENT_LIST_DIR}/combine_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/expand_query_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/row_union_kernel.cu
+  ${CMAKE_CURRENT_LIST_DIR}/translate_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/write_rows_kernel.cu
 )
 set_source_files_properties(${_smla_hip_kernels} PROPERTIES LANGUAGE HIP)

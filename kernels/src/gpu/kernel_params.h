@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/gpu/runtime.h"
+#include "smla/kernels/params.h"
 #include "smla/kernels/plan.h"
 
 namespace smla::kernels::gpu {
@@ -103,6 +104,9 @@ struct CombineKernelParams {
 struct WriteRowsKernelParams {
   uint8_t* base = nullptr;         // pool, device
   const int64_t* slots = nullptr;  // [n] device
+  // Optional (WriteRowsParams::groups): row i is skipped when group_flags[groups[i]] != 0.
+  const int32_t* groups = nullptr;  // [n] device
+  const uint32_t* group_flags = nullptr;
   const uint16_t* rows = nullptr;  // [n, QkWidth] bf16, device
   int64_t num_rows = 0;
   int64_t pitch = 0;
@@ -163,5 +167,6 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
 absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);
+absl::Status LaunchTranslate(const TranslateParams& p, StreamHandle stream);
 
 }  // namespace smla::kernels::gpu

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(kRowThreads)
   // The format is the same for every block, so every thread takes the same branches and
   // reaches the same barriers.
   for (int64_t r = blockIdx.x; r < p.num_rows; r += gridDim.x) {
+    if (p.groups != nullptr && p.group_flags[p.groups[r]] != 0) continue;  // the block alike
     const int64_t slot = p.slots[r];
     const uint16_t* in = p.rows + r * width;
     uint8_t* data = p.base + SlotDataOffset(f, g, slot, p.rows_per_page, p.pitch);

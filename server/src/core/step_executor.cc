@@ -1,6 +1,7 @@
 #include "smla/server/step_executor.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -39,6 +40,27 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
     }
   }
   copies.push_back(kernels::CopyOp{dst, src, bytes});
+}
+
+// The translation's device buffer (translate_): the spans' page tables and the TranslateRows,
+// copied together from the same layout in the arena; then the translated chosen segment and one
+// flag per step.
+struct TranslateLayout {
+  size_t rows = 0;    // the TranslateRows, after the tables
+  size_t upload = 0;  // [tables | rows]
+  size_t out = 0;
+  size_t flags = 0;
+  size_t total = 0;
+};
+
+TranslateLayout LayOutTranslate(const SegmentCounts& c, size_t groups) {
+  TranslateLayout l;
+  l.rows = AlignUp(static_cast<size_t>(c.table_entries) * sizeof(int32_t), 64);
+  l.upload = l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow);
+  l.out = AlignUp(l.upload, 64);
+  l.flags = AlignUp(l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t), 64);
+  l.total = l.flags + groups * sizeof(uint32_t);
+  return l;
 }
 
 }  // namespace
@@ -233,11 +255,20 @@ struct StepExecutor::DeviceWork {
   kernels::ExpandQueryParams expand;         // MXFP8 queries into q_ (vectors 0: bf16 queries)
   std::vector<size_t> to_host_step, to_pageable_step;  // the step of each copy back
   kernels::WriteRowsParams write;
+  // The chosen entries' translation: its page tables and rows, copied from the arena once the
+  // segments are built, then translated on the device; flags (one per step of `kept`, zeroed
+  // with the input copies) come back to flags_host with the outputs.
+  kernels::CopyOp chosen_upload;
+  kernels::TranslateParams translate;
+  uint32_t* flags_host = nullptr;
+  size_t groups = 0;
   kernels::AttendParams attend;
   // Spans that only append (their rows land in slots no committed position uses), whose
   // finite check runs while the device attends; (step, span).
   std::vector<std::pair<size_t, const SpanRef*>> append_checks;
-  std::vector<SpanRef> spans;  // the launch's spans, which append_checks point into
+  std::vector<SpanRef> spans;     // the launch's spans, which append_checks point into
+  std::vector<size_t> span_step;  // the step (index into the batch) of each span
+  std::vector<int64_t> span_ids;  // where each span's top-k ids start in ids_ (entries)
 };
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
@@ -277,6 +308,14 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(EnqueueOutputs(work, failed));
   const absl::Time enqueued_at = absl::Now();
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
+  // Steps the device flagged (a chosen entry their row may not see) wrote no rows; their outputs
+  // were copied like the others' and are not answered.
+  for (size_t g = 0; g < work.groups; ++g) {
+    if (work.flags_host[g] == 0) continue;
+    absl::StatusOr<absl::Status> why = ExplainFlagged(kept[g], model.profile().layers[layer], work);
+    if (!why.ok()) return why.status();
+    Reject(kept[g], *std::move(why), results, failed);
+  }
   // The device's intervals between the launch's events. `wait` runs from the end of the input
   // copies to the host's enqueueing of the rest: the device waiting for the segment build the
   // copies did not cover (the whole build on the CPU backend, whose copies run inside the
@@ -327,7 +366,7 @@ struct StepExecutor::LaunchPlan {
   bool inverse_rope = false;
   bool mx_q = false;  // the scheduler batches one q format
   bool want_lse = false;
-  std::vector<size_t> span_step;  // the step (index into args.steps) of each span
+  size_t groups = 0;  // the launch's steps (args.included)
   SegmentCounts counts;
   size_t rows = 0;  // T
   size_t q_lanes = 0, q_bytes = 0, q_scale_bytes = 0, kv_bytes = 0;
@@ -340,6 +379,7 @@ struct StepExecutor::LaunchPlan {
 // Where a launch's host arrays lie in the arena.
 struct StepExecutor::StagedArena {
   SegmentArrays arrays;
+  ChosenTargets targets;
   float* sink = nullptr;
 };
 
@@ -355,7 +395,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   // while the device copies (other bytes of the arena than the gathered inputs).
   work.inputs_at = absl::Now();
   SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
-  CheckContents(plan, staged->arrays, work, results, rejected);
+  CheckContents(plan, *staged, work, results, rejected);
   if (!rejected.empty()) return absl::OkStatus();
   FillDeviceParams(args, plan, *staged, work);
   PlanOutputs(args, plan, work, results, stats);
@@ -375,14 +415,21 @@ StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, Device
   p.format = head.output_format;
   p.inverse_rope = head.inverse_rope;
   p.mx_q = head.q_format == QFormat::kMxfp8;
-  for (size_t i : args.included) {
+  int64_t ids = 0;
+  for (size_t g = 0; g < args.included.size(); ++g) {
+    const size_t i = args.included[g];
     const StepRequest& r = *args.steps[i];
     p.want_lse = p.want_lse || r.want_lse;
     for (size_t si = 0; si < r.spans.size(); ++si) {
-      work.spans.push_back(SpanRef{&r.spans[si], args.prepared[i].get(), si});
-      p.span_step.push_back(i);
+      work.spans.push_back(
+          SpanRef{&r.spans[si], args.prepared[i].get(), si, static_cast<int32_t>(g)});
+      work.span_step.push_back(i);
+      work.span_ids.push_back(ids);
+      ids += static_cast<int64_t>(r.spans[si].topk.size());
     }
   }
+  p.groups = args.included.size();
+  work.groups = p.groups;
   p.counts = CountSegments(p.shape(), work.spans);
   p.rows = static_cast<size_t>(p.counts.rows);
   p.q_lanes = p.rows * p.heads * p.qk;
@@ -405,6 +452,8 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
     SMLA_RETURN_IF_ERROR(Ensure(q_scales_, p.q_scale_bytes));
   }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
+  SMLA_RETURN_IF_ERROR(Ensure(ids_, static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
+  SMLA_RETURN_IF_ERROR(Ensure(translate_, LayOutTranslate(p.counts, p.groups).total));
   SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
   if (p.format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, p.rows * p.scale_row));
   if (p.want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, p.rows * p.lse_row));
@@ -422,10 +471,15 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
                                                                     DeviceWork& work,
                                                                     CopyStats& stats) {
   const bool compressed = p.spec->has_compressed();
-  enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kQScales = 3, kKinds = 4 };
-  size_t staged[kKinds] = {0, 0, 0, 0};
+  enum Kind { kQ = 0, kKv = 1, kCompressed = 2, kQScales = 3, kIds = 4, kKinds = 5 };
+  size_t staged[kKinds] = {0, 0, 0, 0, 0};
+  auto ids_bytes = [](const SpanInput& s) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.topk.data()),
+                                    s.topk.size_bytes());
+  };
   for (const SpanRef& ref : work.spans) {
     const SpanInput& s = *ref.input;
+    if (!CopiesDirect(ids_bytes(s))) staged[kIds] += s.topk.size_bytes();
     if (!CopiesDirect(s.q)) staged[kQ] += s.q.size();
     if (!CopiesDirect(s.q_scales)) staged[kQScales] += s.q_scales.size();
     if (!CopiesDirect(s.kv_rows)) staged[kKv] += s.kv_rows.size();
@@ -449,6 +503,10 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   const size_t o_extra = take(static_cast<size_t>(p.counts.extra_indices) * sizeof(int32_t));
   const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
   const size_t o_sink = take(p.sink.size() * sizeof(float));
+  const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
+  const TranslateLayout tl = LayOutTranslate(p.counts, p.groups);
+  const size_t o_translate = take(tl.upload);
+  const size_t o_flags = take(p.groups * sizeof(uint32_t));
   size_t o_stage[kKinds];
   for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
   absl::StatusOr<uint8_t*> arena_or = HostArena(total);
@@ -467,14 +525,31 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
   arrays.extra_indices = i32(o_extra, static_cast<size_t>(p.counts.extra_indices));
   arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
+  arrays.slot_groups = i32(o_groups, static_cast<size_t>(p.counts.slots()));
+  arrays.tables = i32(o_translate, static_cast<size_t>(p.counts.table_entries));
+  arrays.chosen = std::span<kernels::TranslateRow>(
+      reinterpret_cast<kernels::TranslateRow*>(arena + o_translate + tl.rows),
+      static_cast<size_t>(p.counts.chosen_rows));
   out.sink = reinterpret_cast<float*>(arena + o_sink);
+  // The chosen segment's indices are written on the device: its host array stays empty.
+  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
+  if (p.spec->client_chooses()) (chosen_main ? arrays.main_indices : arrays.extra_indices) = {};
+  uint8_t* const dev_translate = translate_.as<uint8_t>();
+  out.targets.ids = ids_.as<const int32_t>();
+  out.targets.out = reinterpret_cast<int32_t*>(dev_translate + tl.out);
+  out.targets.tables = reinterpret_cast<const int32_t*>(dev_translate);
+  work.chosen_upload = kernels::CopyOp{dev_translate, arena + o_translate, tl.upload};
+  work.translate.rows = reinterpret_cast<const kernels::TranslateRow*>(dev_translate + tl.rows);
+  work.translate.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
+  work.translate.flags = reinterpret_cast<uint32_t*>(dev_translate + tl.flags);
+  work.flags_host = reinterpret_cast<uint32_t*>(arena + o_flags);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
   uint8_t* const dev[kKinds] = {p.mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
                                 rows_.as<uint8_t>(), rows_.as<uint8_t>() + p.kv_bytes,
-                                q_scales_.as<uint8_t>()};
+                                q_scales_.as<uint8_t>(), ids_.as<uint8_t>()};
   std::vector<kernels::CopyOp> copies[kKinds];
-  size_t dev_off[kKinds] = {0, 0, 0, 0}, stage_off[kKinds] = {0, 0, 0, 0};
+  size_t dev_off[kKinds] = {}, stage_off[kKinds] = {};
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
     const void* from = src.data();
@@ -495,10 +570,12 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
     input(kQScales, s.q_scales);
     input(kKv, s.kv_rows);
     if (compressed) input(kCompressed, s.compressed_rows);
+    input(kIds, ids_bytes(s));
   }
   SMLA_CHECK(dev_off[kQ] == p.q_bytes && dev_off[kQScales] == p.q_scale_bytes &&
                  dev_off[kKv] == p.kv_bytes &&
-                 dev_off[kCompressed] == static_cast<size_t>(p.counts.compressed) * p.row_bytes,
+                 dev_off[kCompressed] == static_cast<size_t>(p.counts.compressed) * p.row_bytes &&
+                 dev_off[kIds] == static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t),
              "input sizes");
   for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
   if (p.mx_q) {
@@ -511,26 +588,22 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   return out;
 }
 
-// The inputs' contents are checked while the device copies them: a step with a chosen entry its
-// row may not see, or a non-finite KV row, is answered with the error and left out. Spans that
-// rewrite committed positions are checked before any row is written; spans that only append,
-// while the device attends (Launch).
-void StepExecutor::CheckContents(const LaunchPlan& p, const SegmentArrays& arrays, DeviceWork& work,
+// While the device copies the inputs: the segments are built, and the KV rows and MXFP8 queries
+// checked. A step with a non-finite KV row or a NaN query is answered with the error and left
+// out: spans that rewrite committed positions are checked before any row is written; spans that
+// only append, while the device attends (Launch). Chosen entries are checked on the device.
+void StepExecutor::CheckContents(const LaunchPlan& p, const StagedArena& staged, DeviceWork& work,
                                  std::vector<absl::StatusOr<StepResult>>& results,
                                  std::vector<size_t>& rejected) {
-  const std::vector<size_t> bad_chosen = BuildSegments(p.shape(), work.spans, arrays);
-  for (size_t k : bad_chosen) {
-    const SpanRef& ref = work.spans[k];
-    Reject(p.span_step[k], ExplainChosenEntries(*ref.input, ref.index, *p.spec), results, rejected);
-  }
+  BuildSegments(p.shape(), work.spans, staged.targets, staged.arrays);
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanRef& ref = work.spans[k];
     if (ref.input->first_position >= ref.prepared->committed_length(ref.index)) {
-      work.append_checks.emplace_back(p.span_step[k], &ref);
+      work.append_checks.emplace_back(work.span_step[k], &ref);
       continue;
     }
     absl::Status finite = CheckSpanContents(*ref.input, ref.index, p.heads, p.qk);
-    if (!finite.ok()) Reject(p.span_step[k], std::move(finite), results, rejected);
+    if (!finite.ok()) Reject(work.span_step[k], std::move(finite), results, rejected);
   }
 }
 
@@ -546,6 +619,12 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   work.write.cache = model.store().cache();
   work.write.slots = arrays.slots;
   work.write.rows = rows_.data();
+  if (!arrays.slots.empty()) {
+    work.write.groups = arrays.slot_groups;
+    work.write.group_flags = work.translate.flags;
+  }
+  work.translate.page_shift =
+      std::countr_zero(static_cast<uint32_t>(model.store().cache().rows_per_page));
 
   kernels::AttendParams& a = work.attend;
   a.num_rows = static_cast<int32_t>(p.rows);
@@ -561,6 +640,12 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
     a.extra.cache = a.main.cache;
     a.extra.indptr = arrays.extra_indptr;
     a.extra.indices = arrays.extra_indices;
+  }
+  if (p.spec->client_chooses()) {
+    kernels::Segment& chosen = p.spec->kind == LayerKind::kChosen ? a.main : a.extra;
+    chosen.indices =
+        std::span<const int32_t>(staged.targets.out, static_cast<size_t>(p.counts.chosen_ids));
+    chosen.indices_on_device = true;
   }
   a.sink = sink_view;
   // Each span's rows are consecutive rows of one sequence (a decode request's MTP rows share most
@@ -645,10 +730,30 @@ void StepExecutor::NoteCopies(const CopyStats& s) {
   last_copy_stats_ = s;
 }
 
+absl::StatusOr<absl::Status> StepExecutor::ExplainFlagged(size_t step, const LayerSpec& spec,
+                                                          const DeviceWork& w) {
+  for (size_t k = 0; k < w.spans.size(); ++k) {
+    if (w.span_step[k] != step) continue;
+    const SpanRef& ref = w.spans[k];
+    // The ids as the device read them: the copy in ids_, which the client cannot touch.
+    SpanInput span = *ref.input;
+    std::vector<int32_t> ids(span.topk.size());
+    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(ids.data(), ids_.as<int32_t>() + w.span_ids[k],
+                                             ids.size() * sizeof(int32_t), *stream_));
+    SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
+    span.topk = ids;
+    absl::Status why = ExplainChosenEntries(span, ref.index, spec);
+    if (!why.ok()) return why;
+  }
+  return absl::InternalError("the device flagged a step whose chosen entries all check out");
+}
+
 absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
+  if (w.groups > 0)
+    SMLA_RETURN_IF_ERROR(backend_.Fill(w.translate.flags, 0, w.groups * sizeof(uint32_t), stream));
   // MXFP8 queries are expanded as part of bringing the inputs in (copy_in's time), before the
   // segment build that the device may wait for.
   if (w.expand.vectors > 0) SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
@@ -658,6 +763,11 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
 absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
+  if (w.translate.num_rows > 0) {
+    const kernels::CopyOp& c = w.chosen_upload;
+    SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
+    SMLA_RETURN_IF_ERROR(backend_.TranslateEntries(w.translate, stream));
+  }
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
@@ -679,6 +789,10 @@ absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w, std::span<const s
     if (dropped(w.to_pageable_step[k])) continue;
     const kernels::CopyOp& c = w.to_pageable[k];
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
+  }
+  if (w.groups > 0) {
+    SMLA_RETURN_IF_ERROR(
+        backend_.CopyToHost(w.flags_host, w.translate.flags, w.groups * sizeof(uint32_t), stream));
   }
   return backend_.RecordEvent(*events_.end, stream);
 }

@@ -174,9 +174,9 @@ absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span
   return absl::OkStatus();
 }
 
-// Ids are used where they lie when aligned, in a client's region too: the slot build reads each
-// id once and checks it there (segment_builder.h), so a client rewriting its region can only
-// fail its own step.
+// Ids are used where they lie when aligned, in a client's region too: the executor copies them
+// to the device once, and the translation checks that copy (segment_builder.h), so a client
+// rewriting its region can only fail its own step.
 std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* storage) {
   const size_t n = bytes.size() / 4;
   if (IsAligned(bytes.data(), alignof(int32_t))) {
@@ -254,8 +254,10 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   }
   std::span<const int32_t> topk;
   if (p.has_topk()) {
+    // Left where they lie, a GPU region too: the executor copies them to the device, where they
+    // are translated and checked.
     auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
-                        storage, HostReads::kYes);
+                        storage, HostReads::kNo);
     if (!t.ok()) return t.status();
     // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
     topk = AsInt32(*t, storage);
@@ -419,7 +421,8 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       span.compressed_rows = *c;
     }
     if (s.has_topk()) {
-      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage);
+      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage,
+                           HostReads::kNo);
       if (!t.ok()) return t.status();
       span.topk = AsInt32(*t, storage);
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));

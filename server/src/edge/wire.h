@@ -58,7 +58,7 @@ struct ParseStorage {
   // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
   // is read from there instead of its inline_data.
   LandedTensors landed;
-  // GPU-region tensors the host reads (ids, KV rows, MXFP8 queries): their host copies, and
+  // GPU-region tensors the host reads (KV rows, MXFP8 queries): their host copies, and
   // the copies still to make (RegionContext::host_buffer says who runs them).
   std::vector<std::shared_ptr<void>> device_copies;
   std::vector<kernels::CopyOp> device_reads;
@@ -80,7 +80,7 @@ struct RegionContext {
   const RegionRegistry* registry = nullptr;
   std::string tenant;
   // Host memory (kept alive by the returned handle) for a GPU-region tensor the host reads
-  // before a launch (top-k ids, KV rows, MXFP8 queries): parsing points the span at it and
+  // before a launch (KV rows, MXFP8 queries): parsing points the span at it and
   // lists the copy in ParseStorage::device_reads, which the caller makes, all at once, before
   // the step is submitted. Queries in bf16 and the outputs stay on the device. Unset: GPU
   // regions are refused.

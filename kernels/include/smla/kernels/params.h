@@ -45,7 +45,11 @@ struct MutableCacheView {
 struct Segment {
   CacheView cache;
   std::span<const int32_t> indptr;   // [T+1] host
-  std::span<const int32_t> indices;  // [nnz] host, slot ids
+  std::span<const int32_t> indices;  // [nnz] slot ids: host, or backend memory (below)
+  // The indices lie in backend memory, written by earlier work on the same stream (a
+  // TranslateEntries call): the backend reads them where they are and the host never does, so
+  // the call must vouch for them (AttendParams::ids_in_range).
+  bool indices_on_device = false;
 };
 
 struct Epilogue {
@@ -121,6 +125,33 @@ struct WriteRowsParams {
   MutableCacheView cache;
   std::span<const int64_t> slots;  // [n] host, each in [0, num_slots)
   const void* rows = nullptr;      // [n, QkWidth] bf16, backend memory
+  // Optional: row i belongs to group groups[i] (host, [n]), and is not written when
+  // group_flags[groups[i]] (backend memory, set by earlier work on the stream such as
+  // TranslateEntries) is non-zero: a step whose inputs failed a check on the device writes nothing.
+  std::span<const int32_t> groups;
+  const uint32_t* group_flags = nullptr;
+};
+
+// Chosen entries (an indexer's logical entry numbers) translated into pool slots through paged
+// tables, on the device (Backend::TranslateEntries). Entry e of a table of pages of 2^page_shift
+// rows is slot (table[e >> page_shift] << page_shift) | (e & (2^page_shift - 1)).
+struct TranslateRow {
+  const int32_t* ids = nullptr;    // [width] backend memory: the row's entries, -1 = none
+  int32_t* out = nullptr;          // [width] backend memory: their slots, -1 for none
+  const int32_t* table = nullptr;  // backend memory: at least ceil(limit / 2^page_shift) pages
+  int32_t width = 0;
+  int32_t limit = 0;  // the row sees entries [0, limit)
+  int32_t group = 0;  // index into TranslateParams::flags (the caller's step)
+  int32_t unused = 0;
+};
+
+// Each id is read once. An id outside [-1, limit) becomes -1 (nothing outside the table is read)
+// and sets bit 0 of flags[group]; the caller zeroes the flags before and reads them after.
+struct TranslateParams {
+  const TranslateRow* rows = nullptr;  // [num_rows] backend memory
+  int32_t num_rows = 0;
+  int32_t page_shift = 0;
+  uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
 };
 
 // MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.

@@ -16,8 +16,12 @@ absl::Status ValidateCacheView(const CacheView& cache, std::string_view what);
 // vouches for them (AttendParams::ids_in_range), sink, epilogue positions, output pointers.
 absl::Status ValidateAttend(const AttendParams& params);
 
-// Slots in range, cache view valid.
+// Slots in range, cache view valid, groups (when given) one per slot with their flags.
 absl::Status ValidateWriteRows(const WriteRowsParams& params);
+
+// Row count, page shift and pointers (the rows themselves lie in backend memory: each backend
+// bounds what it reads by the row's own limit).
+absl::Status ValidateTranslate(const TranslateParams& params);
 
 // Width a positive multiple of 32, vectors not negative, pointers set when there is work.
 absl::Status ValidateExpandQuery(const ExpandQueryParams& params);

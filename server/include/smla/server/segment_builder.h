@@ -1,16 +1,18 @@
 // A batch's slot lists and attention segments (step_executor.h says what each row sees), built
 // in bulk from the prepared page tables into caller-owned arrays (page-locked memory on GPU
 // backends, so they are written once and copied to the device directly):
-// - slots: the KV rows of every span in batch order, then the compressed entries of every span;
+// - slots: the KV rows of every span in batch order, then the compressed entries of every span,
+//   with the group (the span's step in the launch) of each, so that a step that fails a check on
+//   the device writes none of its rows;
 // - main segment: each row's SWA window (the span's window slots are computed once per span and
-//   each row copies its slice) or, on chosen-position layers, its entries translated through
-//   the main page table;
-// - extra segment: chosen compressed entries translated through the compressed page table
-//   (-1 stays a sentinel), or every visible entry on dense layers;
+//   each row copies its slice);
+// - extra segment: every visible entry on dense layers;
+// - the chosen segment (the main one on chosen-position layers, the extra one on top-k layers):
+//   its offsets here, and its indices translated on the device (Backend::TranslateEntries), one
+//   TranslateRow per row over the span's page table, which is copied once per span into
+//   `tables`. The device reads each id once and checks it against what its row may see
+//   ([-1, visible - 1]); a step with any other id is flagged there and fails alone;
 // - positions: each row's position (for inverse RoPE).
-// The build is where chosen entries are checked: each id is read once (it may lie in a client's
-// shared memory, which the client could rewrite at any time) and must lie in [-1, visible - 1]
-// for its row. A span with any other id is reported back, and its slots are left unusable.
 // A page table that does not cover the entries a row may see is an invariant failure.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "smla/kernels/params.h"
 #include "smla/server/kv_store.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/step.h"
@@ -29,7 +32,8 @@ namespace smla::server {
 struct SpanRef {
   const SpanInput* input = nullptr;
   const PreparedStep* prepared = nullptr;
-  size_t index = 0;  // the span's index in `prepared`
+  size_t index = 0;   // the span's index in `prepared`
+  int32_t group = 0;  // the span's step in the launch: its flag and its rows' group
 };
 
 struct SegmentShape {
@@ -44,30 +48,37 @@ struct SegmentCounts {
   int64_t compressed = 0;     // new compressed entries (after the T KV rows in `slots`)
   int64_t main_indices = 0;   // nnz of the main segment
   int64_t extra_indices = 0;  // nnz of the extra segment (0 without one)
+  int64_t chosen_rows = 0;    // rows with chosen entries (each a TranslateRow)
+  int64_t chosen_ids = 0;     // their entries, every span's top-k in span order
+  int64_t table_entries = 0;  // the page-table entries their spans' rows may reach
   int64_t slots() const { return rows + compressed; }
 };
 
-// Caller-owned outputs, each exactly its count long (positions may be empty: not built).
+// Caller-owned outputs, each exactly its count long (positions may be empty: not built). The
+// chosen segment's indices are left empty: they are written on the device.
 struct SegmentArrays {
-  std::span<int64_t> slots;          // [rows + compressed]
-  std::span<int32_t> main_indptr;    // [rows + 1]
-  std::span<int32_t> main_indices;   // [main_indices]
-  std::span<int32_t> extra_indptr;   // [rows + 1], empty without an extra segment
-  std::span<int32_t> extra_indices;  // [extra_indices]
-  std::span<int32_t> positions;      // [rows] or empty
+  std::span<int64_t> slots;                 // [rows + compressed]
+  std::span<int32_t> slot_groups;           // [rows + compressed]
+  std::span<int32_t> main_indptr;           // [rows + 1]
+  std::span<int32_t> main_indices;          // [main_indices], empty on chosen-position layers
+  std::span<int32_t> extra_indptr;          // [rows + 1], empty without an extra segment
+  std::span<int32_t> extra_indices;         // [extra_indices], empty on top-k layers
+  std::span<int32_t> positions;             // [rows] or empty
+  std::span<int32_t> tables;                // [table_entries]
+  std::span<kernels::TranslateRow> chosen;  // [chosen_rows]
+};
+
+// Where the device translation reads and writes: backend-memory addresses the TranslateRows
+// point at.
+struct ChosenTargets {
+  const int32_t* ids = nullptr;     // every span's top-k ids in span order, as copied in
+  int32_t* out = nullptr;           // the chosen segment's indices
+  const int32_t* tables = nullptr;  // the backend's copy of SegmentArrays::tables
 };
 
 SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> spans);
 
-// Returns the spans (indices into `spans`) with a chosen entry their row may not see, in order.
-std::vector<size_t> BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                                  const SegmentArrays& out);
-
-// out[k] = -1 for ids[k] == -1, else the slot of entry ids[k] in a table of pages of
-// 2^page_shift rows (entry e is row e % B of pages[e / B]). Reads each id once, vectorised;
-// false (out then holds -1 or slots inside the table) when an id lies outside
-// [-1, min(visible, table entries) - 1].
-bool TranslateEntries(std::span<const int32_t> ids, std::span<const int32_t> pages, int page_shift,
-                      int64_t visible, int32_t* out);
+void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
+                   const ChosenTargets& targets, const SegmentArrays& out);
 
 }  // namespace smla::server

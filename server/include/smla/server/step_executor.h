@@ -1,15 +1,19 @@
 // Runs batches of steps on the backend (the BatchRunner behind the scheduler): per step,
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
 // the launch: inputs outside registered memory gathered into page-locked memory and the input
-// copies enqueued; while the device copies, the slot lists and segments are built into the same
-// page-locked memory, and the inputs' contents are checked (chosen entries as they are
-// translated, KV rows finite): a step that fails is answered with its error, aborted (it changes
+// copies enqueued (top-k ids among them); while the device copies, the slot lists and segments
+// are built into the same page-locked memory (segment_builder.h), and the KV rows and MXFP8
+// queries are checked: a step that fails is answered with its error, aborted (it changes
 // nothing) and the launch prepared again without it. Spans that only append are checked for
 // finite rows later, while the device attends: their rows land past the committed length, so a
 // step that fails there is aborted with no outputs copied back and leaves nothing visible;
-// then the rest of the device work back to back (one WriteRows for every new KV row and
-// compressed entry | one Attend over all rows | the copies back), with events between the parts;
-// Synchronize, and Commit. Outputs are sliced back to each step.
+// then the rest of the device work back to back (the page tables and TranslateRows up, one
+// TranslateEntries that turns every chosen entry into a slot and flags the steps with an entry
+// their row may not see | one WriteRows for every new KV row and compressed entry, skipping the
+// flagged steps' | one Attend over all rows | the copies back, the flags with them), with events
+// between the parts; Synchronize; flagged steps are answered with their error (their outputs
+// were copied but are not answered) and aborted, the others committed. Outputs are sliced back
+// to each step.
 // Inputs inside a registered host range (host_ranges(): a client's shared memory the backend
 // page-locked) are copied to the device directly, one copy per contiguous range.
 //
@@ -111,7 +115,7 @@ class StepExecutor : public BatchRunner {
   absl::Status SizeBuffers(const LaunchPlan& plan);
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
                                           CopyStats& stats);
-  void CheckContents(const LaunchPlan& plan, const SegmentArrays& arrays, DeviceWork& work,
+  void CheckContents(const LaunchPlan& plan, const StagedArena& staged, DeviceWork& work,
                      std::vector<absl::StatusOr<StepResult>>& results,
                      std::vector<size_t>& rejected);
   void FillDeviceParams(const LaunchArgs& args, const LaunchPlan& plan, const StagedArena& staged,
@@ -122,6 +126,10 @@ class StepExecutor : public BatchRunner {
   bool CopiesDirect(std::span<const uint8_t> bytes) const;
   // The start event, the input copies and the event after them.
   absl::Status EnqueueInputs(const DeviceWork& work);
+  // The error of a step the device flagged (a chosen entry its row may not see), from its ids
+  // as the device read them.
+  absl::StatusOr<absl::Status> ExplainFlagged(size_t step, const LayerSpec& spec,
+                                              const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
   // Enqueues the row writes and the attention between their timing events.
@@ -139,6 +147,8 @@ class StepExecutor : public BatchRunner {
   // Buffers in backend memory, grown as needed; only the executor thread uses them.
   kernels::Buffer q_, rows_, out_, scales_, lse_;
   kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
+  kernels::Buffer ids_;                 // top-k ids as copied in
+  kernels::Buffer translate_;  // page tables, TranslateRows, chosen slots, flags (TranslateLayout)
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
   bool host_pinned_ok_ = true;        // false once the backend said it has none

@@ -50,9 +50,8 @@ absl::Status CheckRowsFinite(const SpanInput& span, size_t index, int qk_width);
 // else OK; nothing to check for bf16 queries (no q_scales). Run with CheckRowsFinite.
 absl::Status CheckQueryCodes(const SpanInput& span, size_t index, int32_t heads, int qk_width);
 
-// The error for a span whose build found a chosen entry its row may not see: INVALID_ARGUMENT
-// naming the entry. Should the entries have changed since (a client rewriting its region
-// mid-step), the message says so instead.
+// The error for a span with a chosen entry its row may not see (the device's translation flagged
+// its step): INVALID_ARGUMENT naming the first such entry; OK when every entry checks out.
 absl::Status ExplainChosenEntries(const SpanInput& span, size_t index, const LayerSpec& spec);
 
 // Compressed entries a span of `num_rows` rows from `first_position` adds to a 1/r cache:

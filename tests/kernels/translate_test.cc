@@ -1,0 +1,110 @@
+// Chosen entries into slots on the backend (Backend::TranslateEntries), and row writes that skip
+// the groups a translation flagged (WriteRowsParams::groups): the semantics every backend
+// shares, on the CPU backend. smla-gpu-test checks that the GPU backend writes the same.
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "smla/kernels/cpu_backend.h"
+
+namespace smla::kernels {
+namespace {
+
+class TranslateTest : public ::testing::Test {
+ protected:
+  // Translates each of `rows` (ids, limit, group) through `table` (pages of 4 rows); returns the
+  // flags of `groups` groups.
+  struct Row {
+    std::vector<int32_t> ids;
+    int32_t limit = 0;
+    int32_t group = 0;
+    std::vector<int32_t> out;
+  };
+  std::vector<uint32_t> Translate(std::vector<Row>& rows, const std::vector<int32_t>& table,
+                                  int groups) {
+    std::vector<TranslateRow> desc;
+    for (Row& r : rows) {
+      r.out.assign(r.ids.size(), 12345);
+      desc.push_back(TranslateRow{r.ids.data(), r.out.data(), table.data(),
+                                  static_cast<int32_t>(r.ids.size()), r.limit, r.group, 0});
+    }
+    std::vector<uint32_t> flags(groups, 0);
+    TranslateParams p;
+    p.rows = desc.data();
+    p.num_rows = static_cast<int32_t>(desc.size());
+    p.page_shift = 2;
+    p.flags = flags.data();
+    EXPECT_TRUE(backend_->TranslateEntries(p, *stream_).ok());
+    return flags;
+  }
+
+  std::unique_ptr<Backend> backend_ = *CreateCpuBackend({.cpu_threads = 1});
+  std::unique_ptr<Stream> stream_ = *backend_->CreateStream();
+};
+
+TEST_F(TranslateTest, SentinelsPagesAndTheRowLimit) {
+  const std::vector<int32_t> table = {7, 2, 9};  // entries 0..11
+  std::vector<Row> rows = {{{0, 3, 4, -1, 11, 5, -1, 8}, 12, 0, {}}, {{-1, -1}, 0, 1, {}}};
+  EXPECT_EQ(Translate(rows, table, 2), (std::vector<uint32_t>{0, 0}));
+  EXPECT_EQ(rows[0].out, (std::vector<int32_t>{28, 31, 8, -1, 39, 9, -1, 36}));
+  EXPECT_EQ(rows[1].out, (std::vector<int32_t>{-1, -1}));
+}
+
+// The row's own limit decides, not the table's end, and only -1 is a sentinel: a bad id
+// becomes -1 (nothing outside the table is read) and flags its group alone.
+TEST_F(TranslateTest, BadIdsFlagTheirGroupOnly) {
+  const std::vector<int32_t> table = {7, 2, 9, 4};  // entries 0..15
+  for (const int32_t bad : {10, 16, -2, INT32_MIN, INT32_MAX}) {
+    SCOPED_TRACE(bad);
+    std::vector<Row> rows = {{{0, 1, 2}, 10, 0, {}}, {{3, bad, 9}, 10, 1, {}}, {{9}, 10, 2, {}}};
+    EXPECT_EQ(Translate(rows, table, 3), (std::vector<uint32_t>{0, 1, 0}));
+    EXPECT_EQ(rows[1].out, (std::vector<int32_t>{31, -1, 37}));
+    EXPECT_EQ(rows[2].out, (std::vector<int32_t>{37}));
+  }
+  // Two rows of one group, one bad: the group is flagged once; an empty table takes only -1.
+  std::vector<Row> rows = {{{0}, 1, 1, {}}, {{1}, 1, 1, {}}, {{-1, 0}, 0, 0, {}}};
+  EXPECT_EQ(Translate(rows, table, 2), (std::vector<uint32_t>{1, 1}));
+  EXPECT_EQ(rows[2].out, (std::vector<int32_t>{-1, -1}));
+}
+
+TEST_F(TranslateTest, RefusesBadParams) {
+  TranslateParams p;
+  p.num_rows = 1;
+  EXPECT_EQ(backend_->TranslateEntries(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.num_rows = 0;
+  p.page_shift = 31;
+  EXPECT_EQ(backend_->TranslateEntries(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Rows of a flagged group are not written; the others are, and groups come one per slot.
+TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
+  std::vector<uint8_t> pool(4 * 1024, 0);
+  std::vector<uint16_t> rows(3 * 512);
+  for (int i = 0; i < 3 * 512; ++i) rows[i] = static_cast<uint16_t>(0x3f80 + i / 512);
+  const std::vector<int64_t> slots = {0, 1, 2};
+  const std::vector<int32_t> groups = {0, 1, 0};
+  const std::vector<uint32_t> flags = {0, 1};
+  WriteRowsParams p;
+  p.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, 1, 4, 4096, 1.0f};
+  p.slots = slots;
+  p.rows = rows.data();
+  p.groups = groups;
+  p.group_flags = flags.data();
+  ASSERT_TRUE(backend_->WriteRows(p, *stream_).ok());
+  uint16_t v[3];
+  for (int s = 0; s < 3; ++s) std::memcpy(&v[s], pool.data() + s * 1024, 2);
+  EXPECT_EQ(v[0], 0x3f80);
+  EXPECT_EQ(v[1], 0) << "the flagged group's row was written";
+  EXPECT_EQ(v[2], 0x3f82);
+  const std::vector<int32_t> short_groups = {0};
+  p.groups = short_groups;
+  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.groups = groups;
+  p.group_flags = nullptr;
+  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace smla::kernels
