@@ -181,7 +181,7 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
   std::memset(region_data_ + kIdsAt, 0xff, kOutputsAt - kIdsAt);
   server::StepRequest step;
   const auto it = models_.find(pb.model());
-  const server::edge::RegionContext regions{regions_.get(), kTenant, {}};
+  const server::edge::RegionContext regions{regions_.get(), kTenant};
   absl::Status st = server::edge::ParseStepRequest(pb, it == models_.end() ? nullptr : &it->second,
                                                    limits_, &step, &storage, &regions);
   if (st.ok()) {

@@ -1010,6 +1010,63 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
   EXPECT_LT(flagged, kGroups);
 }
 
+// CheckInputs flags the same groups as the CPU backend (input_checks.h, shared), over ranges of
+// every check, of many lengths, at aligned and unaligned addresses, with refused values
+// sprinkled in.
+TEST_F(GpuTest, InputChecksMatchCpu) {
+  std::mt19937 rng(31);
+  const int kRanges = 400, kGroups = 150;
+  std::vector<uint8_t> bytes;
+  struct Spec {
+    size_t at;
+    int64_t len;
+    InputCheck check;
+    int32_t group;
+  };
+  std::vector<Spec> specs;
+  for (int r = 0; r < kRanges; ++r) {
+    const auto check = static_cast<InputCheck>(r % 3);
+    const int64_t len = (r % 7 == 0 ? 200000 : static_cast<int64_t>(rng() % 3000)) & ~int64_t{1};
+    const size_t at = bytes.size() + (r % 4 == 3 ? 1 : 0);  // some start unaligned
+    bytes.resize(at + len);
+    for (int64_t i = 0; i < len; i += 2) {
+      // Accepted values: bf16 within 2^64, codes and scales that are not NaN.
+      const uint16_t v = check == InputCheck::kKvRows
+                             ? static_cast<uint16_t>(rng() % 0x5f80)
+                             : static_cast<uint16_t>(rng() % 0x7f | (rng() % 0x7f) << 8);
+      std::memcpy(&bytes[at + i], &v, 2);
+    }
+    if (len > 0 && rng() % 5 == 0) {
+      const int64_t i = static_cast<int64_t>(rng() % (len / 2)) * 2;
+      const uint16_t bad = check == InputCheck::kKvRows ? 0x7fc0 : 0x00ff;
+      std::memcpy(&bytes[at + i], &bad, 2);
+    }
+    specs.push_back({at, len, check, static_cast<int32_t>(rng() % kGroups)});
+  }
+  auto run = [&](Side& side) {
+    Buffer dev = side.Upload(bytes);
+    std::vector<CheckRange> ranges;
+    for (const Spec& sp : specs) {
+      ranges.push_back({dev.as<uint8_t>() + sp.at, sp.len, sp.check, sp.group});
+    }
+    Buffer dev_ranges = side.Upload(ranges);
+    Buffer flags = side.Zeros(kGroups * 4, 0);
+    CheckInputsParams p;
+    p.ranges = dev_ranges.as<CheckRange>();
+    p.num_ranges = kRanges;
+    p.flags = flags.as<uint32_t>();
+    EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
+    return side.Download<uint32_t>(flags, kGroups);
+  };
+  const std::vector<uint32_t> gpu_flags = run(*gpu_);
+  const std::vector<uint32_t> cpu_flags = run(*cpu_);
+  EXPECT_EQ(gpu_flags, cpu_flags);
+  const auto flagged =
+      std::count_if(cpu_flags.begin(), cpu_flags.end(), [](uint32_t f) { return f != 0; });
+  EXPECT_GT(flagged, 0);
+  EXPECT_LT(flagged, kGroups);
+}
+
 TEST_F(GpuTest, CopyBatchAndEvents) {
   Backend& b = *gpu_->backend;
   Stream& st = *gpu_->stream;

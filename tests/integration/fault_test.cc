@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "harness.h"
 #include "heavy_step.h"
+#include "smla/client/shm.h"
 
 namespace smla::testing {
 namespace {
@@ -51,6 +52,62 @@ TEST(FaultChild, StreamUntilKilled) {
       ASSERT_TRUE((*stream)->Read(&r));
     }
   }
+}
+
+// The child side of RegionOwnerKilledMidStep: registers a shared-memory region, places one step
+// in it (inputs and outputs) and sends it; the parent kills it while the step runs.
+TEST(FaultChild, RegionStepUntilKilled) {
+  const char* target = std::getenv("SMLA_FAULT_CHILD_TARGET");
+  if (target == nullptr) GTEST_SKIP() << "run by FaultTest.RegionOwnerKilledMidStep";
+  client::ClientOptions o;
+  o.target = target;
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto info = (*c)->Info();
+  ASSERT_TRUE(info.ok());
+  const v1::ModelInfo& m = info->models(0);
+  ASSERT_TRUE((*c)->CreateSequence(m.profile(), "owner").ok());
+  auto region = client::ShmRegion::Create(c->get(), "owner", 8 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::mt19937_64 rng(11);
+  v1::StepRequest step =
+      client::MakeStep(m, 0, {{"owner", 0, 2 * m.pool().page_rows(), 0}}, {}, rng);
+  ASSERT_TRUE((*region)->Place(&step).ok());
+  static_cast<void>((*c)->Step(step));  // killed before the answer
+  for (;;) pause();
+}
+
+// A client that dies while its step, whose tensors lie in its shared-memory region, runs: the
+// server keeps the region's memory mapped until the step ends, so the step completes whole
+// (it was launched) and the other clients are served throughout.
+TEST(FaultTest, RegionOwnerKilledMidStep) {
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(
+      h.Start({kGlm53, "--allow_shm", "--inject_attend_delay_ms=1500"}, "glm-5.3-flash"));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
+  const int64_t pages_before = PagesUsed(h);
+  const std::string target = h.server->target();
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
+    execl("/proc/self/exe", "fault_child", "--gtest_filter=FaultChild.RegionStepUntilKilled",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(child, 0);
+  ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const int32_t rows = 2 * h.model_.pool().page_rows();
+  int64_t owner = -1;
+  for (int i = 0; i < 100 && owner != rows; ++i) {
+    auto len = h.client->Length({h.ModelName(), "owner"}, 0);
+    owner = len.ok() ? *len : -1;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(owner, rows) << "the launched step was not committed whole";
+  h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
+  EXPECT_TRUE(h.client->Health().value_or(false));
 }
 
 TEST(FaultTest, KilledClientMidStream) {

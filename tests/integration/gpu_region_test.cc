@@ -114,8 +114,8 @@ TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
 }
 
 // Steps through a step ring (in shared memory) whose tensors lie in a GPU region: each answer
-// equals the inline one, and what the server reads to the host for a step is let go with it
-// (the ring reuses each slot's parse storage), so many calls hold no more server memory.
+// equals the inline one, and what the server holds for a step is let go with it (the ring
+// reuses each slot's parse storage), so many calls hold no more server memory.
 TEST_F(GpuRegionTest, RingStepsLetGoOfWhatTheyRead) {
   DeviceBuffer device(kRegionBytes);
   auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);
@@ -158,12 +158,58 @@ TEST_F(GpuRegionTest, RingStepsLetGoOfWhatTheyRead) {
     ASSERT_EQ(resp.code(), 0) << resp.message();
   }
   ASSERT_NO_FATAL_FAILURE(call(450));
-  // Each call reads its ids and rows into at least 64 KiB of staging: kept, 400 calls would
-  // hold over 25 MiB.
+  // Each call holds its region mappings and parse storage: kept, 400 calls would grow the
+  // server by far more.
   EXPECT_LT(RssBytes(h_.server->pid()) - before, int64_t{8} << 20);
   ring->reset();
   (*stream)->WritesDone();
   EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Contents of a GPU region are checked on the device (the host never reads them): a top-k id
+// its row may not see, a NaN KV row or a NaN MXFP8 query code fails the step with the message
+// the inline path gives, writes nothing, and the next valid step gets the reference answer.
+TEST_F(GpuRegionTest, BadContentsFailWithTheInlineMessage) {
+  DeviceBuffer device(kRegionBytes);
+  auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "s").ok());
+  h_.StepAndCheck(h_.Make(kLayer, {{"s", 0, 64, 0}}));
+  std::vector<uint8_t> mirror(kRegionBytes);
+  client::StepOptions mx_queries;
+  mx_queries.mxfp8_q = true;
+  const v1::StepRequest good = h_.Make(kLayer, {{"s", 64, 6, 5}}, mx_queries);
+  auto poke = [](std::string* bytes, size_t at, const void* v, size_t n) {
+    std::memcpy(bytes->data() + at, v, n);
+  };
+  v1::StepRequest bad_id = good, bad_kv = good, bad_q = good;
+  const int32_t past = 1000;  // row 2 sits at position 66: 33 entries of the 1/2 cache visible
+  const int64_t width = good.spans(0).topk().shape(1);
+  poke(bad_id.mutable_spans(0)->mutable_topk()->mutable_inline_data(), (2 * width + 7) * 4, &past,
+       4);
+  const uint16_t nan = 0x7fc0;
+  poke(bad_kv.mutable_spans(0)->mutable_kv_rows()->mutable_inline_data(), (3 * 512 + 5) * 2, &nan,
+       2);
+  const uint8_t nan_code = 0x7f;
+  poke(bad_q.mutable_spans(0)->mutable_q()->mutable_inline_data(), 9, &nan_code, 1);
+  const std::pair<const v1::StepRequest*, const char*> cases[] = {
+      {&bad_id, "spans[0].topk[2][7]: entry 1000 not visible at position 66"},
+      {&bad_kv, "spans[0].kv_rows[3][5]: nan (KV rows must be finite)"},
+      {&bad_q, "spans[0].q[0][0][9]: e4m3 code 0x7f is NaN"}};
+  for (const auto& [bad, want] : cases) {
+    SCOPED_TRACE(want);
+    v1::StepRequest r = *bad;
+    ASSERT_TRUE(client::ShmRegion::PlaceInto(mirror.data(), kRegionBytes, (*region)->name(), &r, 0,
+                                             client::ShmRegion::Layout::kPacked)
+                    .ok());
+    device.Upload(mirror, kRegionBytes);
+    auto resp = h_.client->Step(r);
+    ASSERT_FALSE(resp.ok());
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
+    EXPECT_THAT(std::string(resp.status().message()), HasSubstr(want));
+    EXPECT_EQ(h_.Length("s", kLayer), 64);
+  }
+  h_.StepAndCheck(good);
 }
 
 TEST_F(GpuRegionTest, MisuseIsRefused) {

@@ -104,7 +104,7 @@ class PackedWireTest : public ::testing::Test {
                      bool regions = true) {
     out_ = StepRequest();
     storage_ = ParseStorage();
-    const RegionContext ctx{regions ? &registry_ : nullptr, tenant, {}};
+    const RegionContext ctx{regions ? &registry_ : nullptr, tenant};
     return ParseStepRequest(r, &model_, limits_, &out_, &storage_, &ctx);
   }
   // Whether `b` lies in the server's mapping of the region (its own, at another address).

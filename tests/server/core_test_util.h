@@ -105,6 +105,9 @@ class ControlledBackend : public kernels::Backend {
   absl::Status TranslateEntries(const kernels::TranslateParams& p, kernels::Stream& s) override {
     return inner_->TranslateEntries(p, s);
   }
+  absl::Status CheckInputs(const kernels::CheckInputsParams& p, kernels::Stream& s) override {
+    return inner_->CheckInputs(p, s);
+  }
   absl::Status Attend(const kernels::AttendParams& p, kernels::Stream& s) override;
   absl::Status Synchronize(kernels::Stream& s) override { return inner_->Synchronize(s); }
 

@@ -231,6 +231,16 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
+  if (p.num_ranges < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("num_ranges %d is negative", p.num_ranges));
+  }
+  if (p.num_ranges > 0 && (p.ranges == nullptr || p.flags == nullptr)) {
+    return absl::InvalidArgumentError("ranges or flags is null");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTranslate(const TranslateParams& p) {
   if (p.num_rows < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("num_rows %d is negative", p.num_rows));

@@ -14,7 +14,7 @@
 #include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/codec/row_codec.h"
-#include "smla/kernels/translate.h"
+#include "smla/kernels/input_checks.h"
 #include "smla/kernels/validate.h"
 
 namespace smla::kernels {
@@ -146,7 +146,28 @@ class CpuBackend final : public Backend {
         const int32_t e = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
         row.out[k] = TranslateEntry(e, row.table, p.page_shift, row.limit, bad);
       }
-      if (bad) p.flags[row.group] |= 1u;
+      if (bad) p.flags[row.group] |= kFlagChosenEntry;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckInputs(const CheckInputsParams& p, Stream&) override {
+    if (absl::Status s = ValidateCheckInputs(p); !s.ok()) return s;
+    for (int32_t r = 0; r < p.num_ranges; ++r) {
+      const CheckRange& range = p.ranges[r];
+      bool bad = false;
+      if (range.check == InputCheck::kKvRows) {
+        for (int64_t i = 0; i + 1 < range.bytes; i += 2) {
+          uint16_t bits;
+          memcpy(&bits, range.data + i, 2);
+          bad = bad || Bf16OutOfBounds(bits);
+        }
+      } else {
+        for (int64_t i = 0; i < range.bytes; ++i) {
+          bad = bad || ByteRefused(range.check, range.data[i]);
+        }
+      }
+      if (bad) p.flags[range.group] |= kFlagInputValue;
     }
     return absl::OkStatus();
   }

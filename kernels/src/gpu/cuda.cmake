@@ -16,6 +16,7 @@ target_sources(smla_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ipc_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_launch.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_variants.cu
+  ${CMAKE_CURRENT_LIST_DIR}/check_inputs_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/combine_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/expand_query_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/row_union_kernel.cu

@@ -245,6 +245,13 @@ class GpuBackend : public Backend {
     return gpu::LaunchTranslate(params, s->handle());
   }
 
+  absl::Status CheckInputs(const CheckInputsParams& params, Stream& stream) override {
+    if (absl::Status st = ValidateCheckInputs(params); !st.ok()) return st;
+    auto* s = Cast(stream);
+    if (s == nullptr) return NotOurs();
+    return gpu::LaunchCheckInputs(params, s->handle());
+  }
+
   absl::Status Attend(const AttendParams& params, Stream& stream) override {
     if (absl::Status st = ValidateAttend(params); !st.ok()) return st;
     auto* s = Cast(stream);

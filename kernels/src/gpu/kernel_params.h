@@ -168,5 +168,6 @@ absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
 absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);
 absl::Status LaunchTranslate(const TranslateParams& p, StreamHandle stream);
+absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream);
 
 }  // namespace smla::kernels::gpu

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "gpu/kernel_params.h"
-#include "smla/kernels/translate.h"
+#include "smla/kernels/input_checks.h"
 
 namespace smla::kernels::gpu {
 namespace {
@@ -19,7 +19,9 @@ __global__ void __launch_bounds__(kTranslateThreads)
     for (int32_t k = threadIdx.x; k < row.width; k += kTranslateThreads) {
       row.out[k] = TranslateEntry(row.ids[k], row.table, p.page_shift, row.limit, bad);
     }
-    if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) atomicOr(p.flags + row.group, 1u);
+    if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
+      atomicOr(p.flags + row.group, kFlagChosenEntry);
+    }
   }
 }
 

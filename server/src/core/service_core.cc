@@ -201,13 +201,6 @@ class ServiceCoreImpl : public ServiceCore {
                                             });
   }
 
-  absl::Status ReadDevice(std::span<const kernels::CopyOp> copies) override {
-    absl::MutexLock lock(&upload_mu_);
-    SMLA_RETURN_IF_ERROR(
-        backend_->CopyBatch(copies, kernels::CopyDirection::kToHost, *upload_stream_));
-    return backend_->Synchronize(*upload_stream_);
-  }
-
  private:
   absl::StatusOr<ModelRuntime*> Find(const std::string& model) const {
     auto it = models_.find(model);

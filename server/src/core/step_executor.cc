@@ -21,13 +21,6 @@ namespace {
 
 using kernels::OutputFormat;
 
-// The launch-time checks of a span's contents: finite KV rows, no NaN in MXFP8 queries.
-absl::Status CheckSpanContents(const SpanInput& s, size_t index, int32_t heads, int qk) {
-  absl::Status finite = CheckRowsFinite(s, index, qk);
-  if (!finite.ok()) return finite;
-  return CheckQueryCodes(s, index, heads, qk);
-}
-
 // Appends a copy, merged into the previous one where it continues it on both sides.
 void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
@@ -42,26 +35,9 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
   copies.push_back(kernels::CopyOp{dst, src, bytes});
 }
 
-// The translation's device buffer (translate_): the spans' page tables and the TranslateRows,
-// copied together from the same layout in the arena; then the translated chosen segment and one
-// flag per step.
-struct TranslateLayout {
-  size_t rows = 0;    // the TranslateRows, after the tables
-  size_t upload = 0;  // [tables | rows]
-  size_t out = 0;
-  size_t flags = 0;
-  size_t total = 0;
-};
-
-TranslateLayout LayOutTranslate(const SegmentCounts& c, size_t groups) {
-  TranslateLayout l;
-  l.rows = AlignUp(static_cast<size_t>(c.table_entries) * sizeof(int32_t), 64);
-  l.upload = l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow);
-  l.out = AlignUp(l.upload, 64);
-  l.flags = AlignUp(l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t), 64);
-  l.total = l.flags + groups * sizeof(uint32_t);
-  return l;
-}
+// Input ranges of one span that CheckInputs reads: KV rows, compressed rows, MXFP8 codes and
+// scales.
+constexpr size_t kChecksPerSpan = 4;
 
 }  // namespace
 
@@ -226,17 +202,29 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   return results;
 }
 
-namespace {
+// The checks' device buffer (checks_): the spans' page tables, the TranslateRows and the
+// CheckRanges, copied together from the same layout in the arena; then the translated chosen
+// segment and one flag per step.
+struct StepExecutor::CheckLayout {
+  size_t rows = 0;    // the TranslateRows, after the tables
+  size_t ranges = 0;  // the CheckRanges, after the rows
+  size_t upload = 0;  // [tables | rows | ranges]
+  size_t out = 0;
+  size_t flags = 0;
+  size_t total = 0;
 
-// Answers step i with `why` and lists it in `rejected`, once (its first error is kept).
-void Reject(size_t i, absl::Status why, std::vector<absl::StatusOr<StepResult>>& results,
-            std::vector<size_t>& rejected) {
-  if (absl::c_linear_search(rejected, i)) return;
-  results[i] = std::move(why);
-  rejected.push_back(i);
-}
-
-}  // namespace
+  static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
+    CheckLayout l;
+    l.rows = AlignUp(static_cast<size_t>(c.table_entries) * sizeof(int32_t), 64);
+    l.ranges =
+        AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
+    l.upload = l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange);
+    l.out = AlignUp(l.upload, 64);
+    l.flags = AlignUp(l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t), 64);
+    l.total = l.flags + groups * sizeof(uint32_t);
+    return l;
+  }
+};
 
 struct StepExecutor::LaunchArgs {
   ModelRuntime& model;
@@ -253,22 +241,27 @@ struct StepExecutor::DeviceWork {
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
   kernels::ExpandQueryParams expand;         // MXFP8 queries into q_ (vectors 0: bf16 queries)
-  std::vector<size_t> to_host_step, to_pageable_step;  // the step of each copy back
   kernels::WriteRowsParams write;
-  // The chosen entries' translation: its page tables and rows, copied from the arena once the
-  // segments are built, then translated on the device; flags (one per step of `kept`, zeroed
-  // with the input copies) come back to flags_host with the outputs.
-  kernels::CopyOp chosen_upload;
+  // The checks on the device: page tables, TranslateRows and CheckRanges copied from the arena
+  // once built, the inputs' values checked and the chosen entries translated; the flags (one per
+  // step of the launch, zeroed with the input copies) come back to flags_host with the outputs.
+  kernels::CopyOp checks_upload;
+  kernels::CheckInputsParams check;
   kernels::TranslateParams translate;
   uint32_t* flags_host = nullptr;
   size_t groups = 0;
   kernels::AttendParams attend;
-  // Spans that only append (their rows land in slots no committed position uses), whose
-  // finite check runs while the device attends; (step, span).
-  std::vector<std::pair<size_t, const SpanRef*>> append_checks;
-  std::vector<SpanRef> spans;     // the launch's spans, which append_checks point into
+  std::vector<SpanRef> spans;
   std::vector<size_t> span_step;  // the step (index into the batch) of each span
-  std::vector<int64_t> span_ids;  // where each span's top-k ids start in ids_ (entries)
+  // Where each span's inputs lie in backend memory once copied in (ExplainFlagged reads them).
+  struct SpanDevice {
+    const uint8_t* kv = nullptr;
+    const uint8_t* compressed = nullptr;
+    const uint8_t* q = nullptr;  // MXFP8 codes (bf16 queries are not checked)
+    const uint8_t* q_scales = nullptr;
+    const int32_t* ids = nullptr;
+  };
+  std::vector<SpanDevice> span_device;
 };
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
@@ -278,43 +271,22 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
                                   std::span<const std::unique_ptr<PreparedStep>> prepared,
                                   std::vector<absl::StatusOr<StepResult>>& results) {
   const absl::Time start = absl::Now();
-  std::vector<size_t> kept(included.begin(), included.end());
   DeviceWork work;
-  for (;;) {
-    const LaunchArgs args{model, layer, rope, steps, kept, prepared};
-    work = DeviceWork();
-    std::vector<size_t> rejected;
-    // Enqueues the input copies, then checks the inputs' contents while they run.
-    SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results, rejected));
-    if (rejected.empty()) break;
-    // Steps whose inputs failed are left out and the launch is prepared again for the rest; the
-    // copies already enqueued read the arena that the next attempt rewrites.
-    SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
-    std::erase_if(kept, [&](size_t i) { return absl::c_linear_search(rejected, i); });
-    if (kept.empty()) return absl::OkStatus();
-  }
+  const LaunchArgs args{model, layer, rope, steps, included, prepared};
+  // Enqueues the input copies, then builds the slot lists and segments while they run.
+  SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));
   const absl::Time prepared_at = absl::Now();
   SMLA_RETURN_IF_ERROR(EnqueueCompute(work));
-  // While the device writes rows and attends: the finite check of appending spans. A step that
-  // fails it gets no outputs copied back and is aborted; the rows it wrote sit past its
-  // committed length, where nothing reads them.
-  std::vector<size_t> failed;
-  const int qk = kernels::QkWidth(model.profile().geometry);
-  const int32_t heads = model.config().heads_per_rank;
-  for (const auto& [i, ref] : work.append_checks) {
-    absl::Status finite = CheckSpanContents(*ref->input, ref->index, heads, qk);
-    if (!finite.ok()) Reject(i, std::move(finite), results, failed);
-  }
-  SMLA_RETURN_IF_ERROR(EnqueueOutputs(work, failed));
+  SMLA_RETURN_IF_ERROR(EnqueueOutputs(work));
   const absl::Time enqueued_at = absl::Now();
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
-  // Steps the device flagged (a chosen entry their row may not see) wrote no rows; their outputs
-  // were copied like the others' and are not answered.
+  // Steps the device flagged (a value or a chosen entry their checks refuse) wrote no rows; their
+  // outputs were copied like the others' and are not answered.
   for (size_t g = 0; g < work.groups; ++g) {
     if (work.flags_host[g] == 0) continue;
-    absl::StatusOr<absl::Status> why = ExplainFlagged(kept[g], model.profile().layers[layer], work);
+    absl::StatusOr<absl::Status> why = ExplainFlagged(included[g], model, layer, work);
     if (!why.ok()) return why.status();
-    Reject(kept[g], *std::move(why), results, failed);
+    results[included[g]] = *std::move(why);
   }
   // The device's intervals between the launch's events. `wait` runs from the end of the input
   // copies to the host's enqueueing of the rest: the device waiting for the segment build the
@@ -344,8 +316,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   // runs inside the enqueueing calls).
   t.prep = (work.inputs_at - start) + wait +
            std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - (t.kernel - t.copy_in));
-  for (size_t i : kept) {
-    if (!results[i].ok()) continue;  // failed its finite check
+  for (size_t i : included) {
+    if (!results[i].ok()) continue;  // flagged by the device's checks
     results[i]->timings.kernel = t.kernel;
     results[i]->timings.attend = t.attend;
     results[i]->timings.prep = t.prep;
@@ -367,6 +339,7 @@ struct StepExecutor::LaunchPlan {
   bool mx_q = false;  // the scheduler batches one q format
   bool want_lse = false;
   size_t groups = 0;  // the launch's steps (args.included)
+  size_t spans = 0;
   SegmentCounts counts;
   size_t rows = 0;  // T
   size_t q_lanes = 0, q_bytes = 0, q_scale_bytes = 0, kv_bytes = 0;
@@ -380,12 +353,12 @@ struct StepExecutor::LaunchPlan {
 struct StepExecutor::StagedArena {
   SegmentArrays arrays;
   ChosenTargets targets;
+  std::span<kernels::CheckRange> ranges;  // kChecksPerSpan per span
   float* sink = nullptr;
 };
 
 absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
-                                         std::vector<absl::StatusOr<StepResult>>& results,
-                                         std::vector<size_t>& rejected) {
+                                         std::vector<absl::StatusOr<StepResult>>& results) {
   const LaunchPlan plan = PlanLaunch(args, work);
   SMLA_RETURN_IF_ERROR(SizeBuffers(plan));
   CopyStats stats;
@@ -395,8 +368,7 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   // while the device copies (other bytes of the arena than the gathered inputs).
   work.inputs_at = absl::Now();
   SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
-  CheckContents(plan, *staged, work, results, rejected);
-  if (!rejected.empty()) return absl::OkStatus();
+  BuildArrays(plan, *staged, work);
   FillDeviceParams(args, plan, *staged, work);
   PlanOutputs(args, plan, work, results, stats);
   NoteCopies(stats);
@@ -415,7 +387,6 @@ StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, Device
   p.format = head.output_format;
   p.inverse_rope = head.inverse_rope;
   p.mx_q = head.q_format == QFormat::kMxfp8;
-  int64_t ids = 0;
   for (size_t g = 0; g < args.included.size(); ++g) {
     const size_t i = args.included[g];
     const StepRequest& r = *args.steps[i];
@@ -424,11 +395,10 @@ StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, Device
       work.spans.push_back(
           SpanRef{&r.spans[si], args.prepared[i].get(), si, static_cast<int32_t>(g)});
       work.span_step.push_back(i);
-      work.span_ids.push_back(ids);
-      ids += static_cast<int64_t>(r.spans[si].topk.size());
     }
   }
   p.groups = args.included.size();
+  p.spans = work.spans.size();
   work.groups = p.groups;
   p.counts = CountSegments(p.shape(), work.spans);
   p.rows = static_cast<size_t>(p.counts.rows);
@@ -453,7 +423,7 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
   }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(ids_, static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
-  SMLA_RETURN_IF_ERROR(Ensure(translate_, LayOutTranslate(p.counts, p.groups).total));
+  SMLA_RETURN_IF_ERROR(Ensure(checks_, CheckLayout::Of(p.counts, p.spans, p.groups).total));
   SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
   if (p.format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, p.rows * p.scale_row));
   if (p.want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, p.rows * p.lse_row));
@@ -504,8 +474,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
   const size_t o_sink = take(p.sink.size() * sizeof(float));
   const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
-  const TranslateLayout tl = LayOutTranslate(p.counts, p.groups);
-  const size_t o_translate = take(tl.upload);
+  const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
+  const size_t o_checks = take(cl.upload);
   const size_t o_flags = take(p.groups * sizeof(uint32_t));
   size_t o_stage[kKinds];
   for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
@@ -526,23 +496,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   arrays.extra_indices = i32(o_extra, static_cast<size_t>(p.counts.extra_indices));
   arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
   arrays.slot_groups = i32(o_groups, static_cast<size_t>(p.counts.slots()));
-  arrays.tables = i32(o_translate, static_cast<size_t>(p.counts.table_entries));
-  arrays.chosen = std::span<kernels::TranslateRow>(
-      reinterpret_cast<kernels::TranslateRow*>(arena + o_translate + tl.rows),
-      static_cast<size_t>(p.counts.chosen_rows));
   out.sink = reinterpret_cast<float*>(arena + o_sink);
-  // The chosen segment's indices are written on the device: its host array stays empty.
-  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
-  if (p.spec->client_chooses()) (chosen_main ? arrays.main_indices : arrays.extra_indices) = {};
-  uint8_t* const dev_translate = translate_.as<uint8_t>();
-  out.targets.ids = ids_.as<const int32_t>();
-  out.targets.out = reinterpret_cast<int32_t*>(dev_translate + tl.out);
-  out.targets.tables = reinterpret_cast<const int32_t*>(dev_translate);
-  work.chosen_upload = kernels::CopyOp{dev_translate, arena + o_translate, tl.upload};
-  work.translate.rows = reinterpret_cast<const kernels::TranslateRow*>(dev_translate + tl.rows);
-  work.translate.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
-  work.translate.flags = reinterpret_cast<uint32_t*>(dev_translate + tl.flags);
-  work.flags_host = reinterpret_cast<uint32_t*>(arena + o_flags);
+  PlaceChecks(p, cl, arena + o_checks, reinterpret_cast<uint32_t*>(arena + o_flags), out, work);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
   uint8_t* const dev[kKinds] = {p.mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
@@ -566,6 +521,12 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   };
   for (const SpanRef& ref : work.spans) {
     const SpanInput& s = *ref.input;
+    DeviceWork::SpanDevice& d = work.span_device.emplace_back();
+    d.q = dev[kQ] + dev_off[kQ];
+    d.q_scales = dev[kQScales] + dev_off[kQScales];
+    d.kv = dev[kKv] + dev_off[kKv];
+    d.compressed = dev[kCompressed] + dev_off[kCompressed];
+    d.ids = reinterpret_cast<const int32_t*>(dev[kIds] + dev_off[kIds]);
     input(kQ, s.q);
     input(kQScales, s.q_scales);
     input(kKv, s.kv_rows);
@@ -588,22 +549,55 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   return out;
 }
 
-// While the device copies the inputs: the segments are built, and the KV rows and MXFP8 queries
-// checked. A step with a non-finite KV row or a NaN query is answered with the error and left
-// out: spans that rewrite committed positions are checked before any row is written; spans that
-// only append, while the device attends (Launch). Chosen entries are checked on the device.
-void StepExecutor::CheckContents(const LaunchPlan& p, const StagedArena& staged, DeviceWork& work,
-                                 std::vector<absl::StatusOr<StepResult>>& results,
-                                 std::vector<size_t>& rejected) {
+// The device checks' arrays: in the arena at `host` (laid out as `l`), copied to checks_ as they
+// are; the translated chosen segment and the flags in checks_ after them.
+void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_t* host,
+                               uint32_t* flags_host, StagedArena& out, DeviceWork& work) {
+  SegmentArrays& arrays = out.arrays;
+  arrays.tables = std::span<int32_t>(reinterpret_cast<int32_t*>(host),
+                                     static_cast<size_t>(p.counts.table_entries));
+  arrays.chosen =
+      std::span<kernels::TranslateRow>(reinterpret_cast<kernels::TranslateRow*>(host + l.rows),
+                                       static_cast<size_t>(p.counts.chosen_rows));
+  out.ranges = std::span<kernels::CheckRange>(
+      reinterpret_cast<kernels::CheckRange*>(host + l.ranges), p.spans * kChecksPerSpan);
+  // The chosen segment's indices are written on the device: its host array stays empty.
+  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
+  if (p.spec->client_chooses()) (chosen_main ? arrays.main_indices : arrays.extra_indices) = {};
+  uint8_t* const dev = checks_.as<uint8_t>();
+  out.targets.ids = ids_.as<const int32_t>();
+  out.targets.out = reinterpret_cast<int32_t*>(dev + l.out);
+  out.targets.tables = reinterpret_cast<const int32_t*>(dev);
+  work.checks_upload = kernels::CopyOp{dev, host, l.upload};
+  auto* const flags = reinterpret_cast<uint32_t*>(dev + l.flags);
+  work.translate.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
+  work.translate.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
+  work.translate.flags = flags;
+  work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
+  work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
+  work.check.flags = flags;
+  work.flags_host = flags_host;
+}
+
+// While the device copies the inputs: the slot lists and segments, and each span's input ranges
+// for the device's checks (KV and compressed rows bounded, MXFP8 codes and scales not NaN; bf16
+// queries only feed their own rows and are not checked).
+void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
+                               const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, staged.targets, staged.arrays);
   for (size_t k = 0; k < work.spans.size(); ++k) {
-    const SpanRef& ref = work.spans[k];
-    if (ref.input->first_position >= ref.prepared->committed_length(ref.index)) {
-      work.append_checks.emplace_back(work.span_step[k], &ref);
-      continue;
-    }
-    absl::Status finite = CheckSpanContents(*ref.input, ref.index, p.heads, p.qk);
-    if (!finite.ok()) Reject(work.span_step[k], std::move(finite), results, rejected);
+    const SpanInput& s = *work.spans[k].input;
+    const DeviceWork::SpanDevice& d = work.span_device[k];
+    const int32_t group = work.spans[k].group;
+    const kernels::CheckRange ranges[kChecksPerSpan] = {
+        {d.kv, static_cast<int64_t>(s.kv_rows.size()), kernels::InputCheck::kKvRows, group},
+        {d.compressed, static_cast<int64_t>(s.compressed_rows.size()), kernels::InputCheck::kKvRows,
+         group},
+        {d.q, p.mx_q ? static_cast<int64_t>(s.q.size()) : 0, kernels::InputCheck::kE4m3Codes,
+         group},
+        {d.q_scales, static_cast<int64_t>(s.q_scales.size()), kernels::InputCheck::kE8m0Scales,
+         group}};
+    std::copy_n(ranges, kChecksPerSpan, staged.ranges.data() + k * kChecksPerSpan);
   }
 }
 
@@ -677,7 +671,7 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
 // Each step's rows go back to its own destination when it named one, else to its result.
 void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
                                std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats) {
-  size_t row0 = 0, step = 0;
+  size_t row0 = 0;
   auto output = [&]<typename V>(std::span<uint8_t> dst, V& fallback, const uint8_t* src,
                                 size_t bytes) {
     void* to = dst.data();
@@ -689,12 +683,10 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     const bool locked = !pinned() || (!dst.empty() && host_ranges_.Contains(to, bytes));
     (locked ? stats.out_direct : stats.out_pageable) += static_cast<int64_t>(bytes);
     (locked ? work.to_host : work.to_pageable).push_back(kernels::CopyOp{to, src, bytes});
-    (locked ? work.to_host_step : work.to_pageable_step).push_back(step);
   };
   for (size_t i : args.included) {
     const StepRequest& r = *args.steps[i];
     const size_t n = static_cast<size_t>(StepRows(r));
-    step = i;
     results[i] = StepResult();
     StepResult& res = *results[i];
     res.num_rows = static_cast<int32_t>(n);
@@ -730,22 +722,44 @@ void StepExecutor::NoteCopies(const CopyStats& s) {
   last_copy_stats_ = s;
 }
 
-absl::StatusOr<absl::Status> StepExecutor::ExplainFlagged(size_t step, const LayerSpec& spec,
-                                                          const DeviceWork& w) {
+absl::StatusOr<absl::Status> StepExecutor::ExplainFlagged(size_t step, const ModelRuntime& model,
+                                                          int32_t layer, const DeviceWork& w) {
+  const LayerSpec& spec = model.profile().layers[layer];
+  const int32_t heads = model.config().heads_per_rank;
+  const int qk = kernels::QkWidth(model.profile().geometry);
   for (size_t k = 0; k < w.spans.size(); ++k) {
     if (w.span_step[k] != step) continue;
     const SpanRef& ref = w.spans[k];
-    // The ids as the device read them: the copy in ids_, which the client cannot touch.
+    const DeviceWork::SpanDevice& d = w.span_device[k];
+    // The inputs as the device read them: its copies, which the client cannot touch.
     SpanInput span = *ref.input;
     std::vector<int32_t> ids(span.topk.size());
-    SMLA_RETURN_IF_ERROR(backend_.CopyToHost(ids.data(), ids_.as<int32_t>() + w.span_ids[k],
-                                             ids.size() * sizeof(int32_t), *stream_));
+    std::vector<uint8_t> kv(span.kv_rows.size()), compressed(span.compressed_rows.size());
+    std::vector<uint8_t> q, q_scales(span.q_scales.size());
+    if (!span.q_scales.empty()) q.resize(span.q.size());  // MXFP8 codes; bf16 is not checked
+    const kernels::CopyOp back[] = {{ids.data(), d.ids, ids.size() * sizeof(int32_t)},
+                                    {kv.data(), d.kv, kv.size()},
+                                    {compressed.data(), d.compressed, compressed.size()},
+                                    {q.data(), d.q, q.size()},
+                                    {q_scales.data(), d.q_scales, q_scales.size()}};
+    for (const kernels::CopyOp& c : back) {
+      if (c.bytes > 0) SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, *stream_));
+    }
     SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
     span.topk = ids;
-    absl::Status why = ExplainChosenEntries(span, ref.index, spec);
-    if (!why.ok()) return why;
+    span.kv_rows = kv;
+    span.compressed_rows = compressed;
+    if (!span.q_scales.empty()) {
+      span.q = q;
+      span.q_scales = q_scales;
+    }
+    for (absl::Status why :
+         {ExplainChosenEntries(span, ref.index, spec), CheckRowsFinite(span, ref.index, qk),
+          CheckQueryCodes(span, ref.index, heads, qk)}) {
+      if (!why.ok()) return why;
+    }
   }
-  return absl::InternalError("the device flagged a step whose chosen entries all check out");
+  return absl::InternalError("the device flagged a step whose inputs all check out");
 }
 
 absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
@@ -763,31 +777,21 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
 absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
-  if (w.translate.num_rows > 0) {
-    const kernels::CopyOp& c = w.chosen_upload;
-    SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
+  const kernels::CopyOp& c = w.checks_upload;
+  SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
+  SMLA_RETURN_IF_ERROR(backend_.CheckInputs(w.check, stream));
+  if (w.translate.num_rows > 0)
     SMLA_RETURN_IF_ERROR(backend_.TranslateEntries(w.translate, stream));
-  }
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
   return backend_.RecordEvent(*events_.attend_end, stream);
 }
 
-absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w, std::span<const size_t> failed) {
+absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
-  auto dropped = [&](size_t step) { return absl::c_linear_search(failed, step); };
-  std::vector<kernels::CopyOp> kept;  // when a step failed: the page-locked copies of the others
-  if (!failed.empty()) {
-    for (size_t k = 0; k < w.to_host.size(); ++k) {
-      if (!dropped(w.to_host_step[k])) kept.push_back(w.to_host[k]);
-    }
-  }
-  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(failed.empty() ? w.to_host : kept,
-                                          kernels::CopyDirection::kToHost, stream));
-  for (size_t k = 0; k < w.to_pageable.size(); ++k) {
-    if (dropped(w.to_pageable_step[k])) continue;
-    const kernels::CopyOp& c = w.to_pageable[k];
+  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
+  for (const kernels::CopyOp& c : w.to_pageable) {
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
   }
   if (w.groups > 0) {

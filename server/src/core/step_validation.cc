@@ -10,6 +10,7 @@
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 #include "smla/kernels/formats.h"
+#include "smla/kernels/input_checks.h"
 #include "smla/server/log_field.h"
 
 namespace smla::server {
@@ -26,15 +27,11 @@ using kernels::Geometry;
 #define SMLA_VECTOR_CLONES
 #endif
 
-// bf16 bits (sign cleared) of the largest accepted KV magnitude, 2^kKvMaxLog2.
-constexpr uint16_t kKvMaxBits = (127 + kernels::kKvMaxLog2) << 7;
-static_assert(kKvMaxBits < 0x7f80, "the bound is finite");
-
 // Whether any bf16 value of `bytes` is outside [-2^kKvMaxLog2, 2^kKvMaxLog2] or not finite: a
 // branch-free pass over 16-bit lanes (a magnitude past the bound carries into bit 15, and no
 // lane overflows).
 SMLA_VECTOR_CLONES bool AnyOutOfRange(const uint8_t* bytes, int64_t n) {
-  constexpr uint16_t kCarry = 0x8000 - (kKvMaxBits + 1);
+  constexpr uint16_t kCarry = 0x8000 - (kernels::kKvMaxBf16Bits + 1);
   uint16_t any = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
@@ -54,7 +51,7 @@ bool FindOutOfRange(std::span<const uint8_t> bytes, int width, int64_t& row, int
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
-    if ((bits & 0x7fffu) > kKvMaxBits) {
+    if (kernels::Bf16OutOfBounds(bits)) {
       row = i / width;
       col = i % width;
       value = kernels::Bf16BitsToF32(bits);

@@ -62,6 +62,10 @@ class FaultInjectingBackend final : public kernels::Backend {
                                 kernels::Stream& stream) override {
     return inner_->TranslateEntries(params, stream);
   }
+  absl::Status CheckInputs(const kernels::CheckInputsParams& params,
+                           kernels::Stream& stream) override {
+    return inner_->CheckInputs(params, stream);
+  }
   absl::Status Attend(const kernels::AttendParams& params, kernels::Stream& stream) override {
     if (!armed_.load()) return inner_->Attend(params, stream);
     if (fail_ && budget_.fetch_sub(1) <= 0) {

@@ -170,22 +170,13 @@ absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepReque
                                   ParseStorage* storage) {
   const auto it = models_.find(pb.model());
   const WireModel* model = it == models_.end() ? nullptr : &it->second;
-  // GPU-region tensors the host reads land in page-locked staging, copied in one batch.
-  const RegionContext regions{
-      regions_.get(), tenant,
-      [this, &tenant](size_t bytes) -> absl::StatusOr<std::pair<uint8_t*, std::shared_ptr<void>>> {
-        absl::StatusOr<std::shared_ptr<StagingBuffer>> b = staging_->Lease(bytes, tenant);
-        if (!b.ok()) return b.status();
-        uint8_t* data = (*b)->data();
-        return std::pair<uint8_t*, std::shared_ptr<void>>(data, *std::move(b));
-      }};
+  const RegionContext regions{regions_.get(), tenant};
   // Over-long ids are refused before they are copied anywhere; the call is then logged and
   // answered under a request id of the server's.
   absl::Status st = CheckStepIds(pb);
   if (st.ok()) {
     st = ParseStepRequest(pb, model, options_.limits, out, storage, &regions);
   }
-  if (st.ok() && !storage->device_reads.empty()) st = core_->ReadDevice(storage->device_reads);
   if (out->request_id.empty()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
   }

@@ -44,15 +44,11 @@ bool RegionsOn(const RegionContext* regions) {
   return regions != nullptr && regions->registry != nullptr;
 }
 
-// Whether the host reads a tensor's bytes (a GPU region's are then copied to the host first).
-enum class HostReads : bool { kNo = false, kYes = true };
-
 // Resolves a region reference of `want` bytes of elements of `align` bytes, keeping the
 // mapping alive in `storage`.
 absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const std::string& field,
                                               int64_t want, int64_t align,
-                                              const RegionContext* regions, ParseStorage* storage,
-                                              HostReads host_reads) {
+                                              const RegionContext* regions, ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);
   if (ref.size() != static_cast<uint64_t>(want)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
@@ -71,15 +67,7 @@ absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const st
   }
   auto bytes = RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
                                      static_cast<uint64_t>(align));
-  if (!bytes.ok() || !mapping->on_device() || host_reads == HostReads::kNo) return bytes;
-  if (!regions->host_buffer) {
-    return absl::FailedPreconditionError(absl::StrCat(field, ": GPU regions are not served here"));
-  }
-  auto host = regions->host_buffer(bytes->size());
-  if (!host.ok()) return host.status();
-  storage->device_copies.push_back(std::move(host->second));
-  storage->device_reads.push_back(kernels::CopyOp{host->first, bytes->data(), bytes->size()});
-  return std::span<uint8_t>(host->first, bytes->size());
+  return bytes;
 }
 
 // Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes
@@ -88,8 +76,7 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
                                                      v1::DType dtype,
                                                      const std::vector<int64_t>& shape,
                                                      const RegionContext* regions = nullptr,
-                                                     ParseStorage* storage = nullptr,
-                                                     HostReads host_reads = HostReads::kYes) {
+                                                     ParseStorage* storage = nullptr) {
   if (t.data_case() == v1::Tensor::kRegion && (!RegionsOn(regions) || storage == nullptr)) {
     return RegionsOff(field);
   }
@@ -125,8 +112,7 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   }
   const int64_t want = elements * DTypeBytes(dtype);
   if (t.data_case() == v1::Tensor::kRegion) {
-    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage,
-                        host_reads);
+    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage);
     if (!r.ok()) return r.status();
     return std::span<const uint8_t>(r->data(), r->size());
   }
@@ -161,9 +147,9 @@ absl::Status CheckQueryTensors(const v1::Span& s, const std::string& f, int span
                      out->q_format == QFormat::kMxfp8 ? "DTYPE_E4M3" : "DTYPE_BF16",
                      " (one query format per step)"));
   }
-  // The host checks MXFP8 codes for NaN; bf16 queries go to the device as they are.
+  // MXFP8 codes are checked for NaN on the device (StepExecutor); bf16 queries are not checked.
   auto q = CheckTensor(s.q(), f + ".q", mx ? v1::DTYPE_E4M3 : v1::DTYPE_BF16, {n, h, w}, regions,
-                       storage, mx ? HostReads::kYes : HostReads::kNo);
+                       storage);
   if (!q.ok()) return q.status();
   span->q = *q;
   if (!s.has_q_scales()) return absl::OkStatus();
@@ -211,18 +197,16 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   // An unknown model is the core's NOT_FOUND; without its widths no size can be checked.
   if (model == nullptr) return absl::OkStatus();
   const int64_t row_bytes = int64_t{model->qk_width} * 2;
-  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage,
-                       HostReads::kYes);
+  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
   if (!kv.ok()) return kv.status();
   const int64_t q_row = int64_t{model->heads} * model->qk_width * (mx ? 1 : 2);
-  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage,
-                      mx ? HostReads::kYes : HostReads::kNo);
+  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage);
   if (!q.ok()) return q.status();
   const int64_t scale_row = int64_t{model->heads} * model->qk_width / kernels::kMxQueryGroup;
   std::span<const uint8_t> q_scales;
   if (mx) {
-    auto sc = ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions,
-                         storage, HostReads::kYes);
+    auto sc =
+        ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions, storage);
     if (!sc.ok()) return sc.status();
     q_scales = *sc;
   }
@@ -243,7 +227,7 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
                          " entries of the 1/", ratio, " cache (", entries * row_bytes, " bytes)"));
       }
       auto c = ResolveRef(p.compressed_rows(), "packed.compressed_rows", entries * row_bytes, 2,
-                          regions, storage, HostReads::kYes);
+                          regions, storage);
       if (!c.ok()) return c.status();
       compressed = *c;
     }
@@ -256,8 +240,8 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
   if (p.has_topk()) {
     // Left where they lie, a GPU region too: the executor copies them to the device, where they
     // are translated and checked.
-    auto t = ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions,
-                        storage, HostReads::kNo);
+    auto t =
+        ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions, storage);
     if (!t.ok()) return t.status();
     // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
     topk = AsInt32(*t, storage);
@@ -310,18 +294,17 @@ absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* mode
   if (model == nullptr) return absl::OkStatus();
   const int64_t cells = total_rows * model->heads;
   auto o = ResolveRef(pb.out_region(), "out_region", cells * kernels::kValueWidth * (mx ? 1 : 2),
-                      mx ? 1 : 2, regions, storage, HostReads::kNo);
+                      mx ? 1 : 2, regions, storage);
   if (!o.ok()) return o.status();
   out->destination.out = *o;
   if (mx) {
     auto sc = ResolveRef(pb.mx_scales_region(), "mx_scales_region",
-                         cells * kernels::kMxGroupsPerHead, 1, regions, storage, HostReads::kNo);
+                         cells * kernels::kMxGroupsPerHead, 1, regions, storage);
     if (!sc.ok()) return sc.status();
     out->destination.mx_scales = *sc;
   }
   if (out->want_lse) {
-    auto l =
-        ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage, HostReads::kNo);
+    auto l = ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage);
     if (!l.ok()) return l.status();
     out->destination.lse = *l;
   }
@@ -421,8 +404,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       span.compressed_rows = *c;
     }
     if (s.has_topk()) {
-      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage,
-                           HostReads::kNo);
+      auto t = CheckTensor(s.topk(), f + ".topk", v1::DTYPE_INT32, {n, -1}, regions, storage);
       if (!t.ok()) return t.status();
       span.topk = AsInt32(*t, storage);
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));

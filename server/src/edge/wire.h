@@ -58,18 +58,12 @@ struct ParseStorage {
   // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
   // is read from there instead of its inline_data.
   LandedTensors landed;
-  // GPU-region tensors the host reads (KV rows, MXFP8 queries): their host copies, and
-  // the copies still to make (RegionContext::host_buffer says who runs them).
-  std::vector<std::shared_ptr<void>> device_copies;
-  std::vector<kernels::CopyOp> device_reads;
 
   // Empties it for the next request (storage reused per ring slot).
   void Clear() {
     int32_copies.clear();
     looked_up.clear();
     landed = LandedTensors();
-    device_copies.clear();
-    device_reads.clear();
   }
 };
 
@@ -79,13 +73,6 @@ class RegionRegistry;
 struct RegionContext {
   const RegionRegistry* registry = nullptr;
   std::string tenant;
-  // Host memory (kept alive by the returned handle) for a GPU-region tensor the host reads
-  // before a launch (KV rows, MXFP8 queries): parsing points the span at it and
-  // lists the copy in ParseStorage::device_reads, which the caller makes, all at once, before
-  // the step is submitted. Queries in bf16 and the outputs stay on the device. Unset: GPU
-  // regions are refused.
-  std::function<absl::StatusOr<std::pair<uint8_t*, std::shared_ptr<void>>>(size_t bytes)>
-      host_buffer;
 };
 
 // Fills `out` (all but tenant, deadline and cancel flag) from `pb`. The step's extent is checked

@@ -126,6 +126,8 @@ class Backend {
   virtual absl::Status ExpandMxfp8Query(const ExpandQueryParams& params, Stream& stream) = 0;
   // Translates chosen entries into slots and flags the groups with an entry out of range.
   virtual absl::Status TranslateEntries(const TranslateParams& params, Stream& stream) = 0;
+  // Flags the groups whose input ranges hold a value their check refuses.
+  virtual absl::Status CheckInputs(const CheckInputsParams& params, Stream& stream) = 0;
   // Sparse MLA over both segments with the epilogue (docs/operator.md). Validates first: a bad
   // call returns InvalidArgument / Unimplemented before any work is enqueued.
   virtual absl::Status Attend(const AttendParams& params, Stream& stream) = 0;

@@ -145,13 +145,39 @@ struct TranslateRow {
   int32_t unused = 0;
 };
 
+// Bits of the per-group flags that TranslateEntries and CheckInputs set.
+inline constexpr uint32_t kFlagChosenEntry = 1;  // an entry outside what its row may see
+inline constexpr uint32_t kFlagInputValue = 2;   // a value its InputCheck refuses
+
 // Each id is read once. An id outside [-1, limit) becomes -1 (nothing outside the table is read)
-// and sets bit 0 of flags[group]; the caller zeroes the flags before and reads them after.
+// and sets kFlagChosenEntry in flags[group]; the caller zeroes the flags before and reads them
+// after.
 struct TranslateParams {
   const TranslateRow* rows = nullptr;  // [num_rows] backend memory
   int32_t num_rows = 0;
   int32_t page_shift = 0;
   uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
+};
+
+// What a range of a step's inputs must hold (Backend::CheckInputs; input_checks.h has the rules).
+enum class InputCheck : int32_t {
+  kKvRows = 0,      // bf16 values, finite with |x| <= 2^kKvMaxLog2
+  kE4m3Codes = 1,   // e4m3 codes, none NaN (0x7f, 0xff)
+  kE8m0Scales = 2,  // UE8M0 scale bytes, none NaN (0xff)
+};
+
+struct CheckRange {
+  const uint8_t* data = nullptr;  // backend memory
+  int64_t bytes = 0;              // even for kKvRows
+  InputCheck check = InputCheck::kKvRows;
+  int32_t group = 0;  // index into CheckInputsParams::flags
+};
+
+// A range holding a value its check refuses sets kFlagInputValue in flags[group].
+struct CheckInputsParams {
+  const CheckRange* ranges = nullptr;  // [num_ranges] backend memory
+  int32_t num_ranges = 0;
+  uint32_t* flags = nullptr;  // backend memory, ORed into
 };
 
 // MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.

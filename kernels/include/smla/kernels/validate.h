@@ -23,6 +23,9 @@ absl::Status ValidateWriteRows(const WriteRowsParams& params);
 // bounds what it reads by the row's own limit).
 absl::Status ValidateTranslate(const TranslateParams& params);
 
+// Range count and pointers (the ranges lie in backend memory).
+absl::Status ValidateCheckInputs(const CheckInputsParams& params);
+
 // Width a positive multiple of 32, vectors not negative, pointers set when there is work.
 absl::Status ValidateExpandQuery(const ExpandQueryParams& params);
 

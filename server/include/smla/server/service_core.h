@@ -118,10 +118,6 @@ class ServiceCore {
     return absl::UnimplementedError(
         "GPU regions need a GPU backend; this server runs the CPU backend");
   }
-  // Copies bytes of GPU regions to page-locked host memory, all in one batch, and waits.
-  virtual absl::Status ReadDevice(std::span<const kernels::CopyOp> /*copies*/) {
-    return absl::UnimplementedError("this server has no device memory");
-  }
 };
 
 }  // namespace smla::server

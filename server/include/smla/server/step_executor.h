@@ -1,19 +1,16 @@
 // Runs batches of steps on the backend (the BatchRunner behind the scheduler): per step,
 // validation against stored state and page reservation (KvStore::Prepare), in queue order; then
 // the launch: inputs outside registered memory gathered into page-locked memory and the input
-// copies enqueued (top-k ids among them); while the device copies, the slot lists and segments
-// are built into the same page-locked memory (segment_builder.h), and the KV rows and MXFP8
-// queries are checked: a step that fails is answered with its error, aborted (it changes
-// nothing) and the launch prepared again without it. Spans that only append are checked for
-// finite rows later, while the device attends: their rows land past the committed length, so a
-// step that fails there is aborted with no outputs copied back and leaves nothing visible;
-// then the rest of the device work back to back (the page tables and TranslateRows up, one
-// TranslateEntries that turns every chosen entry into a slot and flags the steps with an entry
-// their row may not see | one WriteRows for every new KV row and compressed entry, skipping the
-// flagged steps' | one Attend over all rows | the copies back, the flags with them), with events
-// between the parts; Synchronize; flagged steps are answered with their error (their outputs
-// were copied but are not answered) and aborted, the others committed. Outputs are sliced back
-// to each step.
+// copies enqueued (top-k ids among them); while the device copies, the slot lists, segments and
+// the arrays of the device's checks are built into the same page-locked memory
+// (segment_builder.h); then the rest of the device work back to back (those arrays up |
+// CheckInputs: every step's KV rows, compressed rows and MXFP8 queries checked | TranslateEntries:
+// every chosen entry turned into a slot and checked against what its row may see | one WriteRows
+// for every new KV row and compressed entry, skipping the rows of the steps the checks flagged |
+// one Attend over all rows | the copies back, the flags with them), with events between the
+// parts; Synchronize; a flagged step is answered with its error (its outputs were copied like
+// the others' and are not answered) and aborted: it changed nothing. The others are committed,
+// their outputs sliced back to each step.
 // Inputs inside a registered host range (host_ranges(): a client's shared memory the backend
 // page-locked) are copied to the device directly, one copy per contiguous range.
 //
@@ -100,24 +97,22 @@ class StepExecutor : public BatchRunner {
                       std::span<const StepRequest* const> steps, std::span<const size_t> included,
                       std::span<const std::unique_ptr<PreparedStep>> prepared,
                       std::vector<absl::StatusOr<StepResult>>& results);
-  // The host part of a launch: buffers, input gathering, segments, result storage. Enqueues the
-  // input copies (EnqueueInputs) before it builds the segments and checks the inputs' contents,
-  // so that those overlap the copies. Steps whose contents fail get their error in `results`
-  // and are listed in `rejected`; the launch is then not ready (the caller prepares it again
-  // without them).
+  // The host part of a launch: buffers, input gathering, the arrays of the device work, result
+  // storage. Enqueues the input copies (EnqueueInputs) before it builds the arrays, so that the
+  // build overlaps the copies.
   absl::Status PrepareLaunch(const LaunchArgs& args, DeviceWork& work,
-                             std::vector<absl::StatusOr<StepResult>>& results,
-                             std::vector<size_t>& rejected);
+                             std::vector<absl::StatusOr<StepResult>>& results);
   // PrepareLaunch's phases, in order.
   struct LaunchPlan;   // the batch's spans and sizes (step_executor.cc)
   struct StagedArena;  // where the host arrays lie in the arena
+  struct CheckLayout;  // where the device checks' arrays lie (step_executor.cc)
   LaunchPlan PlanLaunch(const LaunchArgs& args, DeviceWork& work) const;
   absl::Status SizeBuffers(const LaunchPlan& plan);
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
                                           CopyStats& stats);
-  void CheckContents(const LaunchPlan& plan, const StagedArena& staged, DeviceWork& work,
-                     std::vector<absl::StatusOr<StepResult>>& results,
-                     std::vector<size_t>& rejected);
+  void PlaceChecks(const LaunchPlan& plan, const CheckLayout& layout, uint8_t* host,
+                   uint32_t* flags_host, StagedArena& out, DeviceWork& work);
+  void BuildArrays(const LaunchPlan& plan, const StagedArena& staged, const DeviceWork& work);
   void FillDeviceParams(const LaunchArgs& args, const LaunchPlan& plan, const StagedArena& staged,
                         DeviceWork& work);
   void PlanOutputs(const LaunchArgs& args, const LaunchPlan& plan, DeviceWork& work,
@@ -126,17 +121,15 @@ class StepExecutor : public BatchRunner {
   bool CopiesDirect(std::span<const uint8_t> bytes) const;
   // The start event, the input copies and the event after them.
   absl::Status EnqueueInputs(const DeviceWork& work);
-  // The error of a step the device flagged (a chosen entry its row may not see), from its ids
-  // as the device read them.
-  absl::StatusOr<absl::Status> ExplainFlagged(size_t step, const LayerSpec& spec,
+  // The error of a step the device flagged, from its inputs as the device read them.
+  absl::StatusOr<absl::Status> ExplainFlagged(size_t step, const ModelRuntime& model, int32_t layer,
                                               const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
   // Enqueues the row writes and the attention between their timing events.
   absl::Status EnqueueCompute(const DeviceWork& work);
-  // Enqueues the copies back, but for the `failed` steps (indices into the batch), and the end
-  // event.
-  absl::Status EnqueueOutputs(const DeviceWork& work, std::span<const size_t> failed);
+  // Enqueues the copies back, the flags' among them, and the end event.
+  absl::Status EnqueueOutputs(const DeviceWork& work);
 
   kernels::Backend& backend_;
   std::unique_ptr<kernels::Stream> stream_;
@@ -148,7 +141,7 @@ class StepExecutor : public BatchRunner {
   kernels::Buffer q_, rows_, out_, scales_, lse_;
   kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
   kernels::Buffer ids_;                 // top-k ids as copied in
-  kernels::Buffer translate_;  // page tables, TranslateRows, chosen slots, flags (TranslateLayout)
+  kernels::Buffer checks_;  // page tables, TranslateRows, CheckRanges, chosen slots, flags
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
   bool host_pinned_ok_ = true;        // false once the backend said it has none

@@ -5,10 +5,11 @@
 // other rule here. Checks against stored state (sequence exists, no position gap, window kept, pool
 // capacity) run when the step is launched, in queue order (KvStore::Prepare). The checks of
 // the inputs' contents (KV rows finite and within the accepted magnitude, no NaN in MXFP8
-// queries, chosen entries visible at their rows) run in the launch too, while the device copies
-// the inputs: the slot build checks each chosen entry as it translates it (segment_builder.h),
-// reading it once, so ids in a client's shared memory need no copy; CheckRowsFinite,
-// CheckQueryCodes and ExplainChosenEntries below give the launch its verdict and its message.
+// queries, chosen entries visible at their rows) run on the device, on the launch's copies of
+// the inputs (Backend::CheckInputs, Backend::TranslateEntries, kernels/input_checks.h), so a
+// client that rewrites its memory mid-step can only fail its own step; for a step they flag,
+// CheckRowsFinite, CheckQueryCodes and ExplainChosenEntries below, run on those copies, give
+// the message.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,7 @@ absl::Status CheckRowsFinite(const SpanInput& span, size_t index, int qk_width);
 
 // INVALID_ARGUMENT naming the first NaN of an MXFP8 span's queries (spans[index].q[row][head]
 // [lane] for an e4m3 code 0x7F / 0xFF, .q_scales[row][head][group] for the scale byte 255),
-// else OK; nothing to check for bf16 queries (no q_scales). Run with CheckRowsFinite.
+// else OK; nothing to check for bf16 queries (no q_scales).
 absl::Status CheckQueryCodes(const SpanInput& span, size_t index, int32_t heads, int qk_width);
 
 // The error for a span with a chosen entry its row may not see (the device's translation flagged

@@ -1,6 +1,9 @@
-// Chosen entries into slots on the backend (Backend::TranslateEntries), and row writes that skip
-// the groups a translation flagged (WriteRowsParams::groups): the semantics every backend
-// shares, on the CPU backend. smla-gpu-test checks that the GPU backend writes the same.
+// The checks of a step's inputs on the backend (input_checks.h): chosen entries into slots
+// (Backend::TranslateEntries), values checked (Backend::CheckInputs), and row writes that skip
+// the groups either flagged (WriteRowsParams::groups): the semantics every backend shares, on
+// the CPU backend. smla-gpu-test checks that the GPU backend flags and writes the same.
+#include "smla/kernels/input_checks.h"
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -59,13 +62,13 @@ TEST_F(TranslateTest, BadIdsFlagTheirGroupOnly) {
   for (const int32_t bad : {10, 16, -2, INT32_MIN, INT32_MAX}) {
     SCOPED_TRACE(bad);
     std::vector<Row> rows = {{{0, 1, 2}, 10, 0, {}}, {{3, bad, 9}, 10, 1, {}}, {{9}, 10, 2, {}}};
-    EXPECT_EQ(Translate(rows, table, 3), (std::vector<uint32_t>{0, 1, 0}));
+    EXPECT_EQ(Translate(rows, table, 3), (std::vector<uint32_t>{0, kFlagChosenEntry, 0}));
     EXPECT_EQ(rows[1].out, (std::vector<int32_t>{31, -1, 37}));
     EXPECT_EQ(rows[2].out, (std::vector<int32_t>{37}));
   }
   // Two rows of one group, one bad: the group is flagged once; an empty table takes only -1.
   std::vector<Row> rows = {{{0}, 1, 1, {}}, {{1}, 1, 1, {}}, {{-1, 0}, 0, 0, {}}};
-  EXPECT_EQ(Translate(rows, table, 2), (std::vector<uint32_t>{1, 1}));
+  EXPECT_EQ(Translate(rows, table, 2), (std::vector<uint32_t>{kFlagChosenEntry, kFlagChosenEntry}));
   EXPECT_EQ(rows[2].out, (std::vector<int32_t>{-1, -1}));
 }
 
@@ -76,6 +79,46 @@ TEST_F(TranslateTest, RefusesBadParams) {
   p.num_rows = 0;
   p.page_shift = 31;
   EXPECT_EQ(backend_->TranslateEntries(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// KV values: finite and |x| <= 2^64 (bf16 0x5f80), either sign; e4m3 codes 0x7f / 0xff and the
+// scale byte 0xff are NaN. A refused value flags its range's group alone, with the value bit.
+TEST_F(TranslateTest, ValueChecksFlagTheirGroupOnly) {
+  struct Case {
+    InputCheck check;
+    std::vector<uint8_t> ok, bad;
+  };
+  auto bf16 = [](std::initializer_list<uint16_t> v) {
+    std::vector<uint8_t> b(v.size() * 2);
+    std::memcpy(b.data(), std::data(v), b.size());
+    return b;
+  };
+  const Case cases[] = {
+      {InputCheck::kKvRows, bf16({0x3f80, 0x5f80, 0xdf80, 0x0001, 0x8000}), bf16({0x3f80, 0x5f81})},
+      {InputCheck::kKvRows, bf16({0}), bf16({0x7f80})},  // inf
+      {InputCheck::kKvRows, bf16({0}), bf16({0xffc1})},  // a NaN
+      {InputCheck::kE4m3Codes, {0x7e, 0xfe, 0x00, 0x80}, {0x00, 0x7f}},
+      {InputCheck::kE4m3Codes, {0x01}, {0xff}},
+      {InputCheck::kE8m0Scales, {0x00, 0xfe, 0x7f}, {0x7f, 0xff}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(static_cast<int>(c.check));
+    const CheckRange ranges[] = {
+        {c.ok.data(), static_cast<int64_t>(c.ok.size()), c.check, 0},
+        {c.bad.data(), static_cast<int64_t>(c.bad.size()), c.check, 2},
+        {c.bad.data(), 0, c.check, 1},  // empty: nothing to refuse
+    };
+    std::vector<uint32_t> flags = {0, 0, kFlagChosenEntry};
+    CheckInputsParams p;
+    p.ranges = ranges;
+    p.num_ranges = 3;
+    p.flags = flags.data();
+    ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+    EXPECT_EQ(flags, (std::vector<uint32_t>{0, 0, kFlagChosenEntry | kFlagInputValue}));
+  }
+  CheckInputsParams p;
+  p.num_ranges = 1;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Rows of a flagged group are not written; the others are, and groups come one per slot.

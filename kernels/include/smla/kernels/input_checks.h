@@ -1,0 +1,39 @@
+// The checks a step's inputs pass on the device, the same code on every backend so that they
+// flag the same values and write the same slots (Backend::CheckInputs, Backend::TranslateEntries;
+// the host's error messages in server/src/core/step_validation.cc apply the same rules).
+#pragma once
+
+#include <cstdint>
+
+#include "smla/kernels/codec/mxfp8_query.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/hd.h"
+#include "smla/kernels/params.h"
+
+namespace smla::kernels {
+
+// bf16 bits (sign cleared) of the largest accepted KV magnitude, 2^kKvMaxLog2.
+inline constexpr uint16_t kKvMaxBf16Bits = (127 + kKvMaxLog2) << 7;
+static_assert(kKvMaxBf16Bits < 0x7f80, "the bound is finite");
+
+// Whether a bf16 KV value is refused: not finite, or |x| > 2^kKvMaxLog2.
+SMLA_HD_INLINE bool Bf16OutOfBounds(uint16_t bits) { return (bits & 0x7fffu) > kKvMaxBf16Bits; }
+
+// Whether a byte of a range refuses it, per InputCheck (params.h); bf16 values take
+// Bf16OutOfBounds per pair of bytes instead.
+SMLA_HD_INLINE bool ByteRefused(InputCheck check, uint8_t byte) {
+  return check == InputCheck::kE4m3Codes ? E4m3IsNaN(byte) : E8m0IsNaN(byte);
+}
+
+// The slot of entry `e` of a row that sees entries [0, limit) of `table` (pages of 2^shift
+// rows), or -1 for -1 and for an id outside [-1, limit), which sets `bad`. The entry is
+// clamped into the table before the page is read, so a bad id reads nothing outside it.
+SMLA_HD_INLINE int32_t TranslateEntry(int32_t e, const int32_t* table, int32_t shift, int32_t limit,
+                                      bool& bad) {
+  if (e < -1 || e >= limit) bad = true;
+  if (e < 0 || e >= limit) return -1;
+  const int32_t mask = (int32_t{1} << shift) - 1;
+  return (table[e >> shift] << shift) | (e & mask);
+}
+
+}  // namespace smla::kernels
