@@ -346,8 +346,8 @@ TEST_F(PackedWireTest, PlacePadsNarrowerTopkRowsWithNone) {
   EXPECT_EQ(partial.SerializeAsString(), before);
 }
 
-// Chosen ids are used where they lie in the region (no copy): the launch's slot build reads each
-// once and checks it (segment_builder.h), and its message names the entry.
+// Chosen ids are used where they lie in the region (no host copy): the launch copies them to the
+// device once, where they are checked (input_checks.h), and the message names the entry.
 TEST_F(PackedWireTest, IdsAreReadInPlaceAndTheLaunchNamesABadOne) {
   const v1::StepRequest r = Packed(Inline(kTopkLayer));
   absl::StatusOr<ModelConfig> config =

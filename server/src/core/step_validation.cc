@@ -18,36 +18,11 @@ namespace {
 
 using kernels::Geometry;
 
-// The hot passes of validation are built for baseline x86-64 and, where the CPU has it, AVX2
-// (twice the lanes); the loader picks one at start-up.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__clang_analyzer__)
-#define SMLA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SMLA_VECTOR_CLONES
-#endif
-
-// Whether any bf16 value of `bytes` is outside [-2^kKvMaxLog2, 2^kKvMaxLog2] or not finite: a
-// branch-free pass over 16-bit lanes (a magnitude past the bound carries into bit 15, and no
-// lane overflows).
-SMLA_VECTOR_CLONES bool AnyOutOfRange(const uint8_t* bytes, int64_t n) {
-  constexpr uint16_t kCarry = 0x8000 - (kernels::kKvMaxBf16Bits + 1);
-  uint16_t any = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, bytes + 2 * i, 2);
-    any |= static_cast<uint16_t>((bits & 0x7fffu) + kCarry);
-  }
-  return (any & 0x8000u) != 0;
-}
-
-// First bf16 value of a [rows, width] tensor outside the accepted range, as (row, column), or
-// false.
+// First bf16 value of a [rows, width] tensor outside the accepted range (input_checks.h), as
+// (row, column), or false. Run on the inputs of a step the device flagged, to name the value.
 bool FindOutOfRange(std::span<const uint8_t> bytes, int width, int64_t& row, int64_t& col,
                     float& value) {
   const int64_t n = static_cast<int64_t>(bytes.size() / 2);
-  // The position is searched only when the fast pass fails.
-  if (!AnyOutOfRange(bytes.data(), n)) return false;
   for (int64_t i = 0; i < n; ++i) {
     uint16_t bits;
     std::memcpy(&bits, bytes.data() + 2 * i, 2);
@@ -89,13 +64,6 @@ absl::Status CheckQuerySizes(const SpanInput& s, const std::string& field, QForm
            : Cat(field, ".q_scales: set for bf16 queries (", s.q_scales.size(), " bytes)"));
   }
   return absl::OkStatus();
-}
-
-// Whether any byte of `bytes` has all of the bits of `mask` set: a branch-free pass.
-SMLA_VECTOR_CLONES bool AnyAllOnes(const uint8_t* bytes, int64_t n, uint8_t mask) {
-  uint8_t any = 0;
-  for (int64_t i = 0; i < n; ++i) any |= static_cast<uint8_t>((bytes[i] & mask) == mask);
-  return any != 0;
 }
 
 }  // namespace
@@ -269,26 +237,21 @@ absl::Status CheckRowsFinite(const SpanInput& s, size_t index, int qk_width) {
 
 absl::Status CheckQueryCodes(const SpanInput& s, size_t index, int32_t heads, int qk_width) {
   if (s.q_scales.empty()) return absl::OkStatus();
-  // NaN codes are 0x7F and 0xFF (every bit but the sign), the NaN scale byte 0xFF.
-  if (AnyAllOnes(s.q.data(), static_cast<int64_t>(s.q.size()), 0x7f)) {
-    for (size_t i = 0; i < s.q.size(); ++i) {
-      if (!kernels::E4m3IsNaN(s.q[i])) continue;
-      const size_t vector = i / qk_width;
-      return absl::InvalidArgumentError(Cat("spans[", index, "].q[", vector / heads, "][",
-                                            vector % heads, "][", i % qk_width, "]: e4m3 code 0x",
-                                            absl::Hex(s.q[i], absl::kZeroPad2),
-                                            " is NaN (MXFP8 queries must be finite)"));
-    }
+  for (size_t i = 0; i < s.q.size(); ++i) {
+    if (!kernels::E4m3IsNaN(s.q[i])) continue;
+    const size_t vector = i / qk_width;
+    return absl::InvalidArgumentError(Cat("spans[", index, "].q[", vector / heads, "][",
+                                          vector % heads, "][", i % qk_width, "]: e4m3 code 0x",
+                                          absl::Hex(s.q[i], absl::kZeroPad2),
+                                          " is NaN (MXFP8 queries must be finite)"));
   }
   const int groups = qk_width / kernels::kMxQueryGroup;
-  if (AnyAllOnes(s.q_scales.data(), static_cast<int64_t>(s.q_scales.size()), 0xff)) {
-    for (size_t i = 0; i < s.q_scales.size(); ++i) {
-      if (!kernels::E8m0IsNaN(s.q_scales[i])) continue;
-      const size_t vector = i / groups;
-      return absl::InvalidArgumentError(
-          Cat("spans[", index, "].q_scales[", vector / heads, "][", vector % heads, "][",
-              i % groups, "]: scale byte 255 is NaN (MXFP8 queries must be finite)"));
-    }
+  for (size_t i = 0; i < s.q_scales.size(); ++i) {
+    if (!kernels::E8m0IsNaN(s.q_scales[i])) continue;
+    const size_t vector = i / groups;
+    return absl::InvalidArgumentError(
+        Cat("spans[", index, "].q_scales[", vector / heads, "][", vector % heads, "][", i % groups,
+            "]: scale byte 255 is NaN (MXFP8 queries must be finite)"));
   }
   return absl::OkStatus();
 }
