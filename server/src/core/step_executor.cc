@@ -202,15 +202,15 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   return results;
 }
 
-// The checks' device buffer (checks_): the spans' page tables, the TranslateRows and the
-// CheckRanges, copied together from the same layout in the arena; then the translated chosen
-// segment and one flag per step.
+// The checks' device buffer (checks_): the spans' page tables, the TranslateRows, the
+// CheckRanges and one zeroed flag per step, copied together from the same layout in the arena
+// (one copy, so no separate clearing of the flags); then the translated chosen segment.
 struct StepExecutor::CheckLayout {
   size_t rows = 0;    // the TranslateRows, after the tables
   size_t ranges = 0;  // the CheckRanges, after the rows
-  size_t upload = 0;  // [tables | rows | ranges]
+  size_t flags = 0;   // the flags, after the ranges
+  size_t upload = 0;  // [tables | rows | ranges | flags]
   size_t out = 0;
-  size_t flags = 0;
   size_t total = 0;
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
@@ -218,10 +218,10 @@ struct StepExecutor::CheckLayout {
     l.rows = AlignUp(static_cast<size_t>(c.table_entries) * sizeof(int32_t), 64);
     l.ranges =
         AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
-    l.upload = l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange);
+    l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
+    l.upload = l.flags + groups * sizeof(uint32_t);
     l.out = AlignUp(l.upload, 64);
-    l.flags = AlignUp(l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t), 64);
-    l.total = l.flags + groups * sizeof(uint32_t);
+    l.total = l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t);
     return l;
   }
 };
@@ -354,6 +354,7 @@ struct StepExecutor::StagedArena {
   SegmentArrays arrays;
   ChosenTargets targets;
   std::span<kernels::CheckRange> ranges;  // kChecksPerSpan per span
+  std::span<uint32_t> flags;              // zeroed by BuildArrays, uploaded with the ranges
   float* sink = nullptr;
 };
 
@@ -569,6 +570,7 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   out.targets.out = reinterpret_cast<int32_t*>(dev + l.out);
   out.targets.tables = reinterpret_cast<const int32_t*>(dev);
   work.checks_upload = kernels::CopyOp{dev, host, l.upload};
+  out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
   auto* const flags = reinterpret_cast<uint32_t*>(dev + l.flags);
   work.translate.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
   work.translate.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
@@ -585,6 +587,7 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
 void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, staged.targets, staged.arrays);
+  std::fill(staged.flags.begin(), staged.flags.end(), 0u);
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanInput& s = *work.spans[k].input;
     const DeviceWork::SpanDevice& d = work.span_device[k];
@@ -668,7 +671,8 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   a.arrays_pinned = pinned();
 }
 
-// Each step's rows go back to its own destination when it named one, else to its result.
+// Each step's rows go back to its own destination when it named one, else to its result; the
+// checks' flags come back with them.
 void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
                                std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats) {
   size_t row0 = 0;
@@ -701,6 +705,9 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * p.lse_row, n * p.lse_row);
     row0 += n;
   }
+  // The checks' flags come back in the same batch as the outputs (the arena is page-locked).
+  work.to_host.push_back(
+      kernels::CopyOp{work.flags_host, work.translate.flags, p.groups * sizeof(uint32_t)});
 }
 
 void StepExecutor::NoteCopies(const CopyStats& s) {
@@ -766,8 +773,6 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
-  if (w.groups > 0)
-    SMLA_RETURN_IF_ERROR(backend_.Fill(w.translate.flags, 0, w.groups * sizeof(uint32_t), stream));
   // MXFP8 queries are expanded as part of bringing the inputs in (copy_in's time), before the
   // segment build that the device may wait for.
   if (w.expand.vectors > 0) SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
@@ -793,10 +798,6 @@ absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w) {
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
   for (const kernels::CopyOp& c : w.to_pageable) {
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
-  }
-  if (w.groups > 0) {
-    SMLA_RETURN_IF_ERROR(
-        backend_.CopyToHost(w.flags_host, w.translate.flags, w.groups * sizeof(uint32_t), stream));
   }
   return backend_.RecordEvent(*events_.end, stream);
 }
