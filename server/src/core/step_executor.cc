@@ -7,7 +7,6 @@
 #include <numeric>
 #include <utility>
 
-#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "internal.h"
 #include "smla/base/align.h"
@@ -244,12 +243,11 @@ struct StepExecutor::DeviceWork {
   kernels::WriteRowsParams write;
   // The checks on the device: page tables, TranslateRows and CheckRanges copied from the arena
   // once built, the inputs' values checked and the chosen entries translated; the flags (one per
-  // step of the launch, zeroed with the input copies) come back to flags_host with the outputs.
+  // step of the launch, in the checks upload) come back to flags_host with the outputs.
   kernels::CopyOp checks_upload;
   kernels::CheckInputsParams check;
   kernels::TranslateParams translate;
   uint32_t* flags_host = nullptr;
-  size_t groups = 0;
   kernels::AttendParams attend;
   std::vector<SpanRef> spans;
   std::vector<size_t> span_step;  // the step (index into the batch) of each span
@@ -282,7 +280,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   // Steps the device flagged (a value or a chosen entry their checks refuse) wrote no rows; their
   // outputs were copied like the others' and are not answered.
-  for (size_t g = 0; g < work.groups; ++g) {
+  for (size_t g = 0; g < included.size(); ++g) {
     if (work.flags_host[g] == 0) continue;
     absl::StatusOr<absl::Status> why = ExplainFlagged(included[g], model, layer, work);
     if (!why.ok()) return why.status();
@@ -400,7 +398,6 @@ StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, Device
   }
   p.groups = args.included.size();
   p.spans = work.spans.size();
-  work.groups = p.groups;
   p.counts = CountSegments(p.shape(), work.spans);
   p.rows = static_cast<size_t>(p.counts.rows);
   p.q_lanes = p.rows * p.heads * p.qk;
