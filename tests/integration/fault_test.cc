@@ -28,20 +28,47 @@ using std::chrono::milliseconds;
 
 std::string Seq(int i) { return absl::StrCat("s", i); }
 
-// The child side of KilledClientMidStream: steps its own sequence through a stream until
-// killed. Skipped unless the parent test started it.
-TEST(FaultChild, StreamUntilKilled) {
+// A child test's connection to the parent's server (SMLA_FAULT_CHILD_TARGET), with the served
+// model's info; `client` stays null when the variable is unset (no parent started the test).
+struct ChildClient {
+  std::unique_ptr<client::Client> client;
+  v1::ModelInfo model;
+};
+void ConnectChild(ChildClient* out) {
   const char* target = std::getenv("SMLA_FAULT_CHILD_TARGET");
-  if (target == nullptr) GTEST_SKIP() << "run by FaultTest.KilledClientMidStream";
+  if (target == nullptr) return;
   client::ClientOptions o;
   o.target = target;
   auto c = client::Client::Connect(o);
   ASSERT_TRUE(c.ok());
   auto info = (*c)->Info();
   ASSERT_TRUE(info.ok());
-  const v1::ModelInfo& m = info->models(0);
-  ASSERT_TRUE((*c)->CreateSequence(m.profile(), "child").ok());
-  auto stream = (*c)->OpenStream();
+  out->model = info->models(0);
+  out->client = *std::move(c);
+}
+
+// Runs the child test `name` of this binary in a new process against `target`.
+pid_t StartChild(const std::string& target, const std::string& name) {
+  // Built before the fork: the child of a threaded process must not allocate before exec.
+  const std::string filter = "--gtest_filter=FaultChild." + name;
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
+    execl("/proc/self/exe", "fault_child", filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return child;
+}
+
+// The child side of KilledClientMidStream: steps its own sequence through a stream until
+// killed. Skipped unless the parent test started it.
+TEST(FaultChild, StreamUntilKilled) {
+  ChildClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectChild(&c));
+  if (c.client == nullptr) GTEST_SKIP() << "run by FaultTest.KilledClientMidStream";
+  const v1::ModelInfo& m = c.model;
+  ASSERT_TRUE(c.client->CreateSequence(m.profile(), "child").ok());
+  auto stream = c.client->OpenStream();
   ASSERT_TRUE(stream.ok());
   std::mt19937_64 rng(7);
   for (int64_t pos = 0;; pos += 8) {
@@ -57,23 +84,18 @@ TEST(FaultChild, StreamUntilKilled) {
 // The child side of RegionOwnerKilledMidStep: registers a shared-memory region, places one step
 // in it (inputs and outputs) and sends it; the parent kills it while the step runs.
 TEST(FaultChild, RegionStepUntilKilled) {
-  const char* target = std::getenv("SMLA_FAULT_CHILD_TARGET");
-  if (target == nullptr) GTEST_SKIP() << "run by FaultTest.RegionOwnerKilledMidStep";
-  client::ClientOptions o;
-  o.target = target;
-  auto c = client::Client::Connect(o);
-  ASSERT_TRUE(c.ok());
-  auto info = (*c)->Info();
-  ASSERT_TRUE(info.ok());
-  const v1::ModelInfo& m = info->models(0);
-  ASSERT_TRUE((*c)->CreateSequence(m.profile(), "owner").ok());
-  auto region = client::ShmRegion::Create(c->get(), "owner", 8 << 20);
+  ChildClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectChild(&c));
+  if (c.client == nullptr) GTEST_SKIP() << "run by FaultTest.RegionOwnerKilledMidStep";
+  const v1::ModelInfo& m = c.model;
+  ASSERT_TRUE(c.client->CreateSequence(m.profile(), "owner").ok());
+  auto region = client::ShmRegion::Create(c.client.get(), "owner", 8 << 20);
   ASSERT_TRUE(region.ok()) << region.status();
   std::mt19937_64 rng(11);
   v1::StepRequest step =
       client::MakeStep(m, 0, {{"owner", 0, 2 * m.pool().page_rows(), 0}}, {}, rng);
   ASSERT_TRUE((*region)->Place(&step).ok());
-  static_cast<void>((*c)->Step(step));  // killed before the answer
+  static_cast<void>(c.client->Step(step));  // killed before the answer
   for (;;) pause();
 }
 
@@ -86,14 +108,7 @@ TEST(FaultTest, RegionOwnerKilledMidStep) {
       h.Start({kGlm53, "--allow_shm", "--inject_attend_delay_ms=1500"}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
   const int64_t pages_before = PagesUsed(h);
-  const std::string target = h.server->target();
-  const pid_t child = fork();
-  if (child == 0) {
-    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
-    execl("/proc/self/exe", "fault_child", "--gtest_filter=FaultChild.RegionStepUntilKilled",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t child = StartChild(h.server->target(), "RegionStepUntilKilled");
   ASSERT_GT(child, 0);
   ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
   kill(child, SIGKILL);
@@ -114,14 +129,7 @@ TEST(FaultTest, KilledClientMidStream) {
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const std::string target = h.server->target();
-  const pid_t child = fork();
-  if (child == 0) {
-    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
-    execl("/proc/self/exe", "fault_child", "--gtest_filter=FaultChild.StreamUntilKilled",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t child = StartChild(h.server->target(), "StreamUntilKilled");
   ASSERT_GT(child, 0);
   int64_t pos = 0;
   // Step alongside the child until it has written something, then kill it mid-stream.
