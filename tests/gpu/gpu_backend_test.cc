@@ -389,9 +389,11 @@ struct RunConfig {
   int force_splits = 0;
   int force_head_block = 0;
   RowPairs pairs = RowPairs::kAuto;  // AttendParams::row_pairs
-  // The host arrays from page-locked memory, vouched for (AttendParams::arrays_pinned,
-  // ids_in_range): the backend copies them where they lie instead of staging them.
-  bool pinned_arrays = false;
+  // Every host array already copied to the device (AttendParams::arrays, a HostMirror) and
+  // the ids vouched for (ids_in_range): the backend reads them there instead of staging them.
+  // The host copies of the sink and positions are then zeroed, so a backend that staged them
+  // anyway would give other bits.
+  bool mirrored_arrays = false;
   bool tile_kernel = false;  // AttendParams::force_tile_kernel
 };
 
@@ -443,27 +445,34 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.rows_per_group = c.rows_per_group;
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   p.force_tile_kernel = rc.tile_kernel;
-  Buffer pinned;
-  if (rc.pinned_arrays) {
-    // Every host array of the call, copied into one page-locked buffer.
+  std::vector<uint8_t> host;
+  Buffer mirror;
+  if (rc.mirrored_arrays) {
+    // Every host array of the call, copied into one buffer at 64-byte offsets, and that buffer
+    // to the device.
     std::vector<std::span<const int32_t>*> i32 = {&p.main.indptr, &p.main.indices,
                                                   &p.epilogue.positions};
     if (p.has_extra) i32.insert(i32.end(), {&p.extra.indptr, &p.extra.indices});
-    size_t bytes = p.sink.size_bytes() + 64;
-    for (auto* a : i32) bytes += a->size_bytes() + 64;
-    absl::StatusOr<Buffer> host = side.backend->AllocateHost(bytes);
-    EXPECT_TRUE(host.ok()) << host.status();
-    pinned = *std::move(host);
-    uint8_t* at = pinned.as<uint8_t>();
+    auto padded = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+    size_t bytes = padded(p.sink.size_bytes());
+    for (auto* a : i32) bytes += padded(a->size_bytes());
+    host.resize(bytes);
+    size_t at = 0;
     for (auto* a : i32) {
-      std::memcpy(at, a->data(), a->size_bytes());
-      *a = std::span<const int32_t>(reinterpret_cast<const int32_t*>(at), a->size());
-      at += (a->size_bytes() + 63) / 64 * 64;
+      std::memcpy(host.data() + at, a->data(), a->size_bytes());
+      *a = std::span<const int32_t>(reinterpret_cast<const int32_t*>(host.data() + at), a->size());
+      at += padded(a->size_bytes());
     }
-    std::memcpy(at, p.sink.data(), p.sink.size_bytes());
-    p.sink = std::span<const float>(reinterpret_cast<const float*>(at), p.sink.size());
-    p.arrays_pinned = true;
+    std::memcpy(host.data() + at, p.sink.data(), p.sink.size_bytes());
+    p.sink =
+        std::span<const float>(reinterpret_cast<const float*>(host.data() + at), p.sink.size());
+    mirror = side.Upload(host);
+    p.arrays = HostMirror{host.data(), mirror.as<uint8_t>(), host.size()};
     p.ids_in_range = true;
+    EXPECT_TRUE(side.backend->Synchronize(*side.stream).ok());
+    std::memset(const_cast<int32_t*>(p.epilogue.positions.data()), 0,
+                p.epilogue.positions.size_bytes());
+    std::memset(const_cast<float*>(p.sink.data()), 0, p.sink.size_bytes());
   }
   Outputs o;
   o.status = side.backend->Attend(p, *side.stream);
@@ -897,9 +906,9 @@ TEST_F(GpuTest, LseDoesNotChangeOutputAndRunsAreDeterministic) {
   }
 }
 
-// Arrays the caller vouches for and keeps in page-locked memory give the same bits as staged
-// ones, with and without split-K, positions and a sink.
-TEST_F(GpuTest, PinnedVouchedArraysMatchStagedOnes) {
+// Arrays the caller has copied to the device (a HostMirror) and vouches for give the same bits
+// as staged ones, with and without split-K, positions and a sink.
+TEST_F(GpuTest, MirroredArraysMatchStagedOnes) {
   CaseSpec c;
   c.format = KvFormat::kFp8Dsv4;
   c.geometry = Geometry::kRopeInside;
@@ -914,10 +923,10 @@ TEST_F(GpuTest, PinnedVouchedArraysMatchStagedOnes) {
   const Inputs in = MakeInputs(*cpu_, c);
   for (int splits : {1, 4}) {
     RunConfig staged{OutputFormat::kMxfp8, true, true, splits, 0};
-    RunConfig pinned = staged;
-    pinned.pinned_arrays = true;
+    RunConfig mirrored = staged;
+    mirrored.mirrored_arrays = true;
     const Outputs a = RunAttend(*gpu_, in, staged);
-    const Outputs b = RunAttend(*gpu_, in, pinned);
+    const Outputs b = RunAttend(*gpu_, in, mirrored);
     ASSERT_TRUE(a.status.ok()) << a.status;
     ASSERT_TRUE(b.status.ok()) << b.status;
     EXPECT_EQ(a.mx_data, b.mx_data) << "splits " << splits;
@@ -928,7 +937,7 @@ TEST_F(GpuTest, PinnedVouchedArraysMatchStagedOnes) {
 
 // Batched copies both ways between page-locked host memory and the device, and device events
 // around them.
-// TranslateEntries writes the same slots and flags as the CPU backend (TranslateEntry, shared),
+// CheckInputs translates into the same slots and flags as the CPU backend (TranslateEntry, shared),
 // over rows of many widths and groups with bad ids sprinkled in; WriteRows then skips the rows of
 // flagged groups.
 TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
@@ -972,12 +981,12 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
                              0};
     }
     Buffer dev_rows = side.Upload(rows);
-    TranslateParams p;
-    p.rows = dev_rows.as<TranslateRow>();
-    p.num_rows = kRows;
-    p.page_shift = kShift;
+    CheckInputsParams p;
+    p.entries.rows = dev_rows.as<TranslateRow>();
+    p.entries.num_rows = kRows;
+    p.entries.page_shift = kShift;
     p.flags = dev_flags.as<uint32_t>();
-    EXPECT_TRUE(side.backend->TranslateEntries(p, *side.stream).ok());
+    EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
     flags = side.Download<uint32_t>(dev_flags, kGroups);
     // One bf16 row per group into its own slot; flagged groups leave their slot as it was.
     std::vector<int64_t> slots(kGroups);
@@ -1012,7 +1021,7 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
 
 // CheckInputs flags the same groups as the CPU backend (input_checks.h, shared), over ranges of
 // every check, of many lengths, at aligned and unaligned addresses, with refused values
-// sprinkled in.
+// sprinkled in, and chosen entries translated in the same call.
 TEST_F(GpuTest, InputChecksMatchCpu) {
   std::mt19937 rng(31);
   const int kRanges = 400, kGroups = 150;
@@ -1043,28 +1052,88 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     }
     specs.push_back({at, len, check, static_cast<int32_t>(rng() % kGroups)});
   }
-  auto run = [&](Side& side) {
+  // Chosen entries translated in the same call (the kernel's other blocks): rows of up to 300
+  // entries (a few -1) over a table of 64 pages of 16, one bad id in every 37th row.
+  const int kRows = 300;
+  const std::vector<int32_t> table = [] {
+    std::vector<int32_t> t(64);
+    for (int i = 0; i < 64; ++i) t[i] = (i * 29) % 97;
+    return t;
+  }();
+  std::vector<int32_t> ids;
+  std::vector<int32_t> widths;
+  for (int r = 0; r < kRows; ++r) {
+    widths.push_back(static_cast<int32_t>(rng() % 301));
+    for (int32_t k = 0; k < widths.back(); ++k) {
+      ids.push_back(rng() % 8 == 0 ? -1 : static_cast<int32_t>(rng() % 1024));
+    }
+    if (r % 37 == 0 && widths.back() > 0) ids.back() = 1024;
+  }
+  auto run = [&](Side& side, std::vector<int32_t>& translated) {
     Buffer dev = side.Upload(bytes);
     std::vector<CheckRange> ranges;
     for (const Spec& sp : specs) {
       ranges.push_back({dev.as<uint8_t>() + sp.at, sp.len, sp.check, sp.group});
     }
     Buffer dev_ranges = side.Upload(ranges);
+    Buffer dev_ids = side.Upload(ids);
+    Buffer dev_table = side.Upload(table);
+    Buffer dev_out = side.Zeros(ids.size() * 4, 0x55);
+    std::vector<TranslateRow> rows;
+    for (int r = 0, at = 0; r < kRows; at += widths[r++]) {
+      rows.push_back({dev_ids.as<int32_t>() + at, dev_out.as<int32_t>() + at,
+                      dev_table.as<int32_t>(), widths[r], 1024, r % kGroups, 0});
+    }
+    Buffer dev_rows = side.Upload(rows);
     Buffer flags = side.Zeros(kGroups * 4, 0);
     CheckInputsParams p;
     p.ranges = dev_ranges.as<CheckRange>();
     p.num_ranges = kRanges;
+    p.entries.rows = dev_rows.as<TranslateRow>();
+    p.entries.num_rows = kRows;
+    p.entries.page_shift = 4;
     p.flags = flags.as<uint32_t>();
     EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
+    translated = side.Download<int32_t>(dev_out, ids.size());
     return side.Download<uint32_t>(flags, kGroups);
   };
-  const std::vector<uint32_t> gpu_flags = run(*gpu_);
-  const std::vector<uint32_t> cpu_flags = run(*cpu_);
+  std::vector<int32_t> gpu_slots, cpu_slots;
+  const std::vector<uint32_t> gpu_flags = run(*gpu_, gpu_slots);
+  const std::vector<uint32_t> cpu_flags = run(*cpu_, cpu_slots);
   EXPECT_EQ(gpu_flags, cpu_flags);
+  EXPECT_TRUE(gpu_slots == cpu_slots);
+  EXPECT_TRUE(std::any_of(cpu_flags.begin(), cpu_flags.end(),
+                          [](uint32_t f) { return f == (kFlagInputValue | kFlagChosenEntry); }));
   const auto flagged =
       std::count_if(cpu_flags.begin(), cpu_flags.end(), [](uint32_t f) { return f != 0; });
   EXPECT_GT(flagged, 0);
   EXPECT_LT(flagged, kGroups);
+}
+
+// Copies within the device (CopyDirection::kOnDevice: one kernel, 16 copies a launch): more
+// copies than one launch takes, of every size from empty to several chunks, at unaligned
+// offsets, land exactly where they were sent and nowhere else.
+TEST_F(GpuTest, OnDeviceCopiesLandExactly) {
+  std::mt19937 rng(77);
+  const size_t kBytes = size_t{8} << 20;
+  std::vector<uint8_t> src(kBytes);
+  for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
+  Buffer dev_src = gpu_->Upload(src);
+  Buffer dev_dst = gpu_->Zeros(kBytes, 0xcd);
+  std::vector<uint8_t> want(kBytes, 0xcd);
+  std::vector<CopyOp> ops;
+  size_t at = 0;
+  for (int i = 0; i < 150 && at < kBytes - 70000; ++i) {
+    const size_t n = i % 10 == 0 ? 0 : (i % 7 == 0 ? 40000 + rng() % 20000 : rng() % 3000);
+    const size_t from = rng() % (kBytes - n);
+    at += rng() % 17;  // some destinations unaligned
+    ops.push_back({dev_dst.as<uint8_t>() + at, dev_src.as<uint8_t>() + from, n});
+    std::memcpy(want.data() + at, src.data() + from, n);
+    at += n;
+  }
+  ASSERT_GT(ops.size(), 2u * gpu::kMaxDeviceCopies);
+  ASSERT_TRUE(gpu_->backend->CopyBatch(ops, CopyDirection::kOnDevice, *gpu_->stream).ok());
+  EXPECT_TRUE(gpu_->Download<uint8_t>(dev_dst, kBytes) == want);
 }
 
 TEST_F(GpuTest, CopyBatchAndEvents) {
@@ -1241,6 +1310,59 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
           << KvFormatName(cb.format) << "/" << GeometryName(cb.geometry) << " B=" << rpp;
     }
   }
+}
+
+// Slots and groups in a caller's mirror (WriteRowsParams::arrays) are read from its device copy:
+// here that copy holds the slots in reverse, so the GPU pool must match a CPU write with the
+// reversed slots (a row of a flagged group included, which both leave unwritten).
+TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
+  std::mt19937 rng(9);
+  const KvFormat format = KvFormat::kFp8Dsv4;
+  const Geometry geometry = Geometry::kRopeInside;
+  const int w = QkWidth(geometry);
+  const int rpp = 32;
+  const int64_t pages = 4;
+  const int64_t pitch = ServingPitch(format, geometry, rpp);
+  const int n = 40;
+  std::vector<uint16_t> rows(size_t{n} * w);
+  for (uint16_t& v : rows) v = RandBf16(rng, 2.0f);
+  // [slots | groups] on the host; the device copy has the slots reversed.
+  std::vector<int64_t> slots(n), reversed(n);
+  std::vector<int32_t> groups(n, 0);
+  groups[7] = 1;
+  for (int i = 0; i < n; ++i) slots[i] = reversed[n - 1 - i] = 3 * i;
+  std::vector<uint8_t> host(n * 8 + n * 4), device_copy(host.size());
+  std::memcpy(host.data(), slots.data(), n * 8);
+  std::memcpy(device_copy.data(), reversed.data(), n * 8);
+  std::memcpy(host.data() + n * 8, groups.data(), n * 4);
+  std::memcpy(device_copy.data() + n * 8, groups.data(), n * 4);
+  const std::vector<uint32_t> flags = {0, 1};
+
+  Buffer gpu_pool = gpu_->Zeros(pitch * pages, 0xa5);
+  Buffer gpu_rows = gpu_->Upload(rows);
+  Buffer mirror = gpu_->Upload(device_copy);
+  Buffer gpu_flags = gpu_->Upload(flags);
+  WriteRowsParams wp;
+  wp.cache = {gpu_pool.data(), format, geometry, pages, rpp, pitch, 1.0f};
+  wp.slots = std::span<const int64_t>(reinterpret_cast<const int64_t*>(host.data()), n);
+  wp.groups = std::span<const int32_t>(reinterpret_cast<const int32_t*>(host.data() + n * 8), n);
+  wp.group_flags = gpu_flags.as<uint32_t>();
+  wp.rows = gpu_rows.data();
+  wp.arrays = HostMirror{host.data(), mirror.as<uint8_t>(), host.size()};
+  ASSERT_TRUE(gpu_->backend->WriteRows(wp, *gpu_->stream).ok());
+  const std::vector<uint8_t> got = gpu_->Download<uint8_t>(gpu_pool, pitch * pages);
+
+  Buffer cpu_pool = cpu_->Zeros(pitch * pages, 0xa5);
+  Buffer cpu_rows = cpu_->Upload(rows);
+  WriteRowsParams cp = wp;
+  cp.cache.base = cpu_pool.data();
+  cp.rows = cpu_rows.data();
+  cp.slots = reversed;
+  cp.group_flags = flags.data();
+  cp.arrays = {};
+  ASSERT_TRUE(cpu_->backend->WriteRows(cp, *cpu_->stream).ok());
+  const std::vector<uint8_t> want = cpu_->Download<uint8_t>(cpu_pool, pitch * pages);
+  EXPECT_TRUE(got == want) << "the GPU did not write where the mirror's slots say";
 }
 
 // MXFP8 query expansion: every (code, scale byte) pair that is not NaN, then random groups, at

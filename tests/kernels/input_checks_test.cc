@@ -1,5 +1,5 @@
-// The checks of a step's inputs on the backend (input_checks.h): chosen entries into slots
-// (Backend::TranslateEntries), values checked (Backend::CheckInputs), and row writes that skip
+// The checks of a step's inputs on the backend (input_checks.h, Backend::CheckInputs): chosen
+// entries into slots, values checked, both in one call, and row writes that skip
 // the groups either flagged (WriteRowsParams::groups): the semantics every backend shares, on
 // the CPU backend. smla-gpu-test checks that the GPU backend flags and writes the same.
 #include "smla/kernels/input_checks.h"
@@ -34,12 +34,12 @@ class TranslateTest : public ::testing::Test {
                                   static_cast<int32_t>(r.ids.size()), r.limit, r.group, 0});
     }
     std::vector<uint32_t> flags(groups, 0);
-    TranslateParams p;
-    p.rows = desc.data();
-    p.num_rows = static_cast<int32_t>(desc.size());
-    p.page_shift = 2;
+    CheckInputsParams p;
+    p.entries.rows = desc.data();
+    p.entries.num_rows = static_cast<int32_t>(desc.size());
+    p.entries.page_shift = 2;
     p.flags = flags.data();
-    EXPECT_TRUE(backend_->TranslateEntries(p, *stream_).ok());
+    EXPECT_TRUE(backend_->CheckInputs(p, *stream_).ok());
     return flags;
   }
 
@@ -73,12 +73,25 @@ TEST_F(TranslateTest, BadIdsFlagTheirGroupOnly) {
 }
 
 TEST_F(TranslateTest, RefusesBadParams) {
-  TranslateParams p;
-  p.num_rows = 1;
-  EXPECT_EQ(backend_->TranslateEntries(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
-  p.num_rows = 0;
-  p.page_shift = 31;
-  EXPECT_EQ(backend_->TranslateEntries(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  uint32_t flag = 0;
+  CheckInputsParams p;
+  p.flags = &flag;
+  p.entries.num_rows = 1;  // rows null
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.entries.num_rows = 0;
+  p.entries.page_shift = 31;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.entries.page_shift = 0;
+  p.num_ranges = -1;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  const TranslateRow row{};
+  p.num_ranges = 0;
+  p.entries.rows = &row;
+  p.entries.num_rows = 1;
+  p.flags = nullptr;  // work without flags
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.flags = &flag;
+  EXPECT_TRUE(backend_->CheckInputs(p, *stream_).ok());  // a row of width 0
 }
 
 // KV values: finite and |x| <= 2^64 (bf16 0x5f80), either sign; e4m3 codes 0x7f / 0xff and the
@@ -119,6 +132,27 @@ TEST_F(TranslateTest, ValueChecksFlagTheirGroupOnly) {
   CheckInputsParams p;
   p.num_ranges = 1;
   EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// One call checks values and translates entries: each flags its own group with its own bit.
+TEST_F(TranslateTest, OneCallChecksValuesAndTranslatesEntries) {
+  const std::vector<uint8_t> nan_row = {0xc0, 0x7f};  // bf16 NaN
+  const CheckRange range{nan_row.data(), 2, InputCheck::kKvRows, 0};
+  const std::vector<int32_t> table = {5};
+  const std::vector<int32_t> ids = {1, 4, 2};  // 4 is past the limit of 3
+  std::vector<int32_t> out(3, 12345);
+  const TranslateRow row{ids.data(), out.data(), table.data(), 3, 3, 1, 0};
+  std::vector<uint32_t> flags(3, 0);
+  CheckInputsParams p;
+  p.ranges = &range;
+  p.num_ranges = 1;
+  p.entries.rows = &row;
+  p.entries.num_rows = 1;
+  p.entries.page_shift = 2;
+  p.flags = flags.data();
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(flags, (std::vector<uint32_t>{kFlagInputValue, kFlagChosenEntry, 0}));
+  EXPECT_EQ(out, (std::vector<int32_t>{21, -1, 22}));
 }
 
 // Rows of a flagged group are not written; the others are, and groups come one per slot.

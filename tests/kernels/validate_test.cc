@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -296,6 +297,24 @@ TEST(ValidateWriteRowsTest, SlotsAndView) {
   p.cache.format = KvFormat::kBf16;
   p.cache.geometry = Geometry::kRopeInside;
   EXPECT_TRUE(b->WriteRows(p, *stream).ok());
+}
+
+// A host array is found in a caller's mirror only when it lies wholly inside it, at the same
+// offset; the GPU backend uploads every other array itself.
+TEST(HostMirrorTest, FindsArraysWhollyInside) {
+  std::vector<int32_t> host(16);
+  std::vector<int32_t> device(16);
+  const kernels::HostMirror mirror{reinterpret_cast<const uint8_t*>(host.data()),
+                                   reinterpret_cast<const uint8_t*>(device.data()), 8 * 4};
+  const std::span<const int32_t> all(host);
+  EXPECT_EQ(mirror.Find(all.subspan(2, 6)), device.data() + 2);
+  EXPECT_EQ(mirror.Find(all.subspan(0, 8)), device.data());
+  EXPECT_EQ(mirror.Find(all.subspan(4, 5)), nullptr);  // runs past the mirror
+  EXPECT_EQ(mirror.Find(all.subspan(8, 2)), nullptr);  // after it
+  EXPECT_EQ(mirror.Find(all.subspan(2, 0)), nullptr);  // empty
+  const std::vector<int32_t> other(4);
+  EXPECT_EQ(mirror.Find(std::span<const int32_t>(other)), nullptr);
+  EXPECT_EQ(kernels::HostMirror{}.Find(all), nullptr);
 }
 
 }  // namespace

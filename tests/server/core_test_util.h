@@ -102,9 +102,6 @@ class ControlledBackend : public kernels::Backend {
   absl::Status ExpandMxfp8Query(const kernels::ExpandQueryParams& p, kernels::Stream& s) override {
     return inner_->ExpandMxfp8Query(p, s);
   }
-  absl::Status TranslateEntries(const kernels::TranslateParams& p, kernels::Stream& s) override {
-    return inner_->TranslateEntries(p, s);
-  }
   absl::Status CheckInputs(const kernels::CheckInputsParams& p, kernels::Stream& s) override {
     return inner_->CheckInputs(p, s);
   }

@@ -5,6 +5,7 @@
 // are the same bit for bit either way.
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core_test_util.h"
@@ -41,12 +42,20 @@ class PinningBackend : public testing::ControlledBackend {
   absl::Status CopyBatch(std::span<const kernels::CopyOp> copies, kernels::CopyDirection d,
                          kernels::Stream& s) override {
     absl::Status st = kernels::Backend::CopyBatch(copies, d, s);
+    absl::MutexLock lock(&mu_);
     if (d == kernels::CopyDirection::kToDevice) {
-      absl::MutexLock lock(&mu_);
       to_device_.assign(copies.begin(), copies.end());
       if (poison_) Poison(copies);
     }
+    if (d == kernels::CopyDirection::kOnDevice) {
+      on_device_.insert(on_device_.end(), copies.begin(), copies.end());
+    }
     return st;
+  }
+  // Every copy within the device since the last call (inputs and outputs of a GPU region).
+  std::vector<kernels::CopyOp> take_on_device() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(on_device_, {});
   }
   // Once the input copies are enqueued, fills every byte of the page-locked arena that they do
   // not read: a launch that built anything there before its input copies loses it.
@@ -86,6 +95,7 @@ class PinningBackend : public testing::ControlledBackend {
 
   absl::Mutex mu_;
   std::vector<kernels::CopyOp> to_device_ ABSL_GUARDED_BY(mu_);
+  std::vector<kernels::CopyOp> on_device_ ABSL_GUARDED_BY(mu_);
   std::span<uint8_t> arena_ ABSL_GUARDED_BY(mu_);
   bool poison_ ABSL_GUARDED_BY(mu_) = false;
   int32_t rows_per_group_ ABSL_GUARDED_BY(mu_) = -1;
@@ -247,8 +257,9 @@ TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
 }
 
 // The executor alone, so that its copy paths can be read: inputs and output destinations inside
-// a registered range are copied in place, the others are gathered (inputs) or go through plain
-// memory (outputs); the outputs are the same bit for bit.
+// a registered range are copied in place (within the device when the range is a GPU region's),
+// the others are gathered (inputs) or go through plain memory (outputs); the outputs are the
+// same bit for bit.
 TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
       kernels::CreateCpuBackend({.cpu_threads = 2});
@@ -276,10 +287,11 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   const size_t scale_bytes = static_cast<size_t>(rows) * 16 * kernels::kMxGroupsPerHead;
   const size_t lse_bytes = static_cast<size_t>(rows) * 16 * sizeof(float);
   std::vector<uint8_t> outputs(out_bytes + scale_bytes + lse_bytes);
-  auto run = [&](bool registered) {
-    if (registered) {
-      ex.host_ranges().Add(region_.data(), region_.size());
-      ex.host_ranges().Add(outputs.data(), outputs.size());
+  using Kind = HostRanges::Kind;
+  auto run = [&](Kind kind) {
+    if (kind != Kind::kNone) {
+      ex.host_ranges().Add(region_.data(), region_.size(), kind);
+      ex.host_ranges().Add(outputs.data(), outputs.size(), kind);
     }
     StepRequest r = Request(decode_, true);
     r.destination.out = {outputs.data(), out_bytes};
@@ -297,20 +309,42 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     }
     return written;
   };
-  const std::vector<uint8_t> plain = run(false);
+  const std::vector<uint8_t> plain = run(Kind::kNone);
   StepExecutor::CopyStats st = ex.last_copy_stats();
   EXPECT_EQ(st.in_direct, 0);
   EXPECT_EQ(st.in_gathered, static_cast<int64_t>(inputs));
   EXPECT_EQ(st.out_direct, 0);
   EXPECT_EQ(st.out_pageable, static_cast<int64_t>(outputs.size()));
 
-  const std::vector<uint8_t> in_place = run(true);
-  st = ex.last_copy_stats();
-  EXPECT_EQ(st.in_direct, static_cast<int64_t>(inputs));
-  EXPECT_EQ(st.in_gathered, 0);
-  EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
-  EXPECT_EQ(st.out_pageable, 0);
-  EXPECT_TRUE(plain == in_place);
+  EXPECT_TRUE(backend.take_on_device().empty());
+  for (const Kind kind : {Kind::kHost, Kind::kDevice}) {
+    const std::vector<uint8_t> in_place = run(kind);
+    st = ex.last_copy_stats();
+    EXPECT_EQ(st.in_direct, static_cast<int64_t>(inputs));
+    EXPECT_EQ(st.in_gathered, 0);
+    EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
+    EXPECT_EQ(st.out_pageable, 0);
+    EXPECT_TRUE(plain == in_place);
+    // A GPU region's inputs and outputs are copied within the device: every byte of both, and
+    // none of its bytes by the host-to-device batch.
+    size_t in_region = 0, to_outputs = 0, input_copies = 0;
+    for (const kernels::CopyOp& c : backend.take_on_device()) {
+      const auto* dst = static_cast<const uint8_t*>(c.dst);
+      if (InRegion(c.src)) {
+        in_region += c.bytes;
+        ++input_copies;
+      }
+      if (dst >= outputs.data() && dst < outputs.data() + outputs.size()) to_outputs += c.bytes;
+    }
+    const bool device = kind == Kind::kDevice;
+    EXPECT_EQ(in_region, device ? inputs : 0);
+    // q, KV rows, compressed entries, top-k ids: one copy each (the spans' ranges are packed).
+    EXPECT_EQ(input_copies, device ? 4u : 0u);
+    EXPECT_EQ(to_outputs, device ? outputs.size() : 0);
+    for (const kernels::CopyOp& c : backend.last_to_device()) {
+      EXPECT_EQ(InRegion(c.src), !device);
+    }
+  }
 }
 
 // The input copies are enqueued before the slot lists and segments are built (so that the build

@@ -101,13 +101,14 @@ Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const
     for (int32_t i = 0; i < spans[k].input->num_rows; ++i) EXPECT_EQ(groups[at++], spans[k].group);
   }
   std::vector<uint32_t> flags(spans.size(), 0);
-  kernels::TranslateParams tp;
-  tp.rows = rows.data();
-  tp.num_rows = static_cast<int32_t>(rows.size());
-  tp.page_shift = std::countr_zero(static_cast<uint32_t>(spans[0].prepared->rows_per_page()));
-  tp.flags = flags.data();
+  kernels::CheckInputsParams cp;
+  cp.entries.rows = rows.data();
+  cp.entries.num_rows = static_cast<int32_t>(rows.size());
+  cp.entries.page_shift =
+      std::countr_zero(static_cast<uint32_t>(spans[0].prepared->rows_per_page()));
+  cp.flags = flags.data();
   std::unique_ptr<kernels::Stream> stream = *backend.CreateStream();
-  EXPECT_TRUE(backend.TranslateEntries(tp, *stream).ok());
+  EXPECT_TRUE(backend.CheckInputs(cp, *stream).ok());
   for (size_t k = 0; k < flags.size(); ++k) {
     if (flags[k] != 0) b.rejected.push_back(k);
   }
@@ -447,6 +448,12 @@ TEST(HostRangesTest, ContainsOnlyWholeRangesInsideOneRegistration) {
   r.Remove(a.data());
   EXPECT_FALSE(r.Contains(a.data(), 1));
   EXPECT_TRUE(r.Contains(b.data(), 50));
+  // A range's kind: host memory unless it was added as a device one (a GPU region).
+  EXPECT_EQ(r.Find(b.data(), 50), HostRanges::Kind::kHost);
+  r.Add(a.data(), a.size(), HostRanges::Kind::kDevice);
+  EXPECT_EQ(r.Find(a.data() + 10, 90), HostRanges::Kind::kDevice);
+  EXPECT_EQ(r.Find(a.data() + 10, 91), HostRanges::Kind::kNone);
+  EXPECT_EQ(r.Find(b.data(), 50), HostRanges::Kind::kHost);
 }
 
 }  // namespace

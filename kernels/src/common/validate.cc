@@ -232,25 +232,20 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
 }
 
 absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
-  if (p.num_ranges < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("num_ranges %d is negative", p.num_ranges));
+  const TranslateParams& e = p.entries;
+  if (p.num_ranges < 0 || e.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "num_ranges %d and entries.num_rows %d must not be negative", p.num_ranges, e.num_rows));
   }
-  if (p.num_ranges > 0 && (p.ranges == nullptr || p.flags == nullptr)) {
-    return absl::InvalidArgumentError("ranges or flags is null");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTranslate(const TranslateParams& p) {
-  if (p.num_rows < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("num_rows %d is negative", p.num_rows));
-  }
-  if (p.page_shift < 0 || p.page_shift > 30) {
+  if (e.page_shift < 0 || e.page_shift > 30) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("page_shift %d outside [0, 30]", p.page_shift));
+        absl::StrFormat("entries.page_shift %d outside [0, 30]", e.page_shift));
   }
-  if (p.num_rows > 0 && (p.rows == nullptr || p.flags == nullptr)) {
-    return absl::InvalidArgumentError("rows or flags is null");
+  if ((p.num_ranges > 0 && p.ranges == nullptr) || (e.num_rows > 0 && e.rows == nullptr)) {
+    return absl::InvalidArgumentError("ranges or entries.rows is null");
+  }
+  if ((p.num_ranges > 0 || e.num_rows > 0) && p.flags == nullptr) {
+    return absl::InvalidArgumentError("flags is null");
   }
   return absl::OkStatus();
 }

@@ -136,21 +136,6 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status TranslateEntries(const TranslateParams& p, Stream&) override {
-    if (absl::Status s = ValidateTranslate(p); !s.ok()) return s;
-    for (int32_t r = 0; r < p.num_rows; ++r) {
-      const TranslateRow& row = p.rows[r];
-      bool bad = false;
-      for (int32_t k = 0; k < row.width; ++k) {
-        // One relaxed load per id: the ids may lie in memory a client can rewrite.
-        const int32_t e = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
-        row.out[k] = TranslateEntry(e, row.table, p.page_shift, row.limit, bad);
-      }
-      if (bad) p.flags[row.group] |= kFlagChosenEntry;
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status CheckInputs(const CheckInputsParams& p, Stream&) override {
     if (absl::Status s = ValidateCheckInputs(p); !s.ok()) return s;
     for (int32_t r = 0; r < p.num_ranges; ++r) {
@@ -168,6 +153,17 @@ class CpuBackend final : public Backend {
         }
       }
       if (bad) p.flags[range.group] |= kFlagInputValue;
+    }
+    const TranslateParams& e = p.entries;
+    for (int32_t r = 0; r < e.num_rows; ++r) {
+      const TranslateRow& row = e.rows[r];
+      bool bad = false;
+      for (int32_t k = 0; k < row.width; ++k) {
+        // One relaxed load per id: the ids may lie in memory a client can rewrite.
+        const int32_t id = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
+        row.out[k] = TranslateEntry(id, row.table, e.page_shift, row.limit, bad);
+      }
+      if (bad) p.flags[row.group] |= kFlagChosenEntry;
     }
     return absl::OkStatus();
   }

@@ -298,22 +298,28 @@ class AttendPlanner {
       off = AlignUp(off + bytes, 16);
       return at;
     };
-    // Indices already in backend memory are read where they lie, not staged.
-    auto indices = [&](const Segment& sg, int s) {
-      if (sg.indices_on_device) {
-        l_.device_indices[s] = sg.indices.data();
-        return int64_t{-1};
+    // Arrays already in backend memory are read where they lie, not staged: indices the device
+    // wrote, and host arrays in the caller's mirror.
+    auto place = [&](const auto& array) {
+      AttendLaunch::ArrayPlace at;
+      at.device = params_.arrays.Find(array);
+      if (at.device == nullptr && !array.empty()) {
+        at.off = add(static_cast<int64_t>(array.size_bytes()));
       }
-      return add(4 * static_cast<int64_t>(sg.indices.size()));
+      return at;
     };
-    l_.off_indptr[0] = add(4 * (int64_t{T_} + 1));
-    l_.off_indices[0] = indices(params_.main, 0);
+    auto indices = [&](const Segment& sg) {
+      if (!sg.indices_on_device) return place(sg.indices);
+      return AttendLaunch::ArrayPlace{-1, sg.indices.data()};
+    };
+    l_.indptr[0] = place(params_.main.indptr);
+    l_.indices[0] = indices(params_.main);
     if (params_.has_extra) {
-      l_.off_indptr[1] = add(4 * (int64_t{T_} + 1));
-      l_.off_indices[1] = indices(params_.extra, 1);
+      l_.indptr[1] = place(params_.extra.indptr);
+      l_.indices[1] = indices(params_.extra);
     }
-    if (!params_.epilogue.positions.empty()) l_.off_positions = add(4 * int64_t{T_});
-    if (!params_.sink.empty()) l_.off_sink = add(4 * int64_t{H_});
+    l_.positions = place(params_.epilogue.positions);
+    l_.sink = place(params_.sink);
     l_.staged_bytes = off;
     if (l_.paired != PairMode::kNone) {
       const int nseg = params_.has_extra ? 2 : 1;
@@ -393,60 +399,46 @@ absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const Device
 
 namespace {
 
-// The call's small host arrays (CSR, positions, sink) with their workspace offsets; empty ones
-// are skipped.
-void ForEachHostArray(const AttendParams& params, const AttendLaunch& l,
-                      absl::FunctionRef<void(int64_t off, const void* src, size_t bytes)> fn) {
-  auto put = [&](int64_t off, const void* src, size_t bytes) {
-    if (bytes > 0) fn(off, src, bytes);
+// The call's staged host arrays (CSR, positions, sink) with their workspace offsets.
+void ForEachStagedArray(const AttendParams& params, const AttendLaunch& l,
+                        absl::FunctionRef<void(int64_t off, const void* src, size_t bytes)> fn) {
+  auto put = [&](const AttendLaunch::ArrayPlace& at, const auto& array) {
+    if (at.off >= 0) fn(at.off, array.data(), array.size_bytes());
   };
-  put(l.off_indptr[0], params.main.indptr.data(), params.main.indptr.size_bytes());
-  if (l.off_indices[0] >= 0) {
-    put(l.off_indices[0], params.main.indices.data(), params.main.indices.size_bytes());
-  }
+  put(l.indptr[0], params.main.indptr);
+  put(l.indices[0], params.main.indices);
   if (params.has_extra) {
-    put(l.off_indptr[1], params.extra.indptr.data(), params.extra.indptr.size_bytes());
-    if (l.off_indices[1] >= 0) {
-      put(l.off_indices[1], params.extra.indices.data(), params.extra.indices.size_bytes());
-    }
+    put(l.indptr[1], params.extra.indptr);
+    put(l.indices[1], params.extra.indices);
   }
-  if (l.off_positions >= 0) {
-    put(l.off_positions, params.epilogue.positions.data(), params.epilogue.positions.size_bytes());
-  }
-  if (l.off_sink >= 0) put(l.off_sink, params.sink.data(), params.sink.size_bytes());
+  put(l.positions, params.epilogue.positions);
+  put(l.sink, params.sink);
 }
 
 }  // namespace
 
 void StageAttend(const AttendParams& params, const AttendLaunch& l, uint8_t* host) {
-  ForEachHostArray(params, l, [host](int64_t off, const void* src, size_t bytes) {
+  ForEachStagedArray(params, l, [host](int64_t off, const void* src, size_t bytes) {
     std::memcpy(host + off, src, bytes);
-  });
-}
-
-void AttendUploads(const AttendParams& params, const AttendLaunch& l, uint8_t* ws,
-                   std::vector<CopyOp>& copies) {
-  ForEachHostArray(params, l, [ws, &copies](int64_t off, const void* src, size_t bytes) {
-    copies.push_back(CopyOp{ws + off, src, bytes});
   });
 }
 
 void BindAttend(AttendLaunch& l, uint8_t* ws) {
   AttendKernelParams& k = l.kernel;
+  auto at = [ws](const AttendLaunch::ArrayPlace& a) {
+    return a.off >= 0 ? static_cast<const void*>(ws + a.off) : a.device;
+  };
   for (int s = 0; s < k.num_segments; ++s) {
-    k.seg[s].indptr = reinterpret_cast<const int32_t*>(ws + l.off_indptr[s]);
-    k.seg[s].indices = l.off_indices[s] >= 0
-                           ? reinterpret_cast<const int32_t*>(ws + l.off_indices[s])
-                           : l.device_indices[s];
+    k.seg[s].indptr = static_cast<const int32_t*>(at(l.indptr[s]));
+    k.seg[s].indices = static_cast<const int32_t*>(at(l.indices[s]));
     if (l.paired != PairMode::kNone) {
       k.seg[s].union_indices = reinterpret_cast<int32_t*>(ws + l.off_union_indices[s]);
       k.seg[s].union_mask = ws + l.off_union_mask[s];
       k.seg[s].union_count = reinterpret_cast<int32_t*>(ws + l.off_union_count[s]);
     }
   }
-  k.positions =
-      l.off_positions >= 0 ? reinterpret_cast<const int32_t*>(ws + l.off_positions) : nullptr;
-  k.sink = l.off_sink >= 0 ? reinterpret_cast<const float*>(ws + l.off_sink) : nullptr;
+  k.positions = static_cast<const int32_t*>(at(l.positions));
+  k.sink = static_cast<const float*>(at(l.sink));
   k.part_acc = reinterpret_cast<float*>(ws + l.off_part_acc);
   k.part_ml = reinterpret_cast<float*>(ws + l.off_part_ml);
   l.combine.part_acc = k.part_acc;

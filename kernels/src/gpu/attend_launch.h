@@ -31,11 +31,16 @@ struct AttendLaunch {
   // Workspace layout: [staged host arrays | split-K partials].
   int64_t staged_bytes = 0;
   int64_t workspace_bytes = 0;
-  int64_t off_indptr[2] = {0, 0};
-  int64_t off_indices[2] = {0, 0};        // -1: Segment::indices_on_device, read from
-  const int32_t* device_indices[2] = {};  // here instead
-  int64_t off_positions = -1;
-  int64_t off_sink = -1;
+  // Where the kernel reads one of the call's arrays: staged at `off` in the workspace, or, when
+  // off is -1, at `device` (the caller's HostMirror, or indices already in backend memory).
+  struct ArrayPlace {
+    int64_t off = -1;
+    const void* device = nullptr;
+  };
+  ArrayPlace indptr[2];
+  ArrayPlace indices[2];
+  ArrayPlace positions;
+  ArrayPlace sink;
   int64_t off_union_indices[2] = {0, 0};  // paired: device-written unions (not staged)
   int64_t off_union_mask[2] = {0, 0};
   int64_t off_union_count[2] = {0, 0};
@@ -46,12 +51,9 @@ struct AttendLaunch {
 // Plans a validated call. Unimplemented when a forced head block has no compiled program that
 // fits the device's shared memory (naming geometry, head block and formats).
 absl::StatusOr<AttendLaunch> PlanAttend(const AttendParams& params, const DeviceInfo& device);
-// Writes the call's host arrays (CSR, positions, sink) at their offsets in `host` (staged_bytes).
+// Writes the call's staged host arrays (CSR, positions, sink; those not read from the caller's
+// mirror) at their offsets in `host` (staged_bytes).
 void StageAttend(const AttendParams& params, const AttendLaunch& launch, uint8_t* host);
-// The copies that put the call's host arrays at their offsets in `workspace` straight from
-// where they lie (AttendParams::arrays_pinned: page-locked memory), instead of StageAttend.
-void AttendUploads(const AttendParams& params, const AttendLaunch& launch, uint8_t* workspace,
-                   std::vector<CopyOp>& copies);
 // Points the kernel parameters at a device workspace of at least workspace_bytes.
 void BindAttend(AttendLaunch& launch, uint8_t* workspace);
 // Enqueues the attention kernel and, with split-K, the combine.

@@ -1,7 +1,9 @@
-// A step's input ranges checked on the device (Backend::CheckInputs): blocks of kCheckThreads
-// threads share a range (blockIdx.y, striding over the ranges), each thread testing every stride-th
-// word with the rules of input_checks.h that the CPU backend uses, and one atomic OR per block that
-// found a value its check refuses.
+// A launch's inputs checked on the device in one kernel (Backend::CheckInputs), with the rules of
+// input_checks.h that the CPU backend uses. The grid's first blocks check value ranges,
+// kBlocksPerRange to a range, each thread testing every stride-th word; the rest translate chosen
+// entries, one row per block. A block that found something refused sets its group's flag with one
+// atomic OR. One kernel rather than two: on a small launch each kernel boundary costs about as
+// much as the work (docs/architecture.md, "Input checks on the device").
 #include <cstdint>
 #include <cstring>
 
@@ -13,6 +15,8 @@ namespace {
 
 constexpr int kCheckThreads = 256;
 constexpr int kBlocksPerRange = 8;
+constexpr int32_t kMaxRangeSlots = 1 << 13;  // ranges checked at once (then strided)
+constexpr int32_t kMaxRowBlocks = 1 << 16;   // translate blocks (then strided)
 
 // Whether any value of a 4-byte word is refused.
 __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
@@ -25,11 +29,11 @@ __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
   return bad;
 }
 
-__global__ void __launch_bounds__(kCheckThreads)
-    CheckInputsKernel(const __grid_constant__ CheckInputsParams p) {
-  const int64_t stride = int64_t{gridDim.x} * kCheckThreads;
-  const int64_t first = int64_t{blockIdx.x} * kCheckThreads + threadIdx.x;
-  for (int32_t r = blockIdx.y; r < p.num_ranges; r += gridDim.y) {
+// Blocks [0, range_slots * kBlocksPerRange) of the grid.
+__device__ void CheckRanges(const CheckInputsParams& p, int32_t block, int32_t range_slots) {
+  const int64_t stride = int64_t{kBlocksPerRange} * kCheckThreads;
+  const int64_t first = int64_t{block % kBlocksPerRange} * kCheckThreads + threadIdx.x;
+  for (int32_t r = block / kBlocksPerRange; r < p.num_ranges; r += range_slots) {
     const CheckRange range = p.ranges[r];
     const InputCheck check = range.check;
     bool bad = false;
@@ -56,13 +60,43 @@ __global__ void __launch_bounds__(kCheckThreads)
   }
 }
 
+// The blocks after the range checks: row `block` and every row_blocks-th after it.
+__device__ void TranslateRows(const CheckInputsParams& p, int32_t block, int32_t row_blocks) {
+  const TranslateParams& e = p.entries;
+  for (int32_t r = block; r < e.num_rows; r += row_blocks) {
+    const TranslateRow row = e.rows[r];
+    bool bad = false;
+    for (int32_t k = threadIdx.x; k < row.width; k += kCheckThreads) {
+      row.out[k] = TranslateEntry(row.ids[k], row.table, e.page_shift, row.limit, bad);
+    }
+    if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
+      atomicOr(p.flags + row.group, kFlagChosenEntry);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kCheckThreads)
+    CheckInputsKernel(const __grid_constant__ CheckInputsParams p, int32_t range_slots,
+                      int32_t row_blocks) {
+  const int32_t check_blocks = range_slots * kBlocksPerRange;
+  const auto block = static_cast<int32_t>(blockIdx.x);
+  if (block < check_blocks) {
+    CheckRanges(p, block, range_slots);
+  } else {
+    TranslateRows(p, block - check_blocks, row_blocks);
+  }
+}
+
 }  // namespace
 
 absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream) {
-  if (p.num_ranges == 0) return absl::OkStatus();
-  const dim3 grid(kBlocksPerRange,
-                  static_cast<unsigned>(p.num_ranges < 65535 ? p.num_ranges : 65535));
-  CheckInputsKernel<<<grid, kCheckThreads, 0, stream>>>(p);
+  const int32_t range_slots = p.num_ranges < kMaxRangeSlots ? p.num_ranges : kMaxRangeSlots;
+  const int32_t row_blocks =
+      p.entries.num_rows < kMaxRowBlocks ? p.entries.num_rows : kMaxRowBlocks;
+  const int32_t blocks = range_slots * kBlocksPerRange + row_blocks;
+  if (blocks == 0) return absl::OkStatus();
+  CheckInputsKernel<<<static_cast<unsigned>(blocks), kCheckThreads, 0, stream>>>(p, range_slots,
+                                                                                 row_blocks);
   return ToStatus(GetLastError(), "check-inputs kernel launch");
 }
 

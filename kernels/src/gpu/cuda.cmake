@@ -17,10 +17,10 @@ target_sources(smla_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/attend_launch.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_variants.cu
   ${CMAKE_CURRENT_LIST_DIR}/check_inputs_kernel.cu
+  ${CMAKE_CURRENT_LIST_DIR}/copy_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/combine_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/expand_query_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/row_union_kernel.cu
-  ${CMAKE_CURRENT_LIST_DIR}/translate_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/write_rows_kernel.cu
 )
 target_compile_definitions(smla_kernels PUBLIC SMLA_WITH_CUDA)

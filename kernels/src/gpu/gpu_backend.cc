@@ -194,25 +194,29 @@ class GpuBackend : public Backend {
     if (s == nullptr) return NotOurs();
     const int64_t n = static_cast<int64_t>(params.slots.size());
     if (n == 0) return absl::OkStatus();
-    // One upload: the slots, then the groups when there are any.
-    const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
-    const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
-    absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
-    if (!pinned.ok()) return pinned.status();
-    absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
-    if (!ws.ok()) return ws.status();
-    std::memcpy(*pinned, params.slots.data(), slot_bytes);
-    if (!params.groups.empty()) {
-      std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
-    }
-    if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
     gpu::WriteRowsKernelParams k;
-    k.base = static_cast<uint8_t*>(params.cache.base);
-    k.slots = reinterpret_cast<const int64_t*>(*ws);
+    k.slots = params.arrays.Find(params.slots);
     if (!params.groups.empty()) {
-      k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
+      k.groups = params.arrays.Find(params.groups);
       k.group_flags = params.group_flags;
     }
+    if (k.slots == nullptr || (!params.groups.empty() && k.groups == nullptr)) {
+      // Not in the caller's mirror: one upload, the slots, then the groups when there are any.
+      const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
+      const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
+      absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
+      if (!pinned.ok()) return pinned.status();
+      absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
+      if (!ws.ok()) return ws.status();
+      std::memcpy(*pinned, params.slots.data(), slot_bytes);
+      if (!params.groups.empty()) {
+        std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
+      }
+      if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
+      k.slots = reinterpret_cast<const int64_t*>(*ws);
+      if (!params.groups.empty()) k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
+    }
+    k.base = static_cast<uint8_t*>(params.cache.base);
     k.rows = static_cast<const uint16_t*>(params.rows);
     k.num_rows = n;
     k.pitch = params.cache.pitch_bytes;
@@ -238,13 +242,6 @@ class GpuBackend : public Backend {
     return gpu::LaunchExpandQuery(k, s->handle());
   }
 
-  absl::Status TranslateEntries(const TranslateParams& params, Stream& stream) override {
-    if (absl::Status st = ValidateTranslate(params); !st.ok()) return st;
-    auto* s = Cast(stream);
-    if (s == nullptr) return NotOurs();
-    return gpu::LaunchTranslate(params, s->handle());
-  }
-
   absl::Status CheckInputs(const CheckInputsParams& params, Stream& stream) override {
     if (absl::Status st = ValidateCheckInputs(params); !st.ok()) return st;
     auto* s = Cast(stream);
@@ -259,25 +256,16 @@ class GpuBackend : public Backend {
     if (params.num_rows == 0) return absl::OkStatus();
     absl::StatusOr<gpu::AttendLaunch> launch = gpu::PlanAttend(params, info_);
     if (!launch.ok()) return launch.status();
-    if (params.arrays_pinned) {
-      // Page-locked arrays that outlive the work: copied where they lie, nothing staged.
-      absl::StatusOr<uint8_t*> ws = s->Workspace(launch->workspace_bytes);
-      if (!ws.ok()) return ws.status();
-      std::vector<CopyOp> uploads;
-      gpu::AttendUploads(params, *launch, *ws, uploads);
-      if (absl::Status st = Copies(uploads, CopyDirection::kToDevice, s->handle()); !st.ok()) {
-        return st;
-      }
-      gpu::BindAttend(*launch, *ws);
-      return gpu::RunAttend(*launch, s->handle());
-    }
-    // Host arrays are consumed here: copied to pinned memory and uploaded in one copy.
-    absl::StatusOr<uint8_t*> pinned = s->Pinned(launch->staged_bytes);
-    if (!pinned.ok()) return pinned.status();
+    // Arrays in the caller's mirror are read there; the others are staged and uploaded in one
+    // copy (nothing, when the mirror holds them all).
     absl::StatusOr<uint8_t*> ws = s->Workspace(launch->workspace_bytes);
     if (!ws.ok()) return ws.status();
-    gpu::StageAttend(params, *launch, *pinned);
-    if (absl::Status st = s->Upload(launch->staged_bytes); !st.ok()) return st;
+    if (launch->staged_bytes > 0) {
+      absl::StatusOr<uint8_t*> pinned = s->Pinned(launch->staged_bytes);
+      if (!pinned.ok()) return pinned.status();
+      gpu::StageAttend(params, *launch, *pinned);
+      if (absl::Status st = s->Upload(launch->staged_bytes); !st.ok()) return st;
+    }
     gpu::BindAttend(*launch, *ws);
     return gpu::RunAttend(*launch, s->handle());
   }
@@ -319,11 +307,12 @@ class GpuBackend : public Backend {
   }
 
  private:
-  // One batch call where the runtime has it; one copy each where it refused a batch (once
-  // refused, the backend stops trying).
+  // Within the device, one copy kernel. Else one batch call where the runtime has it; one copy
+  // each where it refused a batch (once refused, the backend stops trying).
   absl::Status Copies(std::span<const CopyOp> copies, CopyDirection direction,
                       StreamHandle stream) {
     if (copies.empty()) return absl::OkStatus();
+    if (direction == CopyDirection::kOnDevice) return gpu::LaunchDeviceCopies(copies, stream);
     if (batch_copies_.load(std::memory_order_relaxed)) {
       std::vector<void*> dsts(copies.size());
       std::vector<const void*> srcs(copies.size());

@@ -8,10 +8,10 @@ find_package(hip REQUIRED CONFIG)  # hip::host: the runtime's headers, platform 
 set(_smla_hip_kernels
   ${CMAKE_CURRENT_LIST_DIR}/attend_variants.cu
   ${CMAKE_CURRENT_LIST_DIR}/check_inputs_kernel.cu
+  ${CMAKE_CURRENT_LIST_DIR}/copy_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/combine_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/expand_query_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/row_union_kernel.cu
-  ${CMAKE_CURRENT_LIST_DIR}/translate_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/write_rows_kernel.cu
 )
 set_source_files_properties(${_smla_hip_kernels} PROPERTIES LANGUAGE HIP)

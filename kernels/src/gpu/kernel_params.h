@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
+#include "smla/kernels/backend.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/gpu/runtime.h"
 #include "smla/kernels/params.h"
@@ -125,6 +127,17 @@ struct ExpandQueryKernelParams {
   int64_t lanes = 0;
 };
 
+// Copies between two places in device memory (Backend::CopyBatch, CopyDirection::kOnDevice), as
+// one kernel: copy i is split into kDeviceCopyChunk-byte chunks, one block each, its chunks
+// numbered from first_block[i].
+inline constexpr int kMaxDeviceCopies = 16;
+inline constexpr int64_t kDeviceCopyChunk = 16384;
+struct DeviceCopyKernelParams {
+  CopyOp ops[kMaxDeviceCopies];
+  int32_t first_block[kMaxDeviceCopies + 1] = {};
+  int32_t count = 0;
+};
+
 // Shared memory one attention program needs (bytes), with `keys`-key tiles.
 int64_t AttendSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages,
                           bool use_tile, int keys);
@@ -167,7 +180,8 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
 absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);
-absl::Status LaunchTranslate(const TranslateParams& p, StreamHandle stream);
 absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream);
+// Copies of at most kMaxDeviceCopies ops at a time, as many launches as that takes.
+absl::Status LaunchDeviceCopies(std::span<const CopyOp> copies, StreamHandle stream);
 
 }  // namespace smla::kernels::gpu

@@ -193,7 +193,7 @@ class ServiceCoreImpl : public ServiceCore {
     if (!opened.ok()) return opened.status();
     auto buffer = std::make_shared<kernels::Buffer>(*std::move(opened));
     auto* memory = new GpuMemory{buffer->as<uint8_t>(), bytes};
-    executor_->host_ranges().Add(memory->data, bytes);
+    executor_->host_ranges().Add(memory->data, bytes, HostRanges::Kind::kDevice);
     return std::shared_ptr<const GpuMemory>(memory,
                                             [this, buffer = std::move(buffer)](const GpuMemory* m) {
                                               executor_->host_ranges().Remove(m->data);

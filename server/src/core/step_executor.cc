@@ -201,16 +201,15 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
   return results;
 }
 
-// The checks' device buffer (checks_): the spans' page tables, the TranslateRows, the
-// CheckRanges and one zeroed flag per step, copied together from the same layout in the arena
-// (one copy, so no separate clearing of the flags); then the translated chosen segment.
+// The device checks' arrays at the start of the arena, before the slot lists and segments: the
+// spans' page tables, the TranslateRows, the CheckRanges and one zeroed flag per step. All of
+// them go up in the one copy of the arena's arrays (so the flags need no clearing of their own);
+// the translated chosen segment follows that copy in arrays_.
 struct StepExecutor::CheckLayout {
   size_t rows = 0;    // the TranslateRows, after the tables
   size_t ranges = 0;  // the CheckRanges, after the rows
   size_t flags = 0;   // the flags, after the ranges
-  size_t upload = 0;  // [tables | rows | ranges | flags]
-  size_t out = 0;
-  size_t total = 0;
+  size_t bytes = 0;   // [tables | rows | ranges | flags]
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
     CheckLayout l;
@@ -218,9 +217,7 @@ struct StepExecutor::CheckLayout {
     l.ranges =
         AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
     l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
-    l.upload = l.flags + groups * sizeof(uint32_t);
-    l.out = AlignUp(l.upload, 64);
-    l.total = l.out + static_cast<size_t>(c.chosen_ids) * sizeof(int32_t);
+    l.bytes = l.flags + groups * sizeof(uint32_t);
     return l;
   }
 };
@@ -239,14 +236,17 @@ struct StepExecutor::DeviceWork {
   std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
-  kernels::ExpandQueryParams expand;         // MXFP8 queries into q_ (vectors 0: bf16 queries)
+  // Inputs from and outputs to a GPU region: copies that stay on the device.
+  std::vector<kernels::CopyOp> in_on_device, out_on_device;
+  kernels::ExpandQueryParams expand;  // MXFP8 queries into q_ (vectors 0: bf16 queries)
   kernels::WriteRowsParams write;
-  // The checks on the device: page tables, TranslateRows and CheckRanges copied from the arena
-  // once built, the inputs' values checked and the chosen entries translated; the flags (one per
-  // step of the launch, in the checks upload) come back to flags_host with the outputs.
-  kernels::CopyOp checks_upload;
+  // The arena's arrays (slot lists, segments, the checks' arrays), copied up in one copy once
+  // built; WriteRows and Attend read their arrays there too (`mirror`).
+  kernels::CopyOp arrays_upload;
+  kernels::HostMirror mirror;
+  // The checks on the device: the inputs' values checked and the chosen entries translated; the
+  // flags (one per step of the launch, in the upload) come back to flags_host with the outputs.
   kernels::CheckInputsParams check;
-  kernels::TranslateParams translate;
   uint32_t* flags_host = nullptr;
   kernels::AttendParams attend;
   std::vector<SpanRef> spans;
@@ -421,7 +421,6 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
   }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(ids_, static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
-  SMLA_RETURN_IF_ERROR(Ensure(checks_, CheckLayout::Of(p.counts, p.spans, p.groups).total));
   SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
   if (p.format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, p.rows * p.scale_row));
   if (p.want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, p.rows * p.lse_row));
@@ -463,6 +462,10 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
     total = AlignUp(total + bytes, 64);
     return at;
   };
+  // The arrays that go up in one copy: the checks' arrays first (CheckLayout), then the slot
+  // lists and segments, positions and the sink.
+  const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
+  take(cl.bytes);
   const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
   const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
   const size_t o_main = take(static_cast<size_t>(p.counts.main_indices) * sizeof(int32_t));
@@ -472,14 +475,18 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
   const size_t o_sink = take(p.sink.size() * sizeof(float));
   const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
-  const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
-  const size_t o_checks = take(cl.upload);
+  const size_t uploaded = total;
   const size_t o_flags = take(p.groups * sizeof(uint32_t));
   size_t o_stage[kKinds];
   for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
   absl::StatusOr<uint8_t*> arena_or = HostArena(total);
   if (!arena_or.ok()) return arena_or.status();
   uint8_t* const arena = *arena_or;
+  const size_t chosen_at = AlignUp(uploaded, 64);  // the translated chosen segment in arrays_
+  SMLA_RETURN_IF_ERROR(
+      Ensure(arrays_, chosen_at + static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
+  work.arrays_upload = kernels::CopyOp{arrays_.data(), arena, uploaded};
+  work.mirror = kernels::HostMirror{arena, arrays_.as<uint8_t>(), uploaded};
   auto i32 = [arena](size_t off, size_t n) {
     return std::span<int32_t>(reinterpret_cast<int32_t*>(arena + off), n);
   };
@@ -495,18 +502,21 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
   arrays.slot_groups = i32(o_groups, static_cast<size_t>(p.counts.slots()));
   out.sink = reinterpret_cast<float*>(arena + o_sink);
-  PlaceChecks(p, cl, arena + o_checks, reinterpret_cast<uint32_t*>(arena + o_flags), out, work);
+  PlaceChecks(p, cl, arena, chosen_at, reinterpret_cast<uint32_t*>(arena + o_flags), out, work);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
   uint8_t* const dev[kKinds] = {p.mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
                                 rows_.as<uint8_t>(), rows_.as<uint8_t>() + p.kv_bytes,
                                 q_scales_.as<uint8_t>(), ids_.as<uint8_t>()};
-  std::vector<kernels::CopyOp> copies[kKinds];
+  // Per kind, so that a kind's copies merge where the spans' ranges are contiguous; from a GPU
+  // region in their own lists (copies within the device).
+  std::vector<kernels::CopyOp> copies[kKinds], on_device[kKinds];
   size_t dev_off[kKinds] = {}, stage_off[kKinds] = {};
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
     const void* from = src.data();
-    const bool in_place = CopiesDirect(src);
+    const HostRanges::Kind where = host_ranges_.Find(src.data(), src.size());
+    const bool in_place = !pinned() || where != HostRanges::Kind::kNone;
     (in_place ? stats.in_direct : stats.in_gathered) += static_cast<int64_t>(src.size());
     if (!in_place) {
       uint8_t* stage = arena + o_stage[k] + stage_off[k];
@@ -514,7 +524,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
       stage_off[k] += src.size();
       from = stage;
     }
-    AddCopy(copies[k], dev[k] + dev_off[k], from, src.size());
+    AddCopy(where == HostRanges::Kind::kDevice ? on_device[k] : copies[k], dev[k] + dev_off[k],
+            from, src.size());
     dev_off[k] += src.size();
   };
   for (const SpanRef& ref : work.spans) {
@@ -536,7 +547,10 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
                  dev_off[kCompressed] == static_cast<size_t>(p.counts.compressed) * p.row_bytes &&
                  dev_off[kIds] == static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t),
              "input sizes");
-  for (const auto& c : copies) work.to_device.insert(work.to_device.end(), c.begin(), c.end());
+  for (int k = 0; k < kKinds; ++k) {
+    work.to_device.insert(work.to_device.end(), copies[k].begin(), copies[k].end());
+    work.in_on_device.insert(work.in_on_device.end(), on_device[k].begin(), on_device[k].end());
+  }
   if (p.mx_q) {
     work.expand.codes = q_codes_.as<uint8_t>();
     work.expand.scales = q_scales_.as<uint8_t>();
@@ -547,10 +561,11 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   return out;
 }
 
-// The device checks' arrays: in the arena at `host` (laid out as `l`), copied to checks_ as they
-// are; the translated chosen segment and the flags in checks_ after them.
+// The device checks' arrays: at the start of the arena (`host`, laid out as `l`) and of arrays_;
+// the translated chosen segment at `chosen_at` in arrays_.
 void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_t* host,
-                               uint32_t* flags_host, StagedArena& out, DeviceWork& work) {
+                               size_t chosen_at, uint32_t* flags_host, StagedArena& out,
+                               DeviceWork& work) {
   SegmentArrays& arrays = out.arrays;
   arrays.tables = std::span<int32_t>(reinterpret_cast<int32_t*>(host),
                                      static_cast<size_t>(p.counts.table_entries));
@@ -562,19 +577,16 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   // The chosen segment's indices are written on the device: its host array stays empty.
   const bool chosen_main = p.spec->kind == LayerKind::kChosen;
   if (p.spec->client_chooses()) (chosen_main ? arrays.main_indices : arrays.extra_indices) = {};
-  uint8_t* const dev = checks_.as<uint8_t>();
+  uint8_t* const dev = arrays_.as<uint8_t>();
   out.targets.ids = ids_.as<const int32_t>();
-  out.targets.out = reinterpret_cast<int32_t*>(dev + l.out);
+  out.targets.out = reinterpret_cast<int32_t*>(dev + chosen_at);
   out.targets.tables = reinterpret_cast<const int32_t*>(dev);
-  work.checks_upload = kernels::CopyOp{dev, host, l.upload};
   out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
-  auto* const flags = reinterpret_cast<uint32_t*>(dev + l.flags);
-  work.translate.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
-  work.translate.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
-  work.translate.flags = flags;
   work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
   work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
-  work.check.flags = flags;
+  work.check.entries.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
+  work.check.entries.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
+  work.check.flags = reinterpret_cast<uint32_t*>(dev + l.flags);
   work.flags_host = flags_host;
 }
 
@@ -615,9 +627,10 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   work.write.rows = rows_.data();
   if (!arrays.slots.empty()) {
     work.write.groups = arrays.slot_groups;
-    work.write.group_flags = work.translate.flags;
+    work.write.group_flags = work.check.flags;
   }
-  work.translate.page_shift =
+  work.write.arrays = work.mirror;
+  work.check.entries.page_shift =
       std::countr_zero(static_cast<uint32_t>(model.store().cache().rows_per_page));
 
   kernels::AttendParams& a = work.attend;
@@ -663,9 +676,9 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
     a.out.mx_scales = scales_.as<uint8_t>();
   }
   a.out.lse = p.want_lse ? lse_.as<float>() : nullptr;
-  // Slots come from page tables of this pool, and the arrays stay put until Synchronize.
+  // Slots come from page tables of this pool; the arrays went up with the arena's.
   a.ids_in_range = true;
-  a.arrays_pinned = pinned();
+  a.arrays = work.mirror;
 }
 
 // Each step's rows go back to its own destination when it named one, else to its result; the
@@ -681,9 +694,14 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
       to = fallback.data();
     }
     SMLA_CHECK(dst.empty() || dst.size() == bytes, "output destination size");
-    const bool locked = !pinned() || (!dst.empty() && host_ranges_.Contains(to, bytes));
+    const HostRanges::Kind where =
+        dst.empty() ? HostRanges::Kind::kNone : host_ranges_.Find(to, bytes);
+    const bool locked = !pinned() || where != HostRanges::Kind::kNone;
     (locked ? stats.out_direct : stats.out_pageable) += static_cast<int64_t>(bytes);
-    (locked ? work.to_host : work.to_pageable).push_back(kernels::CopyOp{to, src, bytes});
+    std::vector<kernels::CopyOp>& list = where == HostRanges::Kind::kDevice ? work.out_on_device
+                                         : locked                           ? work.to_host
+                                                                            : work.to_pageable;
+    list.push_back(kernels::CopyOp{to, src, bytes});
   };
   for (size_t i : args.included) {
     const StepRequest& r = *args.steps[i];
@@ -704,7 +722,7 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
   }
   // The checks' flags come back in the same batch as the outputs (the arena is page-locked).
   work.to_host.push_back(
-      kernels::CopyOp{work.flags_host, work.translate.flags, p.groups * sizeof(uint32_t)});
+      kernels::CopyOp{work.flags_host, work.check.flags, p.groups * sizeof(uint32_t)});
 }
 
 void StepExecutor::NoteCopies(const CopyStats& s) {
@@ -770,6 +788,8 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
+  SMLA_RETURN_IF_ERROR(
+      backend_.CopyBatch(w.in_on_device, kernels::CopyDirection::kOnDevice, stream));
   // MXFP8 queries are expanded as part of bringing the inputs in (copy_in's time), before the
   // segment build that the device may wait for.
   if (w.expand.vectors > 0) SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
@@ -779,11 +799,9 @@ absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
 absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
-  const kernels::CopyOp& c = w.checks_upload;
+  const kernels::CopyOp& c = w.arrays_upload;
   SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
   SMLA_RETURN_IF_ERROR(backend_.CheckInputs(w.check, stream));
-  if (w.translate.num_rows > 0)
-    SMLA_RETURN_IF_ERROR(backend_.TranslateEntries(w.translate, stream));
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
@@ -793,6 +811,8 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
 absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_host, kernels::CopyDirection::kToHost, stream));
+  SMLA_RETURN_IF_ERROR(
+      backend_.CopyBatch(w.out_on_device, kernels::CopyDirection::kOnDevice, stream));
   for (const kernels::CopyOp& c : w.to_pageable) {
     SMLA_RETURN_IF_ERROR(backend_.CopyToHost(c.dst, c.src, c.bytes, stream));
   }

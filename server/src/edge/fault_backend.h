@@ -58,10 +58,6 @@ class FaultInjectingBackend final : public kernels::Backend {
                                 kernels::Stream& stream) override {
     return inner_->ExpandMxfp8Query(params, stream);
   }
-  absl::Status TranslateEntries(const kernels::TranslateParams& params,
-                                kernels::Stream& stream) override {
-    return inner_->TranslateEntries(params, stream);
-  }
   absl::Status CheckInputs(const kernels::CheckInputsParams& params,
                            kernels::Stream& stream) override {
     return inner_->CheckInputs(params, stream);

@@ -77,7 +77,10 @@ struct CopyOp {
   const void* src = nullptr;
   size_t bytes = 0;
 };
-enum class CopyDirection : uint8_t { kToDevice = 0, kToHost = 1 };
+// kOnDevice: both sides in backend memory (device memory of a peer, opened through IPC,
+// included). A GPU backend runs such a batch as one kernel: the runtime's device-to-device
+// copies cost several microseconds each however small they are.
+enum class CopyDirection : uint8_t { kToDevice = 0, kToHost = 1, kOnDevice = 2 };
 
 // A mark on a stream's timeline, for timing device work (Backend::RecordEvent).
 class Event {
@@ -110,9 +113,9 @@ class Backend {
   virtual absl::Status CopyBatch(std::span<const CopyOp> copies, CopyDirection direction,
                                  Stream& stream) {
     for (const CopyOp& c : copies) {
-      absl::Status s = direction == CopyDirection::kToDevice
-                           ? CopyToDevice(c.dst, c.src, c.bytes, stream)
-                           : CopyToHost(c.dst, c.src, c.bytes, stream);
+      absl::Status s = direction == CopyDirection::kToHost
+                           ? CopyToHost(c.dst, c.src, c.bytes, stream)
+                           : CopyToDevice(c.dst, c.src, c.bytes, stream);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -124,9 +127,9 @@ class Backend {
   // every backend writes the same bits). Codes and scales are not checked for NaN here: the
   // caller rejects them first (a NaN lane becomes a bf16 NaN).
   virtual absl::Status ExpandMxfp8Query(const ExpandQueryParams& params, Stream& stream) = 0;
-  // Translates chosen entries into slots and flags the groups with an entry out of range.
-  virtual absl::Status TranslateEntries(const TranslateParams& params, Stream& stream) = 0;
-  // Flags the groups whose input ranges hold a value their check refuses.
+  // Flags the groups whose input ranges hold a value their check refuses, and translates the
+  // chosen entries into slots, flagging the groups with an entry out of range: one pass, so one
+  // launch on a GPU.
   virtual absl::Status CheckInputs(const CheckInputsParams& params, Stream& stream) = 0;
   // Sparse MLA over both segments with the epilogue (docs/operator.md). Validates first: a bad
   // call returns InvalidArgument / Unimplemented before any work is enqueued.

@@ -1,5 +1,5 @@
 // The checks a step's inputs pass on the device, the same code on every backend so that they
-// flag the same values and write the same slots (Backend::CheckInputs, Backend::TranslateEntries;
+// flag the same values and write the same slots (Backend::CheckInputs;
 // the host's error messages in server/src/core/step_validation.cc apply the same rules).
 #pragma once
 

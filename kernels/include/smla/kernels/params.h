@@ -2,15 +2,37 @@
 // outputs. Tensor pointers live in the backend's memory (device memory on GPUs, host memory
 // on the CPU backend); CSR arrays, positions and the sink are small host arrays that the
 // backend validates and stages itself, so bad ids are rejected before any work (unless the
-// caller vouches for them: AttendParams::ids_in_range, arrays_pinned).
+// caller vouches for them: AttendParams::ids_in_range, and HostMirror for copies it made).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "smla/kernels/formats.h"
 
 namespace smla::kernels {
+
+// Host arrays the caller has already copied to backend memory: a host array inside
+// [host, host + bytes) also lies at device + (its address - host), put there by earlier work on the
+// same stream and unchanged until the stream is synchronised. A GPU backend reads such an array
+// there instead of uploading it (one upload of the caller's, instead of one per call); the host
+// copy stays the one that validation and planning read.
+struct HostMirror {
+  const uint8_t* host = nullptr;
+  const uint8_t* device = nullptr;
+  size_t bytes = 0;
+
+  // The device copy of `a`, or nullptr when `a` is empty or not wholly inside the mirror.
+  template <typename T>
+  const T* Find(std::span<const T> a) const {
+    const auto* p = reinterpret_cast<const uint8_t*>(a.data());
+    if (a.empty() || host == nullptr || p < host || p + a.size_bytes() > host + bytes) {
+      return nullptr;
+    }
+    return reinterpret_cast<const T*>(device + (p - host));
+  }
+};
 
 // A paged KV cache: slot s is row s % rows_per_page of page s / rows_per_page.
 struct CacheView {
@@ -47,7 +69,7 @@ struct Segment {
   std::span<const int32_t> indptr;   // [T+1] host
   std::span<const int32_t> indices;  // [nnz] slot ids: host, or backend memory (below)
   // The indices lie in backend memory, written by earlier work on the same stream (a
-  // TranslateEntries call): the backend reads them where they are and the host never does, so
+  // CheckInputs call): the backend reads them where they are and the host never does, so
   // the call must vouch for them (AttendParams::ids_in_range).
   bool indices_on_device = false;
 };
@@ -107,17 +129,16 @@ struct AttendParams {
   // union of their keys (built on the device), each shared key gathered and converted once.
   // Results stay within docs/operator.md's tolerances and are reproducible either way.
   RowPairs row_pairs = RowPairs::kAuto;
-  // What the caller vouches for, so the backend can skip work on a hot path. Both default to
-  // false, and a caller that cannot vouch leaves them so: the backend then checks every id and
-  // stages the host arrays itself.
+  // What the caller vouches for, so the backend can skip work on a hot path. A caller that
+  // cannot vouch leaves them unset: the backend then checks every id and stages the host arrays
+  // itself.
   // ids_in_range: every index of both segments is a sentinel (< 0) or below its cache's
   // num_slots (the caller built them from page tables of that cache). The per-id range check
   // is skipped; the CSR's shape (T+1 offsets, non-decreasing, matching counts) is still checked.
   bool ids_in_range = false;
-  // arrays_pinned: the host arrays (indptr, indices, positions, sink) lie in page-locked host
-  // memory (Backend::AllocateHost) and stay unchanged until the stream is synchronised, so a GPU
-  // backend copies them to the device directly instead of through its own staging buffer.
-  bool arrays_pinned = false;
+  // arrays: host arrays (indptr, indices, positions, sink) the caller has copied to backend
+  // memory; a GPU backend reads those there and uploads only the others.
+  HostMirror arrays;
 };
 
 // Quantise bf16 rows into a pool (docs/operator.md section 3, "Writing rows").
@@ -127,13 +148,15 @@ struct WriteRowsParams {
   const void* rows = nullptr;      // [n, QkWidth] bf16, backend memory
   // Optional: row i belongs to group groups[i] (host, [n]), and is not written when
   // group_flags[groups[i]] (backend memory, set by earlier work on the stream such as
-  // TranslateEntries) is non-zero: a step whose inputs failed a check on the device writes nothing.
+  // CheckInputs) is non-zero: a step whose inputs failed a check on the device writes nothing.
   std::span<const int32_t> groups;
   const uint32_t* group_flags = nullptr;
+  // Slots and groups the caller has copied to backend memory (read there by a GPU backend).
+  HostMirror arrays;
 };
 
 // Chosen entries (an indexer's logical entry numbers) translated into pool slots through paged
-// tables, on the device (Backend::TranslateEntries). Entry e of a table of pages of 2^page_shift
+// tables, on the device (Backend::CheckInputs). Entry e of a table of pages of 2^page_shift
 // rows is slot (table[e >> page_shift] << page_shift) | (e & (2^page_shift - 1)).
 struct TranslateRow {
   const int32_t* ids = nullptr;    // [width] backend memory: the row's entries, -1 = none
@@ -145,18 +168,16 @@ struct TranslateRow {
   int32_t unused = 0;
 };
 
-// Bits of the per-group flags that TranslateEntries and CheckInputs set.
+// Bits of the per-group flags that CheckInputs sets.
 inline constexpr uint32_t kFlagChosenEntry = 1;  // an entry outside what its row may see
 inline constexpr uint32_t kFlagInputValue = 2;   // a value its InputCheck refuses
 
 // Each id is read once. An id outside [-1, limit) becomes -1 (nothing outside the table is read)
-// and sets kFlagChosenEntry in flags[group]; the caller zeroes the flags before and reads them
-// after.
+// and sets kFlagChosenEntry in its row's group's flags.
 struct TranslateParams {
   const TranslateRow* rows = nullptr;  // [num_rows] backend memory
   int32_t num_rows = 0;
   int32_t page_shift = 0;
-  uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
 };
 
 // What a range of a step's inputs must hold (Backend::CheckInputs; input_checks.h has the rules).
@@ -173,11 +194,14 @@ struct CheckRange {
   int32_t group = 0;  // index into CheckInputsParams::flags
 };
 
-// A range holding a value its check refuses sets kFlagInputValue in flags[group].
+// A launch's inputs checked in one pass (one kernel on a GPU): a range holding a value its check
+// refuses sets kFlagInputValue in flags[group], and the chosen entries are translated (above).
+// The caller zeroes the flags before and reads them after.
 struct CheckInputsParams {
   const CheckRange* ranges = nullptr;  // [num_ranges] backend memory
   int32_t num_ranges = 0;
-  uint32_t* flags = nullptr;  // backend memory, ORed into
+  TranslateParams entries;    // num_rows 0: nothing to translate
+  uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
 };
 
 // MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.

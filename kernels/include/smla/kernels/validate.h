@@ -19,11 +19,8 @@ absl::Status ValidateAttend(const AttendParams& params);
 // Slots in range, cache view valid, groups (when given) one per slot with their flags.
 absl::Status ValidateWriteRows(const WriteRowsParams& params);
 
-// Row count, page shift and pointers (the rows themselves lie in backend memory: each backend
-// bounds what it reads by the row's own limit).
-absl::Status ValidateTranslate(const TranslateParams& params);
-
-// Range count and pointers (the ranges lie in backend memory).
+// Range and row counts, page shift and pointers (ranges and rows lie in backend memory: each
+// backend bounds what it reads by a range's length and a row's own limit).
 absl::Status ValidateCheckInputs(const CheckInputsParams& params);
 
 // Width a positive multiple of 32, vectors not negative, pointers set when there is work.

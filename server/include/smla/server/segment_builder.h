@@ -8,7 +8,7 @@
 //   each row copies its slice);
 // - extra segment: every visible entry on dense layers;
 // - the chosen segment (the main one on chosen-position layers, the extra one on top-k layers):
-//   its offsets here, and its indices translated on the device (Backend::TranslateEntries), one
+//   its offsets here, and its indices translated on the device (Backend::CheckInputs), one
 //   TranslateRow per row over the span's page table, which is copied once per span into
 //   `tables`. The device reads each id once and checks it against what its row may see
 //   ([-1, visible - 1]); a step with any other id is flagged there and fails alone;

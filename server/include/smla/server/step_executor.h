@@ -3,16 +3,17 @@
 // the launch: inputs outside registered memory gathered into page-locked memory and the input
 // copies enqueued (top-k ids among them); while the device copies, the slot lists, segments and
 // the arrays of the device's checks are built into the same page-locked memory
-// (segment_builder.h); then the rest of the device work back to back (those arrays up |
-// CheckInputs: every step's KV rows, compressed rows and MXFP8 queries checked | TranslateEntries:
-// every chosen entry turned into a slot and checked against what its row may see | one WriteRows
-// for every new KV row and compressed entry, skipping the rows of the steps the checks flagged |
-// one Attend over all rows | the copies back, the flags with them), with events between the
-// parts; Synchronize; a flagged step is answered with its error (its outputs were copied like
-// the others' and are not answered) and aborted: it changed nothing. The others are committed,
-// their outputs sliced back to each step.
-// Inputs inside a registered host range (host_ranges(): a client's shared memory the backend
-// page-locked) are copied to the device directly, one copy per contiguous range.
+// (segment_builder.h); then the rest of the device work back to back (those arrays up in one
+// copy, which WriteRows and Attend read too | CheckInputs: every step's KV rows, compressed rows
+// and MXFP8 queries checked, every chosen entry turned into a slot and checked against what its
+// row may see | one WriteRows for every new KV row and compressed entry, skipping the rows of the
+// steps the checks flagged | one Attend over all rows | the copies back, the flags with them),
+// with events between the parts; Synchronize; a flagged step is answered with its error (its
+// outputs were copied like the others' and are not answered) and aborted: it changed nothing.
+// The others are committed, their outputs sliced back to each step.
+// Inputs inside a registered range (host_ranges(): a client's shared memory the backend
+// page-locked, or a GPU region) are copied to the device directly, one copy per contiguous
+// range; those in a GPU region, and outputs to one, by one copy kernel (CopyDirection::kOnDevice).
 //
 // Each row's segments are built here: the main segment is the SWA window ending at the row's
 // own position (min(p+1, W) keys, so the draft rows of a span see each other causally) or the
@@ -111,7 +112,7 @@ class StepExecutor : public BatchRunner {
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
                                           CopyStats& stats);
   void PlaceChecks(const LaunchPlan& plan, const CheckLayout& layout, uint8_t* host,
-                   uint32_t* flags_host, StagedArena& out, DeviceWork& work);
+                   size_t chosen_at, uint32_t* flags_host, StagedArena& out, DeviceWork& work);
   void BuildArrays(const LaunchPlan& plan, const StagedArena& staged, const DeviceWork& work);
   void FillDeviceParams(const LaunchArgs& args, const LaunchPlan& plan, const StagedArena& staged,
                         DeviceWork& work);
@@ -141,7 +142,9 @@ class StepExecutor : public BatchRunner {
   kernels::Buffer q_, rows_, out_, scales_, lse_;
   kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
   kernels::Buffer ids_;                 // top-k ids as copied in
-  kernels::Buffer checks_;  // page tables, TranslateRows, CheckRanges, chosen slots, flags
+  // The arena's arrays as uploaded (slot lists, segments, the checks' arrays and flags), then the
+  // chosen slots the checks write.
+  kernels::Buffer arrays_;
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory
   bool host_pinned_ok_ = true;        // false once the backend said it has none

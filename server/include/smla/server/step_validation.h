@@ -6,7 +6,7 @@
 // capacity) run when the step is launched, in queue order (KvStore::Prepare). The checks of
 // the inputs' contents (KV rows finite and within the accepted magnitude, no NaN in MXFP8
 // queries, chosen entries visible at their rows) run on the device, on the launch's copies of
-// the inputs (Backend::CheckInputs, Backend::TranslateEntries, kernels/input_checks.h), so a
+// the inputs (Backend::CheckInputs, kernels/input_checks.h), so a
 // client that rewrites its memory mid-step can only fail its own step; for a step they flag,
 // CheckRowsFinite, CheckQueryCodes and ExplainChosenEntries below, run on those copies, give
 // the message.
