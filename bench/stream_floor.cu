@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
   per_op("64 B copy, device to host", [&](int i) { f.D2H(128 * i); });
   per_op("64 B copy, device to device", [&](int i) { f.D2D(128 * i); });
   per_op("event record", [&](int) { f.Record(); });
-  rows.push_back({"one batched call of 4 copies, host to device",
-                  f.Median([&] { f.Batch(4, true); }) - none});
+  rows.push_back(
+      {"one batched call of 4 copies, host to device", f.Median([&] { f.Batch(4, true); }) - none});
   rows.push_back({"one batched call of 4 copies, device to host",
                   f.Median([&] { f.Batch(4, false); }) - none});
   // A C=1 launch's operations, empty: 4 input copies (one batched call), 2 events, the arrays'
