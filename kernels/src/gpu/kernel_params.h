@@ -129,7 +129,8 @@ struct ExpandQueryKernelParams {
 
 // Copies between two places in device memory (Backend::CopyBatch, CopyDirection::kOnDevice), as
 // one kernel: copy i is split into kDeviceCopyChunk-byte chunks, one block each, its chunks
-// numbered from first_block[i].
+// numbered from first_block[i]. Few copies a launch: a block finds its copy by a loop with
+// constant indices (a run-time index into the parameter goes through local memory).
 inline constexpr int kMaxDeviceCopies = 16;
 inline constexpr int64_t kDeviceCopyChunk = 16384;
 struct DeviceCopyKernelParams {
