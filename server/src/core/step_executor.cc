@@ -427,8 +427,14 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
   return absl::OkStatus();
 }
 
+HostRanges::Kind StepExecutor::CopiesFrom(const void* data, size_t bytes) const {
+  const HostRanges::Kind kind = host_ranges_.Find(data, bytes);
+  // Without page-locked memory every copy is a memcpy: any host memory will do.
+  return kind == HostRanges::Kind::kNone && !pinned() ? HostRanges::Kind::kHost : kind;
+}
+
 bool StepExecutor::CopiesDirect(std::span<const uint8_t> bytes) const {
-  return !pinned() || host_ranges_.Contains(bytes.data(), bytes.size());
+  return CopiesFrom(bytes.data(), bytes.size()) != HostRanges::Kind::kNone;
 }
 
 // Inputs are copied from where they lie when the backend can copy from there (page-locked
@@ -515,8 +521,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   auto input = [&](Kind k, std::span<const uint8_t> src) {
     if (src.empty()) return;
     const void* from = src.data();
-    const HostRanges::Kind where = host_ranges_.Find(src.data(), src.size());
-    const bool in_place = !pinned() || where != HostRanges::Kind::kNone;
+    const HostRanges::Kind where = CopiesFrom(src.data(), src.size());
+    const bool in_place = where != HostRanges::Kind::kNone;
     (in_place ? stats.in_direct : stats.in_gathered) += static_cast<int64_t>(src.size());
     if (!in_place) {
       uint8_t* stage = arena + o_stage[k] + stage_off[k];
@@ -694,9 +700,9 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
       to = fallback.data();
     }
     SMLA_CHECK(dst.empty() || dst.size() == bytes, "output destination size");
-    const HostRanges::Kind where =
-        dst.empty() ? HostRanges::Kind::kNone : host_ranges_.Find(to, bytes);
-    const bool locked = !pinned() || where != HostRanges::Kind::kNone;
+    // A result vector is plain memory: copied direct only where copies are memcpys.
+    const HostRanges::Kind where = CopiesFrom(to, bytes);
+    const bool locked = where != HostRanges::Kind::kNone;
     (locked ? stats.out_direct : stats.out_pageable) += static_cast<int64_t>(bytes);
     std::vector<kernels::CopyOp>& list = where == HostRanges::Kind::kDevice ? work.out_on_device
                                          : locked                           ? work.to_host

@@ -118,7 +118,10 @@ class StepExecutor : public BatchRunner {
                         DeviceWork& work);
   void PlanOutputs(const LaunchArgs& args, const LaunchPlan& plan, DeviceWork& work,
                    std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats);
-  // Whether the backend can copy `bytes` from where they lie (registered or any memory).
+  // What the backend copies from or to in place: a registered range's kind (host memory for
+  // any memory on a backend without page-locked memory), kNone where the copy must go through
+  // the arena or plain memory.
+  HostRanges::Kind CopiesFrom(const void* data, size_t bytes) const;
   bool CopiesDirect(std::span<const uint8_t> bytes) const;
   // The start event, the input copies and the event after them.
   absl::Status EnqueueInputs(const DeviceWork& work);
