@@ -1136,6 +1136,27 @@ TEST_F(GpuTest, OnDeviceCopiesLandExactly) {
   EXPECT_TRUE(gpu_->Download<uint8_t>(dev_dst, kBytes) == want);
 }
 
+// The executor brings a launch's flags back in the output copy kernel, into its page-locked
+// arena: copies within the device may write page-locked host memory from AllocateHost.
+TEST_F(GpuTest, OnDeviceCopiesWritePageLockedHostMemory) {
+  const size_t n = 5000;
+  std::vector<uint8_t> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 13 + 5);
+  Buffer dev = gpu_->Upload(src);
+  absl::StatusOr<Buffer> host = gpu_->backend->AllocateHost(n + 8);
+  ASSERT_TRUE(host.ok()) << host.status();
+  uint8_t* h = host->as<uint8_t>();
+  std::memset(h, 0xcd, n + 8);
+  // A 4-byte word (as the flags are), then the rest at an unaligned offset.
+  const CopyOp ops[2] = {{h, dev.as<uint8_t>(), 4}, {h + 7, dev.as<uint8_t>() + 4, n - 4}};
+  ASSERT_TRUE(gpu_->backend->CopyBatch(ops, CopyDirection::kOnDevice, *gpu_->stream).ok());
+  ASSERT_TRUE(gpu_->backend->Synchronize(*gpu_->stream).ok());
+  EXPECT_EQ(0, std::memcmp(h, src.data(), 4));
+  EXPECT_EQ(h[4], 0xcd);
+  EXPECT_EQ(0, std::memcmp(h + 7, src.data() + 4, n - 4));
+  EXPECT_EQ(h[n + 3], 0xcd);
+}
+
 TEST_F(GpuTest, CopyBatchAndEvents) {
   Backend& b = *gpu_->backend;
   Stream& st = *gpu_->stream;

@@ -52,6 +52,20 @@ class PinningBackend : public testing::ControlledBackend {
     }
     return st;
   }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes,
+                            kernels::Stream& s) override {
+    {
+      absl::MutexLock lock(&mu_);
+      const auto* from = static_cast<const uint8_t*>(src);
+      if (from >= arena_.data() && from < arena_.data() + arena_.size()) upload_bytes_ = bytes;
+    }
+    return ControlledBackend::CopyToDevice(dst, src, bytes, s);
+  }
+  // The bytes of the last single copy from the arena: the launch's one upload of its arrays.
+  size_t last_upload_bytes() {
+    absl::MutexLock lock(&mu_);
+    return upload_bytes_;
+  }
   // Every copy within the device since the last call (inputs and outputs of a GPU region).
   std::vector<kernels::CopyOp> take_on_device() {
     absl::MutexLock lock(&mu_);
@@ -99,6 +113,7 @@ class PinningBackend : public testing::ControlledBackend {
   std::span<uint8_t> arena_ ABSL_GUARDED_BY(mu_);
   bool poison_ ABSL_GUARDED_BY(mu_) = false;
   int32_t rows_per_group_ ABSL_GUARDED_BY(mu_) = -1;
+  size_t upload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 struct Core {
@@ -328,7 +343,8 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     // A GPU region's inputs and outputs are copied within the device: every byte of both, and
     // none of its bytes by the host-to-device batch.
     size_t in_region = 0, to_outputs = 0, input_copies = 0;
-    for (const kernels::CopyOp& c : backend.take_on_device()) {
+    const std::vector<kernels::CopyOp> copies = backend.take_on_device();
+    for (const kernels::CopyOp& c : copies) {
       const auto* dst = static_cast<const uint8_t*>(c.dst);
       if (InRegion(c.src)) {
         in_region += c.bytes;
@@ -338,6 +354,18 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     }
     const bool device = kind == Kind::kDevice;
     EXPECT_EQ(in_region, device ? inputs : 0);
+    // With outputs in a GPU region the checks' flags (one word: one step) come back in the same
+    // copy kernel, written into the page-locked arena.
+    size_t others = 0;
+    for (const kernels::CopyOp& c : copies) {
+      const auto* dst = static_cast<const uint8_t*>(c.dst);
+      if (InRegion(c.src) || (dst >= outputs.data() && dst < outputs.data() + outputs.size())) {
+        continue;
+      }
+      ++others;
+      EXPECT_EQ(c.bytes, sizeof(uint32_t));
+    }
+    EXPECT_EQ(others, device ? 1u : 0u);
     // q, KV rows, compressed entries, top-k ids: one copy each (the spans' ranges are packed).
     EXPECT_EQ(input_copies, device ? 4u : 0u);
     EXPECT_EQ(to_outputs, device ? outputs.size() : 0);
@@ -367,6 +395,26 @@ TEST_F(LaunchTest, InputCopiesGoBeforeTheSegmentBuild) {
     ASSERT_EQ(got.lse.size(), want.lse.size());
     EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * 4));
   }
+}
+
+// The chosen segment is translated on the device into its own buffer: the one upload of a
+// launch's arrays holds no room for it, so it does not grow with the top-k width (at 512 ids it
+// would by 12 rows x 448 ids x 4 bytes over 64 ids).
+TEST_F(LaunchTest, UploadDoesNotGrowWithTheTopKWidth) {
+  Core c = Start(/*pinning=*/true);
+  Run(*c.core, /*from_region=*/false);
+  const size_t wide = c.backend->last_upload_bytes();
+  ASSERT_GT(wide, 0u);
+  const ModelProfile& p = *FindProfile(kModel);
+  std::vector<SpanData> narrow;
+  for (const SpanData& s : prefill_) {
+    narrow.push_back(testing::MakeSpan(rng_, p, kLayer, 16, s.sequence, 156, 6, 64));
+  }
+  absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(narrow, false));
+  ASSERT_TRUE(got.ok()) << got.status();
+  // The next positions may reach one more page per span, and the layout pads to 64 bytes.
+  EXPECT_LE(c.backend->last_upload_bytes(), wide + 256);
+  EXPECT_GE(c.backend->last_upload_bytes() + 256, wide);
 }
 
 // The executor tells the backend how the launch's rows group by sequence (the spans' greatest

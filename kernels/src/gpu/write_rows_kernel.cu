@@ -1,27 +1,32 @@
 // Row writers (docs/operator.md section 3, "Writing rows"): one block of kRowThreads threads
 // quantises one bf16 row into the pool. Each scale group's amax is reduced across the block (a
 // maximum, so the order does not change it) and every value is encoded with the same helpers
-// EncodeRow uses on the CPU, so both backends write identical bytes. A thread per row (the
-// earlier form) read its row one value at a time and left the GPU idle for most of a batch.
+// EncodeRow uses on the CPU, so both backends write identical bytes. Thread t holds value t of
+// every 64-value chunk of the row: the row's loads are all in flight at once and one barrier
+// publishes every chunk's maximum (a group at a time chained seven load-reduce rounds, most of
+// the kernel's time on a small launch).
 #include <cstdint>
 #include <cstring>
 
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/row_codec.h"
+#include "smla/kernels/gpu/primitives.h"
 
 namespace smla::kernels::gpu {
 namespace {
 
 constexpr int kRowThreads = 64;
-static_assert((kRowThreads & (kRowThreads - 1)) == 0, "the amax reduction halves kRowThreads");
+constexpr int kChunks = 512 / kRowThreads;  // a quantised part holds 448 or 512 values
+constexpr int kSubgroup = 32;  // lanes of one shuffle reduction: a warp, half a gfx950 wavefront
+constexpr int kSubgroups = kRowThreads / kSubgroup;
+static_assert(64 % kRowThreads == 0, "a 64-value chunk lies in one scale group");
 
-// The larger of two partial maxima; neither is NaN (each starts at EncodeRow's floor and skips
-// NaN the way its serial loop does).
+// The larger of a and b, keeping a when b is NaN, as EncodeRow's serial loop does.
 __device__ __forceinline__ float Larger(float a, float b) { return b > a ? b : a; }
 
 __global__ void __launch_bounds__(kRowThreads)
     WriteRowsKernel(const __grid_constant__ WriteRowsKernelParams p) {
-  __shared__ float amax_s[kRowThreads];
+  __shared__ float amax_s[kSubgroups][kChunks];
   const int t = threadIdx.x;
   const auto f = static_cast<KvFormat>(p.format);
   const auto g = static_cast<Geometry>(p.geometry);
@@ -51,26 +56,31 @@ __global__ void __launch_bounds__(kRowThreads)
     const int group = dsv4 ? 64 : 128;
     const int groups = dsv4 ? kDsv4Groups : kDsMlaGroups;
     const int quantised = group * groups;  // 448 or 512
-    for (int gi = 0; gi < groups; ++gi) {
-      const uint16_t* gin = in + gi * group;
-      float a = 1e-4f;
-      for (int i = t; i < group; i += kRowThreads) a = Larger(a, AbsF(Bf16BitsToF32(gin[i])));
-      amax_s[t] = a;
-      __syncthreads();
-      for (int s = kRowThreads / 2; s > 0; s >>= 1) {
-        if (t < s) amax_s[t] = Larger(amax_s[t], amax_s[t + s]);
-        __syncthreads();
+    const int chunks = quantised / kRowThreads;
+    const int per_group = group / kRowThreads;  // chunks per scale group: 1 or 2
+    float x[kChunks];
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      x[k] = k < chunks ? Bf16BitsToF32(in[k * kRowThreads + t]) : 0.0f;
+      // EncodeRow's floor, NaN skipped; partial maxima are never NaN, so fmaxf combines them.
+      float a = Larger(1e-4f, AbsF(x[k]));
+      for (int m = kSubgroup / 2; m > 0; m >>= 1) a = WarpXorMax(a, m);
+      if (t % kSubgroup == 0) amax_s[t / kSubgroup][k] = a;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      if (k >= chunks) continue;
+      const int gi = k / per_group;
+      float amax = 1e-4f;
+      for (int j = gi * per_group; j < (gi + 1) * per_group; ++j) {
+        for (int h = 0; h < kSubgroups; ++h) amax = Larger(amax, amax_s[h][j]);
       }
-      const float amax = amax_s[0];
-      __syncthreads();  // amax_s is rewritten by the next group
       const int e = CeilLog2Over448(amax);
-      const float inv = Pow2(-e);
-      for (int i = t; i < group; i += kRowThreads) {
-        float v = Bf16BitsToF32(gin[i]) * inv;
-        v = v > kE4m3Max ? kE4m3Max : (v < -kE4m3Max ? -kE4m3Max : v);
-        data[gi * group + i] = EncodeE4m3(v);
-      }
-      if (t == 0) {
+      float v = x[k] * Pow2(-e);
+      v = v > kE4m3Max ? kE4m3Max : (v < -kE4m3Max ? -kE4m3Max : v);
+      data[k * kRowThreads + t] = EncodeE4m3(v);
+      if (t == 0 && k % per_group == 0) {
         if (dsv4) {
           rec[gi] = E8m0FromExponent(e);
         } else {
@@ -83,6 +93,7 @@ __global__ void __launch_bounds__(kRowThreads)
     // The 64 rope values are copied as bf16 after the quantised part (at 448 or 528 bytes).
     uint8_t* rope = data + (dsv4 ? kNopeWidth : 512 + 16);
     for (int i = t; i < kRopeWidth; i += kRowThreads) memcpy(rope + 2 * i, in + quantised + i, 2);
+    __syncthreads();  // amax_s is rewritten by the block's next row
   }
 }
 

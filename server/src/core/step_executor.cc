@@ -472,12 +472,17 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   // lists and segments, positions and the sink.
   const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
   take(cl.bytes);
+  // The chosen segment is translated into arrays_ on the device: the arena holds none of it.
+  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
+  const bool chooses = p.spec->client_chooses();
+  const auto main_n = static_cast<size_t>(chooses && chosen_main ? 0 : p.counts.main_indices);
+  const auto extra_n = static_cast<size_t>(chooses && !chosen_main ? 0 : p.counts.extra_indices);
   const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
   const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
-  const size_t o_main = take(static_cast<size_t>(p.counts.main_indices) * sizeof(int32_t));
+  const size_t o_main = take(main_n * sizeof(int32_t));
   const size_t extra_rows = compressed ? T + 1 : 0;
   const size_t o_extra_indptr = take(extra_rows * sizeof(int32_t));
-  const size_t o_extra = take(static_cast<size_t>(p.counts.extra_indices) * sizeof(int32_t));
+  const size_t o_extra = take(extra_n * sizeof(int32_t));
   const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
   const size_t o_sink = take(p.sink.size() * sizeof(float));
   const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
@@ -502,9 +507,9 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   arrays.slots = std::span<int64_t>(reinterpret_cast<int64_t*>(arena + o_slots),
                                     static_cast<size_t>(p.counts.slots()));
   arrays.main_indptr = i32(o_main_indptr, T + 1);
-  arrays.main_indices = i32(o_main, static_cast<size_t>(p.counts.main_indices));
+  arrays.main_indices = i32(o_main, main_n);
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
-  arrays.extra_indices = i32(o_extra, static_cast<size_t>(p.counts.extra_indices));
+  arrays.extra_indices = i32(o_extra, extra_n);
   arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
   arrays.slot_groups = i32(o_groups, static_cast<size_t>(p.counts.slots()));
   out.sink = reinterpret_cast<float*>(arena + o_sink);
@@ -580,9 +585,6 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
                                        static_cast<size_t>(p.counts.chosen_rows));
   out.ranges = std::span<kernels::CheckRange>(
       reinterpret_cast<kernels::CheckRange*>(host + l.ranges), p.spans * kChecksPerSpan);
-  // The chosen segment's indices are written on the device: its host array stays empty.
-  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
-  if (p.spec->client_chooses()) (chosen_main ? arrays.main_indices : arrays.extra_indices) = {};
   uint8_t* const dev = arrays_.as<uint8_t>();
   out.targets.ids = ids_.as<const int32_t>();
   out.targets.out = reinterpret_cast<int32_t*>(dev + chosen_at);
@@ -726,9 +728,11 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * p.lse_row, n * p.lse_row);
     row0 += n;
   }
-  // The checks' flags come back in the same batch as the outputs (the arena is page-locked).
-  work.to_host.push_back(
-      kernels::CopyOp{work.flags_host, work.check.flags, p.groups * sizeof(uint32_t)});
+  // The checks' flags come back with the outputs: in the copy kernel when some outputs go to a
+  // GPU region (the device writes the page-locked arena directly, one stream operation fewer),
+  // else in the batch to the host.
+  const kernels::CopyOp flags{work.flags_host, work.check.flags, p.groups * sizeof(uint32_t)};
+  (pinned() && !work.out_on_device.empty() ? work.out_on_device : work.to_host).push_back(flags);
 }
 
 void StepExecutor::NoteCopies(const CopyStats& s) {

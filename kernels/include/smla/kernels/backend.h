@@ -77,9 +77,9 @@ struct CopyOp {
   const void* src = nullptr;
   size_t bytes = 0;
 };
-// kOnDevice: both sides in backend memory (device memory of a peer, opened through IPC,
-// included). A GPU backend runs such a batch as one kernel: the runtime's device-to-device
-// copies cost several microseconds each however small they are.
+// kOnDevice: both sides in backend memory (a peer's, opened through IPC, included) or page-locked
+// memory from AllocateHost, which the device addresses. A GPU backend runs such a batch as one
+// kernel: the runtime's device-to-device copies cost several microseconds each however small.
 enum class CopyDirection : uint8_t { kToDevice = 0, kToHost = 1, kOnDevice = 2 };
 
 // A mark on a stream's timeline, for timing device work (Backend::RecordEvent).
