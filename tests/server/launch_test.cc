@@ -52,8 +52,7 @@ class PinningBackend : public testing::ControlledBackend {
     }
     return st;
   }
-  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes,
-                            kernels::Stream& s) override {
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, kernels::Stream& s) override {
     {
       absl::MutexLock lock(&mu_);
       const auto* from = static_cast<const uint8_t*>(src);
