@@ -12,7 +12,9 @@
 # ARG_SETS (gRPC channel-argument sets to compare on inline C=32 at a 4K context, where the
 # transport dominates: "name=ARG,ARG ..." each, the same arguments on server and client;
 # "default=" for none; empty to skip), SINGLE_COPY (non-empty: run NEW once more on the inline
-# transports with --copy_threads=0 on the server and the bench, every copy on one thread).
+# transports with --copy_threads=0 on the server and the bench, every copy on one thread), TRACE
+# (the path of libsmla-launch-trace.so: NEW's server runs under it and writes the device
+# operations of its last cell to OUT/trace-new.csv, for scripts/launch_trace.py).
 set -euo pipefail
 new=${NEW:?set NEW to the bundle to measure}
 base=${BASE:-}
@@ -31,7 +33,10 @@ start_server() {  # label bundle [server flags...]
   local label=$1 bundle=$2
   shift 2
   export LD_LIBRARY_PATH="$bundle/lib"
-  "$bundle/bin/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
+  local trace=()
+  [ -n "${TRACE:-}" ] && [ "$label" = new ] &&
+    trace=(env SMLA_TRACE_OUT="$out/trace-new.csv" SMLA_TRACE_LAST=6000 LD_PRELOAD="$TRACE")
+  ${trace[@]+"${trace[@]}"} "$bundle/bin/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
     --metrics_listen "" --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB \
     ${server_extra[@]+"${server_extra[@]}"} "$@" \
     >"$out/server-$label.log" 2>&1 &
@@ -59,7 +64,7 @@ run_bundle() {  # label bundle transports
         --json "$out/$label-c$c-$t.json" | grep -E "e2e|kernel|call|overhead" | head -n 12 || true
     done
   done
-  kill "$server"
+  kill -INT "$server"  # a clean exit, so that a tracer writes its file
   wait "$server" || true
 }
 
