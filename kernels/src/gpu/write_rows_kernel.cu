@@ -19,7 +19,7 @@ constexpr int kRowThreads = 64;
 constexpr int kChunks = 512 / kRowThreads;  // a quantised part holds 448 or 512 values
 constexpr int kSubgroup = 32;  // lanes of one shuffle reduction: a warp, half a gfx950 wavefront
 constexpr int kSubgroups = kRowThreads / kSubgroup;
-static_assert(64 % kRowThreads == 0, "a 64-value chunk lies in one scale group");
+static_assert(64 % kRowThreads == 0, "a chunk lies in one scale group (of 64 or 128 values)");
 
 // The larger of a and b, keeping a when b is NaN, as EncodeRow's serial loop does.
 __device__ __forceinline__ float Larger(float a, float b) { return b > a ? b : a; }
