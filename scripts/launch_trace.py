@@ -54,7 +54,6 @@ def main():
     picked = [ops for ops, s in zip(all_launches, sigs) if s == common][-args.launches:]
     print(f"{len(picked)} launches of {len(all_launches)} with the most common operations")
     print(f"{'operation':<28} {'bytes':>9} {'gap us':>8} {'time us':>8}")
-    total = []
     for i in range(len(common)):
         gaps = [(int(ops[i]["start"]) - int(ops[i - 1]["end"])) / 1e3 for ops in picked] if i else []
         times = [(int(ops[i]["end"]) - int(ops[i]["start"])) / 1e3 for ops in picked]
