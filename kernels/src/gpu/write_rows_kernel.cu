@@ -4,7 +4,8 @@
 // EncodeRow uses on the CPU, so both backends write identical bytes. Thread t holds value t of
 // every 64-value chunk of the row: the row's loads are all in flight at once and one barrier
 // publishes every chunk's maximum (a group at a time chained seven load-reduce rounds, most of
-// the kernel's time on a small launch).
+// the kernel's time on a small launch). The row is loaded before its step's flag is known, so
+// that the flag's two dependent loads overlap the row's.
 #include <cstdint>
 #include <cstring>
 
@@ -34,16 +35,19 @@ __global__ void __launch_bounds__(kRowThreads)
   // The format is the same for every block, so every thread takes the same branches and
   // reaches the same barriers.
   for (int64_t r = blockIdx.x; r < p.num_rows; r += gridDim.x) {
-    if (p.groups != nullptr && p.group_flags[p.groups[r]] != 0) continue;  // the block alike
+    // A flagged step writes nothing; the flag is the block's alike.
+    const bool skip = p.groups != nullptr && p.group_flags[p.groups[r]] != 0;
     const int64_t slot = p.slots[r];
     const uint16_t* in = p.rows + r * width;
     uint8_t* data = p.base + SlotDataOffset(f, g, slot, p.rows_per_page, p.pitch);
     if (f == KvFormat::kBf16) {
+      if (skip) continue;
       uint16_t* out = reinterpret_cast<uint16_t*>(data);
       for (int i = t; i < width; i += kRowThreads) out[i] = in[i];
       continue;
     }
     if (f == KvFormat::kFp8PerTensor) {
+      if (skip) continue;
       for (int i = t; i < width; i += kRowThreads) {
         float v = Bf16BitsToF32(in[i]) / p.scale;
         v = v > kE4m3Max ? kE4m3Max : (v < -kE4m3Max ? -kE4m3Max : v);
@@ -60,8 +64,11 @@ __global__ void __launch_bounds__(kRowThreads)
     const int per_group = group / kRowThreads;  // chunks per scale group: 1 or 2
     float x[kChunks];
 #pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
+    for (int k = 0; k < kChunks; ++k)
       x[k] = k < chunks ? Bf16BitsToF32(in[k * kRowThreads + t]) : 0.0f;
+    if (skip) continue;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
       // EncodeRow's floor, NaN skipped; partial maxima are never NaN, so fmaxf combines them.
       float a = Larger(1e-4f, AbsF(x[k]));
       for (int m = kSubgroup / 2; m > 0; m >>= 1) a = WarpXorMax(a, m);
