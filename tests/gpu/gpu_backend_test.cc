@@ -938,13 +938,24 @@ TEST_F(GpuTest, MirroredArraysMatchStagedOnes) {
 // Batched copies both ways between page-locked host memory and the device, and device events
 // around them.
 // CheckInputs translates into the same slots and flags as the CPU backend (TranslateEntry, shared),
-// over rows of many widths and groups with bad ids sprinkled in; WriteRows then skips the rows of
-// flagged groups.
+// over rows of many widths and groups with bad ids sprinkled in, through a table held in blocks
+// (placed in reverse order, the last two read from staged copies and written in the same pass);
+// WriteRows then skips the rows of flagged groups.
 TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
   std::mt19937 rng(20261203);
   constexpr int kShift = 6;  // 64 rows per page
+  constexpr int kBlockShift = 5, kBlock = 1 << kBlockShift;
   std::vector<int32_t> table(300);
   for (size_t p = 0; p < table.size(); ++p) table[p] = static_cast<int32_t>((p * 37) % 1000);
+  const int kBlocks = (static_cast<int>(table.size()) + kBlock - 1) / kBlock, kStale = 2;
+  std::vector<int32_t> heap(int64_t{kBlocks} * kBlock, -9), staged(int64_t{kStale} * kBlock, -1);
+  for (int b = 0; b < kBlocks; ++b) {
+    int32_t* dst = b < kBlocks - kStale ? heap.data() + int64_t{kBlocks - 1 - b} * kBlock
+                                        : staged.data() + int64_t{b - (kBlocks - kStale)} * kBlock;
+    for (int i = 0; i < kBlock && b * kBlock + i < static_cast<int>(table.size()); ++i) {
+      dst[i] = table[b * kBlock + i];
+    }
+  }
   const int kRows = 700, kGroups = 120;
   std::vector<int32_t> ids;
   std::vector<int64_t> id_at;
@@ -965,16 +976,30 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
     limits.push_back(limit);
     groups.push_back(r % kGroups);
   }
-  auto run = [&](Side& side, std::vector<uint32_t>& flags) {
+  auto run = [&](Side& side, std::vector<uint32_t>& flags, std::vector<int32_t>& heap_after) {
     Buffer dev_ids = side.Upload(ids);
-    Buffer dev_table = side.Upload(table);
+    Buffer dev_heap = side.Upload(heap);
+    Buffer dev_staged = side.Upload(staged);
+    std::vector<const int32_t*> blocks;
+    std::vector<TableBlockWrite> writes;
+    for (int b = 0; b < kBlocks; ++b) {
+      int32_t* kept = dev_heap.as<int32_t>() + int64_t{kBlocks - 1 - b} * kBlock;
+      if (b < kBlocks - kStale) {
+        blocks.push_back(kept);
+      } else {
+        blocks.push_back(dev_staged.as<int32_t>() + int64_t{b - (kBlocks - kStale)} * kBlock);
+        writes.push_back({blocks.back(), kept});
+      }
+    }
+    Buffer dev_blocks = side.Upload(blocks);
+    Buffer dev_writes = side.Upload(writes);
     Buffer dev_out = side.Zeros(ids.size() * 4, 0x55);
     Buffer dev_flags = side.Zeros(kGroups * 4, 0);
     std::vector<TranslateRow> rows(kRows);
     for (int r = 0; r < kRows; ++r) {
       rows[r] = TranslateRow{dev_ids.as<int32_t>() + id_at[r],
                              dev_out.as<int32_t>() + id_at[r],
-                             dev_table.as<int32_t>(),
+                             dev_blocks.as<const int32_t*>(),
                              widths[r],
                              limits[r],
                              groups[r],
@@ -985,9 +1010,13 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
     p.entries.rows = dev_rows.as<TranslateRow>();
     p.entries.num_rows = kRows;
     p.entries.page_shift = kShift;
+    p.entries.block_shift = kBlockShift;
+    p.entries.num_block_writes = kStale;
+    p.entries.block_writes = dev_writes.as<TableBlockWrite>();
     p.flags = dev_flags.as<uint32_t>();
     EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
     flags = side.Download<uint32_t>(dev_flags, kGroups);
+    heap_after = side.Download<int32_t>(dev_heap, heap.size());
     // One bf16 row per group into its own slot; flagged groups leave their slot as it was.
     std::vector<int64_t> slots(kGroups);
     std::vector<int32_t> row_groups(kGroups);
@@ -1009,10 +1038,18 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
     return side.Download<int32_t>(dev_out, ids.size());
   };
   std::vector<uint32_t> gpu_flags, cpu_flags;
-  const std::vector<int32_t> gpu_out = run(*gpu_, gpu_flags);
-  const std::vector<int32_t> cpu_out = run(*cpu_, cpu_flags);
+  std::vector<int32_t> gpu_heap, cpu_heap;
+  const std::vector<int32_t> gpu_out = run(*gpu_, gpu_flags, gpu_heap);
+  const std::vector<int32_t> cpu_out = run(*cpu_, cpu_flags, cpu_heap);
   EXPECT_EQ(gpu_flags, cpu_flags);
   EXPECT_TRUE(gpu_out == cpu_out);
+  // Every block is now kept current: the stale ones were written whole.
+  EXPECT_EQ(gpu_heap, cpu_heap);
+  for (int b = 0; b < kBlocks; ++b) {
+    for (int i = 0; i < kBlock && b * kBlock + i < static_cast<int>(table.size()); ++i) {
+      ASSERT_EQ(gpu_heap[int64_t{kBlocks - 1 - b} * kBlock + i], table[b * kBlock + i]);
+    }
+  }
   const auto flagged =
       std::count_if(cpu_flags.begin(), cpu_flags.end(), [](uint32_t f) { return f != 0; });
   EXPECT_GT(flagged, 0);
@@ -1078,11 +1115,12 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     Buffer dev_ranges = side.Upload(ranges);
     Buffer dev_ids = side.Upload(ids);
     Buffer dev_table = side.Upload(table);
+    Buffer dev_blocks = side.Upload(std::vector<const int32_t*>{dev_table.as<int32_t>()});
     Buffer dev_out = side.Zeros(ids.size() * 4, 0x55);
     std::vector<TranslateRow> rows;
     for (int r = 0, at = 0; r < kRows; at += widths[r++]) {
       rows.push_back({dev_ids.as<int32_t>() + at, dev_out.as<int32_t>() + at,
-                      dev_table.as<int32_t>(), widths[r], 1024, r % kGroups, 0});
+                      dev_blocks.as<const int32_t*>(), widths[r], 1024, r % kGroups, 0});
     }
     Buffer dev_rows = side.Upload(rows);
     Buffer flags = side.Zeros(kGroups * 4, 0);
@@ -1092,6 +1130,7 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     p.entries.rows = dev_rows.as<TranslateRow>();
     p.entries.num_rows = kRows;
     p.entries.page_shift = 4;
+    p.entries.block_shift = 16;  // one block: the whole table
     p.flags = flags.as<uint32_t>();
     EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
     translated = side.Download<int32_t>(dev_out, ids.size());

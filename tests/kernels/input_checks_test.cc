@@ -4,9 +4,11 @@
 // the CPU backend. smla-gpu-test checks that the GPU backend flags and writes the same.
 #include "smla/kernels/input_checks.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -17,8 +19,8 @@ namespace {
 
 class TranslateTest : public ::testing::Test {
  protected:
-  // Translates each of `rows` (ids, limit, group) through `table` (pages of 4 rows); returns the
-  // flags of `groups` groups.
+  // Translates each of `rows` (ids, limit, group) through `table` (pages of 4 rows), held in
+  // blocks of 2 pages; returns the flags of `groups` groups.
   struct Row {
     std::vector<int32_t> ids;
     int32_t limit = 0;
@@ -27,10 +29,19 @@ class TranslateTest : public ::testing::Test {
   };
   std::vector<uint32_t> Translate(std::vector<Row>& rows, const std::vector<int32_t>& table,
                                   int groups) {
+    // Blocks in reverse order in their own memory, so a lookup that ignored the block list
+    // would read the wrong pages.
+    std::vector<int32_t> heap(table.size() + 2, -7);
+    std::vector<const int32_t*> blocks;
+    for (size_t b = 0; 2 * b < table.size(); ++b) {
+      int32_t* at = heap.data() + heap.size() - 2 * (b + 1);
+      std::copy(table.begin() + 2 * b, table.begin() + std::min(table.size(), 2 * b + 2), at);
+      blocks.push_back(at);
+    }
     std::vector<TranslateRow> desc;
     for (Row& r : rows) {
       r.out.assign(r.ids.size(), 12345);
-      desc.push_back(TranslateRow{r.ids.data(), r.out.data(), table.data(),
+      desc.push_back(TranslateRow{r.ids.data(), r.out.data(), blocks.data(),
                                   static_cast<int32_t>(r.ids.size()), r.limit, r.group, 0});
     }
     std::vector<uint32_t> flags(groups, 0);
@@ -38,6 +49,7 @@ class TranslateTest : public ::testing::Test {
     p.entries.rows = desc.data();
     p.entries.num_rows = static_cast<int32_t>(desc.size());
     p.entries.page_shift = 2;
+    p.entries.block_shift = 1;
     p.flags = flags.data();
     EXPECT_TRUE(backend_->CheckInputs(p, *stream_).ok());
     return flags;
@@ -139,9 +151,10 @@ TEST_F(TranslateTest, OneCallChecksValuesAndTranslatesEntries) {
   const std::vector<uint8_t> nan_row = {0xc0, 0x7f};  // bf16 NaN
   const CheckRange range{nan_row.data(), 2, InputCheck::kKvRows, 0};
   const std::vector<int32_t> table = {5};
+  const int32_t* const blocks[] = {table.data()};
   const std::vector<int32_t> ids = {1, 4, 2};  // 4 is past the limit of 3
   std::vector<int32_t> out(3, 12345);
-  const TranslateRow row{ids.data(), out.data(), table.data(), 3, 3, 1, 0};
+  const TranslateRow row{ids.data(), out.data(), blocks, 3, 3, 1, 0};
   std::vector<uint32_t> flags(3, 0);
   CheckInputsParams p;
   p.ranges = &range;
@@ -153,6 +166,33 @@ TEST_F(TranslateTest, OneCallChecksValuesAndTranslatesEntries) {
   ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
   EXPECT_EQ(flags, (std::vector<uint32_t>{kFlagInputValue, kFlagChosenEntry, 0}));
   EXPECT_EQ(out, (std::vector<int32_t>{21, -1, 22}));
+}
+
+// The same pass writes changed table blocks where they are kept, whole blocks, while rows read
+// the changed blocks' copies.
+TEST_F(TranslateTest, WritesTableBlocksInTheSamePass) {
+  std::vector<int32_t> kept(12);  // three blocks of 4 pages as kept: pages 20..31
+  std::iota(kept.begin(), kept.end(), 20);
+  const std::vector<int32_t> fresh = {3, 8, 1, 6, 0, 2, 9, 4};  // two blocks of new contents
+  const TableBlockWrite writes[] = {{fresh.data(), kept.data() + 8},
+                                    {fresh.data() + 4, kept.data()}};
+  const int32_t* const blocks[] = {fresh.data(), kept.data() + 4};
+  const std::vector<int32_t> ids = {0, 3, 5};
+  std::vector<int32_t> out(3, 12345);
+  const TranslateRow row{ids.data(), out.data(), blocks, 3, 8, 0, 0};
+  uint32_t flags = 0;
+  CheckInputsParams p;
+  p.entries.rows = &row;
+  p.entries.num_rows = 1;
+  p.entries.page_shift = 0;
+  p.entries.block_shift = 2;
+  p.entries.num_block_writes = 2;
+  p.entries.block_writes = writes;
+  p.flags = &flags;
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(flags, 0u);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 6, 25}));  // entry 5: the kept second block
+  EXPECT_EQ(kept, (std::vector<int32_t>{0, 2, 9, 4, 24, 25, 26, 27, 3, 8, 1, 6}));
 }
 
 // Rows of a flagged group are not written; the others are, and groups come one per slot.

@@ -90,6 +90,18 @@ class PinningBackend : public testing::ControlledBackend {
     absl::MutexLock lock(&mu_);
     return rows_per_group_;
   }
+  absl::Status CheckInputs(const kernels::CheckInputsParams& p, kernels::Stream& s) override {
+    {
+      absl::MutexLock lock(&mu_);
+      block_writes_.push_back(p.entries.num_block_writes);
+    }
+    return ControlledBackend::CheckInputs(p, s);
+  }
+  // The table blocks each launch's checks wrote into the device's copy of the tables.
+  std::vector<int32_t> take_block_writes() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(block_writes_, {});
+  }
 
  private:
   bool InArena(const void* p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -114,6 +126,7 @@ class PinningBackend : public testing::ControlledBackend {
   std::span<uint8_t> arena_ ABSL_GUARDED_BY(mu_);
   bool poison_ ABSL_GUARDED_BY(mu_) = false;
   int32_t rows_per_group_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<int32_t> block_writes_ ABSL_GUARDED_BY(mu_);
   size_t upload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -407,9 +420,28 @@ TEST_F(LaunchTest, UploadDoesNotGrowWithTheTopKWidth) {
   }
   absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(narrow, false));
   ASSERT_TRUE(got.ok()) << got.status();
-  // The next positions may reach one more page per span, and the layout pads to 64 bytes.
-  EXPECT_LE(c.backend->last_upload_bytes(), wide + 256);
-  EXPECT_GE(c.backend->last_upload_bytes() + 256, wide);
+  // The next positions may reach one more page per span, whose table block then goes up again
+  // (128 bytes and its write), and the layout pads to 64 bytes.
+  EXPECT_LE(c.backend->last_upload_bytes(), wide + 512);
+  EXPECT_GE(c.backend->last_upload_bytes() + 512, wide);
+}
+
+// The page tables the chosen entries are translated through stay on the device between
+// launches: a launch sends only the blocks that changed since the last one. The prefill sends
+// each sequence's table (one block of 10 pages), the decode at the same pages none, and a step
+// that reaches an eleventh page the block that holds it.
+TEST_F(LaunchTest, OnlyChangedTableBlocksGoUp) {
+  Core c = Start(/*pinning=*/true);
+  Run(*c.core, /*from_region=*/false);
+  EXPECT_EQ(c.backend->take_block_writes(), (std::vector<int32_t>{2, 0}));
+  const ModelProfile& p = *FindProfile(kModel);
+  std::vector<SpanData> next;
+  for (const SpanData& s : prefill_) {
+    next.push_back(testing::MakeSpan(rng_, p, kLayer, 16, s.sequence, 156, 6, 512));
+  }
+  absl::StatusOr<StepResult> got = testing::RunStep(*c.core, Request(next, false));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(c.backend->take_block_writes(), (std::vector<int32_t>{2}));
 }
 
 // The executor tells the backend how the launch's rows group by sequence (the spans' greatest

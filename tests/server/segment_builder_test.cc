@@ -24,6 +24,7 @@ struct Built {
   std::vector<int64_t> slots;
   std::vector<int32_t> main_indptr, main_idx, extra_indptr, extra_idx, positions;
   std::vector<size_t> rejected;  // spans the bulk build refused (BuildSegments)
+  SegmentCounts counts;          // the bulk build's
 };
 
 // The per-id construction, one MainSlot / CompressedSlot call per key (slots: KV rows of every
@@ -88,15 +89,20 @@ Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const
   b.extra_indptr.resize(shape.spec.has_compressed() ? c.rows + 1 : 0);
   b.extra_idx.resize(c.extra_indices);
   b.positions.resize(c.rows);
-  std::vector<int32_t> groups(c.slots()), tables(c.table_entries), ids;
+  b.counts = c;
+  std::vector<int32_t> groups(c.slots()), stale(c.stale_blocks * kTableBlock), ids;
+  std::vector<const int32_t*> blocks(c.table_blocks);
+  std::vector<kernels::TableBlockWrite> writes(c.stale_blocks);
   std::vector<kernels::TranslateRow> rows(c.chosen_rows);
   for (const SpanRef& r : spans) ids.insert(ids.end(), r.input->topk.begin(), r.input->topk.end());
   const bool chosen_main = shape.spec.kind == LayerKind::kChosen;
   std::vector<int32_t>& chosen = chosen_main ? b.main_idx : b.extra_idx;
-  SegmentArrays a{b.slots,     groups,      b.main_indptr, b.main_idx, b.extra_indptr,
-                  b.extra_idx, b.positions, tables,        rows};
+  SegmentArrays a{b.slots,        groups,      b.main_indptr, b.main_idx,
+                  b.extra_indptr, b.extra_idx, b.positions,   blocks,
+                  stale,          writes,      rows};
   if (shape.spec.client_chooses()) (chosen_main ? a.main_indices : a.extra_indices) = {};
-  BuildSegments(shape, spans, ChosenTargets{ids.data(), chosen.data(), tables.data()}, a);
+  BuildSegments(shape, spans, c,
+                ChosenTargets{ids.data(), chosen.data(), blocks.data(), stale.data()}, a);
   for (size_t k = 0, at = 0; k < spans.size(); ++k) {  // each span's KV rows, in span order
     for (int32_t i = 0; i < spans[k].input->num_rows; ++i) EXPECT_EQ(groups[at++], spans[k].group);
   }
@@ -106,6 +112,9 @@ Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const
   cp.entries.num_rows = static_cast<int32_t>(rows.size());
   cp.entries.page_shift =
       std::countr_zero(static_cast<uint32_t>(spans[0].prepared->rows_per_page()));
+  cp.entries.block_shift = kTableBlockShift;
+  cp.entries.num_block_writes = static_cast<int32_t>(writes.size());
+  cp.entries.block_writes = writes.data();
   cp.flags = flags.data();
   std::unique_ptr<kernels::Stream> stream = *backend.CreateStream();
   EXPECT_TRUE(backend.CheckInputs(cp, *stream).ok());
@@ -202,7 +211,8 @@ class SegmentBuilderTest : public ::testing::Test {
   }
 
   // Prepares requests (each a list of spans), builds both ways and compares; aborts after.
-  void Compare(int32_t layer, const std::vector<std::vector<const SpanOwned*>>& requests) {
+  // Returns the bulk build's counts.
+  SegmentCounts Compare(int32_t layer, const std::vector<std::vector<const SpanOwned*>>& requests) {
     std::vector<std::vector<SpanInput>> inputs(requests.size());
     std::vector<std::unique_ptr<PreparedStep>> prepared;
     std::vector<SpanRef> refs;
@@ -214,7 +224,12 @@ class SegmentBuilderTest : public ::testing::Test {
         writes.push_back(SpanWrite{s->sequence, s->first, s->rows});
       }
       absl::StatusOr<std::unique_ptr<PreparedStep>> p = store_->Prepare("t", layer, writes);
-      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) {
+        for (auto& q : prepared) store_->Abort(*q);
+        store_->EndBatch();
+        return {};
+      }
       prepared.push_back(*std::move(p));
       for (size_t i = 0; i < inputs[r].size(); ++i) {
         refs.push_back(
@@ -232,6 +247,7 @@ class SegmentBuilderTest : public ::testing::Test {
     EXPECT_TRUE(got.rejected.empty());
     for (auto& p : prepared) store_->Abort(*p);
     store_->EndBatch();
+    return got.counts;
   }
 
   // Builds one batch of single-span requests; returns the spans the build refused.
@@ -304,6 +320,54 @@ TEST_F(SegmentBuilderTest, AbortTruncateAndReusedPages) {
   const SpanOwned r2 = MakeSpan(layer, "reuse", 415, 3, 100);  // rolls back over reused pages
   Compare(layer, {{&a, &r}});
   Compare(layer, {{&r2}, {&a}});
+}
+
+// The device's copy of each translated table (device_tables.h) follows every change of the
+// host's: a launch uploads only the blocks the device does not hold current, and after a
+// truncation, an aborted step and pages handed to other sequences, the translation reads each
+// table as it is now (a stale block would translate entries into another sequence's pages).
+TEST_F(SegmentBuilderTest, DeviceTablesFollowEveryChange) {
+  // A long rollback allowance, so that a window layer may be truncated far back.
+  Open("dsv4.1-flash:tp=8:page_rows=8:pool_pages=4096:swa_rollback=2048");
+  const int32_t layer = 20;
+  const LayerSpec& spec = store_->profile().layers[layer];
+  ASSERT_EQ(spec.kind, LayerKind::kSwaTopK);
+  auto blocks_to = [&](int64_t position) {  // blocks of the pages rows up to `position` reach
+    const int64_t pages = (spec.visible(position) + 7) / 8;
+    return (pages + kTableBlock - 1) / kTableBlock;
+  };
+  // Steps that take no new page (they restart 4 positions back), so that aborting them after
+  // the build changes no table.
+  Grow("a", layer, 3004);
+  const SpanOwned d = MakeSpan(layer, "a", 3000, 4, 512);
+  ASSERT_GT(blocks_to(3003), 2);
+  EXPECT_EQ(Compare(layer, {{&d}}).stale_blocks, blocks_to(3003));  // the whole table at first
+  EXPECT_EQ(Compare(layer, {{&d}}).stale_blocks, 0);                // then nothing
+  EXPECT_EQ(Compare(layer, {{&d}}).table_blocks, blocks_to(3003));
+
+  // Truncated, its pages taken by another sequence, grown back over other pages: the blocks
+  // from the one holding the truncation point on go up again.
+  ASSERT_TRUE(store_->Truncate("t", "a", 1000).ok());
+  Grow("x", layer, 2000);
+  Grow("a", layer, 3004);
+  const int64_t kept = (spec.visible(999) + 7) / 8 / kTableBlock;  // the pages Truncate keeps
+  EXPECT_EQ(Compare(layer, {{&d}}).stale_blocks, blocks_to(3003) - kept);
+  EXPECT_EQ(Compare(layer, {{&d}}).stale_blocks, 0);
+
+  // An aborted step whose new pages went up with its launch; another sequence takes them.
+  const SpanOwned big = MakeSpan(layer, "a", 3004, 400, 64);
+  EXPECT_GT(Compare(layer, {{&big}}).stale_blocks, 0);
+  Grow("y", layer, 800);
+  Grow("a", layer, 3400);
+  const SpanOwned after = MakeSpan(layer, "a", 3396, 4, 512);
+  EXPECT_GT(Compare(layer, {{&after}}).stale_blocks, 0);
+  EXPECT_EQ(Compare(layer, {{&after}}).stale_blocks, 0);
+
+  // A released sequence gives its blocks back; one created under the same id starts afresh.
+  ASSERT_TRUE(store_->ReleaseSequence("t", "a").ok());
+  Grow("a", layer, 500);
+  const SpanOwned fresh = MakeSpan(layer, "a", 496, 4, 512);
+  EXPECT_EQ(Compare(layer, {{&fresh}}).stale_blocks, blocks_to(499));
 }
 
 // The translation is where chosen entries are checked: an entry past what its row may see

@@ -241,8 +241,14 @@ absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("entries.page_shift %d outside [0, 30]", e.page_shift));
   }
-  if ((p.num_ranges > 0 && p.ranges == nullptr) || (e.num_rows > 0 && e.rows == nullptr)) {
-    return absl::InvalidArgumentError("ranges or entries.rows is null");
+  if (e.block_shift < 0 || e.block_shift > 16 || e.num_block_writes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("entries.block_shift %d outside [0, 16] or num_block_writes %d negative",
+                        e.block_shift, e.num_block_writes));
+  }
+  if ((p.num_ranges > 0 && p.ranges == nullptr) || (e.num_rows > 0 && e.rows == nullptr) ||
+      (e.num_block_writes > 0 && e.block_writes == nullptr)) {
+    return absl::InvalidArgumentError("ranges, entries.rows or entries.block_writes is null");
   }
   if ((p.num_ranges > 0 || e.num_rows > 0) && p.flags == nullptr) {
     return absl::InvalidArgumentError("flags is null");

@@ -161,9 +161,13 @@ class CpuBackend final : public Backend {
       for (int32_t k = 0; k < row.width; ++k) {
         // One relaxed load per id: the ids may lie in memory a client can rewrite.
         const int32_t id = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
-        row.out[k] = TranslateEntry(id, row.table, e.page_shift, row.limit, bad);
+        row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
       }
       if (bad) p.flags[row.group] |= kFlagChosenEntry;
+    }
+    const size_t block = size_t{1} << e.block_shift;
+    for (int32_t b = 0; b < e.num_block_writes; ++b) {
+      std::memcpy(e.block_writes[b].to, e.block_writes[b].from, block * sizeof(int32_t));
     }
     return absl::OkStatus();
   }

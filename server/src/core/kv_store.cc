@@ -16,6 +16,13 @@ absl::Status SequenceNotFound(std::string_view id, const std::string& model) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The pages of the table that a layer's chosen entries are translated through.
+int64_t TranslatedPages(const LayerSpec& spec, const LayerPages& p) {
+  if (spec.kind == LayerKind::kChosen) return static_cast<int64_t>(p.main.size());
+  if (spec.kind == LayerKind::kSwaTopK) return static_cast<int64_t>(p.compressed.size());
+  return 0;
+}
+
 }  // namespace
 
 int64_t PreparedStep::MainSlot(size_t span, int64_t position) const {
@@ -34,11 +41,13 @@ int64_t PreparedStep::CompressedSlot(size_t span, int64_t entry) const {
   return int64_t{p.compressed[logical]} * rows_per_page_ + entry % rows_per_page_;
 }
 
-KvStore::KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena)
+KvStore::KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena,
+                 TableHeap tables)
     : config_(config),
       profile_(&profile),
       arena_(std::move(arena)),
-      allocator_(static_cast<int32_t>(config.pool_pages)) {
+      allocator_(static_cast<int32_t>(config.pool_pages)),
+      tables_(std::move(tables)) {
   cache_.base = arena_.data();
   cache_.format = config.kv_format;
   cache_.geometry = profile.geometry;
@@ -63,7 +72,18 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& conf
     return absl::ResourceExhaustedError(Cat(config.profile, ": cannot allocate a pool of ", bytes,
                                             " bytes: ", arena.status().message()));
   }
-  std::unique_ptr<KvStore> store(new KvStore(config, *profile, *std::move(arena)));
+  // Device copies of the translated tables: enough blocks that a table never waits for one
+  // (device_tables.h).
+  const auto translated =
+      static_cast<int64_t>(std::count_if(profile->layers.begin(), profile->layers.end(),
+                                         [](const LayerSpec& l) { return l.client_chooses(); }));
+  absl::StatusOr<TableHeap> tables = TableHeap::Create(
+      backend, translated == 0
+                   ? 0
+                   : CeilDiv(config.pool_pages, kTableBlock) + int64_t{max_sequences} * translated);
+  if (!tables.ok()) return tables.status();
+  std::unique_ptr<KvStore> store(
+      new KvStore(config, *profile, *std::move(arena), *std::move(tables)));
   store->max_sequences_ = max_sequences;
   return store;
 }
@@ -137,16 +157,25 @@ absl::Status KvStore::CreateSequence(std::string_view tenant, std::string_view i
   auto seq = std::make_unique<Sequence>();
   seq->layers.resize(profile_->num_layers());
   seq->pending.assign(profile_->num_layers(), nullptr);
+  seq->mirrors.resize(profile_->num_layers());
   seq->last_used = absl::Now();
   sequences_.emplace(Key(std::string(tenant), std::string(id)), std::move(seq));
   return absl::OkStatus();
 }
 
-void KvStore::FreeLayer(std::string_view tenant, LayerPages& pages) {
+void KvStore::FreeLayer(std::string_view tenant, Sequence& seq, int32_t layer) {
+  LayerPages& pages = seq.layers[layer];
   for (int32_t p : pages.main) allocator_.Free(p);
   allocator_.Free(pages.compressed);
   Charge(tenant, -static_cast<int64_t>(pages.main.size() + pages.compressed.size()));
   pages = LayerPages();
+  FitMirror(seq, layer);
+}
+
+void KvStore::FitMirror(Sequence& seq, int32_t layer) {
+  const LayerSpec& spec = profile_->layers[layer];
+  if (spec.client_chooses())
+    tables_.Fit(seq.mirrors[layer], TranslatedPages(spec, seq.layers[layer]));
 }
 
 std::vector<std::pair<std::string, std::string>> KvStore::ReleaseIdle(absl::Time cutoff) {
@@ -159,7 +188,7 @@ std::vector<std::pair<std::string, std::string>> KvStore::ReleaseIdle(absl::Time
       continue;
     }
     const Key key = it->first;
-    for (LayerPages& layer : it->second->layers) FreeLayer(key.first, layer);
+    for (int32_t l = 0; l < profile_->num_layers(); ++l) FreeLayer(key.first, *it->second, l);
     if (--tenants_[key.first].sequences == 0 && tenants_[key.first].pages == 0) {
       tenants_.erase(key.first);
     }
@@ -178,7 +207,7 @@ absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view 
   if (it == sequences_.end()) {
     status = SequenceNotFound(id, config_.profile);
   } else {
-    for (LayerPages& layer : it->second->layers) FreeLayer(tenant, layer);
+    for (int32_t l = 0; l < profile_->num_layers(); ++l) FreeLayer(tenant, *it->second, l);
     sequences_.erase(it);
     auto usage = tenants_.find(std::string(tenant));
     if (--usage->second.sequences == 0 && usage->second.pages == 0) tenants_.erase(usage);
@@ -215,7 +244,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
     LayerPages& p = seq->layers[l];
     if (length >= p.length) continue;
     if (length == 0) {
-      FreeLayer(tenant, p);
+      FreeLayer(tenant, *seq, l);
       continue;
     }
     p.length = length;
@@ -234,6 +263,7 @@ absl::Status KvStore::Truncate(std::string_view tenant, std::string_view id, int
         Charge(tenant, -1);
       }
     }
+    FitMirror(*seq, l);
   }
   mu_.Unlock();
   return status;
@@ -307,6 +337,7 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
   auto step = std::make_unique<PreparedStep>();
   step->layer_ = layer;
   step->rows_per_page_ = B;
+  step->heap_ = &tables_;
   step->spans_.resize(spans.size());
 
   absl::MutexLock lock(&mu_);
@@ -400,6 +431,10 @@ absl::StatusOr<std::unique_ptr<PreparedStep>> KvStore::Prepare(std::string_view 
         p.compressed.pop_back();
       }
     }
+    if (spec.client_chooses()) {
+      FitMirror(*seq, layer);
+      out.mirror = &seq->mirrors[layer];
+    }
   }
   return step;
 }
@@ -441,7 +476,9 @@ void KvStore::Abort(PreparedStep& step) {
   --steps_pending_;
   for (PreparedStep::Span& s : step.spans_) {
     Undo(s, *s.table);
-    static_cast<Sequence*>(s.sequence)->pending[step.layer_] = nullptr;
+    auto* seq = static_cast<Sequence*>(s.sequence);
+    seq->pending[step.layer_] = nullptr;
+    FitMirror(*seq, step.layer_);
   }
   allocator_.Free(step.new_pages_);
   Charge(step.tenant_, -static_cast<int64_t>(step.new_pages_.size()));

@@ -27,11 +27,23 @@ void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_
   }
 }
 
-// Page-table entries the rows of a span may reach through chosen entries.
-int64_t ChosenTableEntries(const LayerSpec& spec, const SpanInput& s, int32_t rows_per_page) {
+// Pages of its translated table the rows of a span may reach through chosen entries.
+int64_t ChosenTablePages(const LayerSpec& spec, const SpanInput& s, int32_t rows_per_page) {
   if (!spec.client_chooses() || s.num_rows == 0) return 0;
   const int64_t visible = spec.visible(s.first_position + s.num_rows - 1);
   return (visible + rows_per_page - 1) / rows_per_page;
+}
+
+int64_t BlocksOf(int64_t pages) { return (pages + kTableBlock - 1) / kTableBlock; }
+
+// Block b of a table (a deque or a vector of page ids) into `dst`, -1 past the table's end.
+template <typename Table>
+void CopyBlock(const Table& table, int64_t b, int32_t* dst) {
+  const int64_t size = static_cast<int64_t>(table.size());
+  const int64_t first = std::min(size, b * kTableBlock);
+  const int64_t end = std::min(size, first + kTableBlock);
+  auto it = std::copy(table.begin() + first, table.begin() + end, dst);
+  std::fill(it, dst + kTableBlock, -1);
 }
 
 // Everything one span needs, computed once for all of its rows.
@@ -39,7 +51,7 @@ struct SpanTables {
   std::vector<int32_t> window;  // slots of positions window_first .. last row
   int64_t window_first = 0;
   std::vector<int32_t> dense;  // dense layers: slots of every entry the span's rows see
-  int64_t table_entries = 0;   // chosen entries: pages of the span's table copied to `tables`
+  int64_t table_blocks = 0;    // chosen entries: blocks of the span's table in `table_blocks`
 };
 
 // Builds the rows of a run of spans, starting at the given offsets of the arrays.
@@ -50,11 +62,10 @@ class Builder {
 
   void Span(const SpanRef& ref) {
     const SpanInput& s = *ref.input;
-    const LayerPages& pages = ref.prepared->pages(ref.index);
-    Tables(s, pages, ref.prepared->rows_per_page());
+    Tables(ref);
     for (int32_t t = 0; t < s.num_rows; ++t) Row(s, t, ref.group);
     ids_ += static_cast<int64_t>(s.topk.size());
-    table_ += tables_.table_entries;
+    table_ += tables_.table_blocks;
   }
 
   // Checks that the rows built fill the arrays exactly (CountSegments counted them).
@@ -63,11 +74,14 @@ class Builder {
     SMLA_CHECK(main_ == end.main_indices, "main indices built");
     SMLA_CHECK(extra_ == end.extra_indices, "extra indices built");
     SMLA_CHECK(chosen_ == end.chosen_rows && ids_ == end.chosen_ids, "chosen rows built");
-    SMLA_CHECK(table_ == end.table_entries, "page-table entries copied");
+    SMLA_CHECK(table_ == end.table_blocks && stale_ == end.stale_blocks, "table blocks listed");
   }
 
  private:
-  void Tables(const SpanInput& s, const LayerPages& pages, int32_t B) {
+  void Tables(const SpanRef& ref) {
+    const SpanInput& s = *ref.input;
+    const LayerPages& pages = ref.prepared->pages(ref.index);
+    const int32_t B = ref.prepared->rows_per_page();
     const LayerSpec& spec = shape_.spec;
     const int64_t last = s.first_position + s.num_rows - 1;
     if (spec.has_window()) {
@@ -87,21 +101,45 @@ class Builder {
         tables_.dense[e] = static_cast<int32_t>(int64_t{pages.compressed[logical]} * B + e % B);
       }
     }
-    // The pages chosen entries may reach, copied once for all of the span's rows.
-    const int64_t n = ChosenTableEntries(spec, s, B);
-    tables_.table_entries = n;
-    if (n == 0) return;
-    SMLA_CHECK(table_ + n <= static_cast<int64_t>(out_.tables.size()), "page tables counted");
-    int32_t* dst = out_.tables.data() + table_;
-    if (spec.kind == LayerKind::kChosen) {
-      SMLA_CHECK(n <= static_cast<int64_t>(pages.main.size()),
-                 "visible positions outside the prepared page table");
-      std::copy_n(pages.main.begin(), n, dst);
-    } else {
-      SMLA_CHECK(n <= static_cast<int64_t>(pages.compressed.size()),
-                 "visible entries outside the prepared page table");
-      std::copy_n(pages.compressed.begin(), n, dst);
+    const int64_t n = ChosenTablePages(spec, s, B);
+    tables_.table_blocks = BlocksOf(n);
+    if (n > 0) ListBlocks(ref, n);
+  }
+
+  // The blocks of the span's table its rows may reach (its first n pages), as the device reads
+  // them: the heap's where the device copy is current, else a copy staged in the upload, which
+  // the device also writes into the heap.
+  void ListBlocks(const SpanRef& ref, int64_t n) {
+    const bool main = shape_.spec.kind == LayerKind::kChosen;
+    const LayerPages& pages = ref.prepared->pages(ref.index);
+    SMLA_CHECK(n <= static_cast<int64_t>(main ? pages.main.size() : pages.compressed.size()),
+               "visible entries outside the prepared page table");
+    TableMirror& mirror = *ref.prepared->mirror(ref.index);
+    const TableHeap& heap = ref.prepared->table_heap();
+    const int64_t blocks = tables_.table_blocks;
+    const BlockRange stale = TableHeap::Stale(mirror, n);
+    SMLA_CHECK(blocks <= static_cast<int64_t>(mirror.blocks.size()) &&
+                   table_ + blocks <= static_cast<int64_t>(out_.table_blocks.size()) &&
+                   stale_ + stale.size() <= static_cast<int64_t>(out_.block_writes.size()),
+               "table blocks counted");
+    for (int64_t b = 0; b < blocks; ++b) {
+      int32_t* const kept = heap.block(mirror.blocks[b]);
+      if (b < stale.first || b >= stale.end) {
+        out_.table_blocks[table_ + b] = kept;
+        continue;
+      }
+      int32_t* const staged = out_.stale_blocks.data() + stale_ * kTableBlock;
+      if (main) {
+        CopyBlock(pages.main, b, staged);
+      } else {
+        CopyBlock(pages.compressed, b, staged);
+      }
+      const int32_t* const uploaded = targets_.stale_blocks + stale_ * kTableBlock;
+      out_.table_blocks[table_ + b] = uploaded;
+      out_.block_writes[stale_] = kernels::TableBlockWrite{uploaded, kept};
+      ++stale_;
     }
+    mirror.synced = std::max(mirror.synced, n);
   }
 
   void Row(const SpanInput& s, int32_t t, int32_t group) {
@@ -131,7 +169,7 @@ class Builder {
     kernels::TranslateRow& r = out_.chosen[chosen_++];
     r.ids = targets_.ids + ids_ + int64_t{t} * s.topk_width;
     r.out = targets_.out + at;
-    r.table = targets_.tables + table_;
+    r.blocks = targets_.table_blocks + table_;
     r.width = s.topk_width;
     r.limit = static_cast<int32_t>(shape_.spec.visible(s.first_position + t));
     r.group = group;
@@ -149,7 +187,7 @@ class Builder {
   const ChosenTargets& targets_;
   const SegmentArrays& out_;
   SpanTables tables_;
-  int64_t row_ = 0, main_ = 0, extra_ = 0, chosen_ = 0, ids_ = 0, table_ = 0;
+  int64_t row_ = 0, main_ = 0, extra_ = 0, chosen_ = 0, ids_ = 0, table_ = 0, stale_ = 0;
 };
 
 }  // namespace
@@ -164,7 +202,9 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
     if (spec.client_chooses()) {
       c.chosen_rows += s.num_rows;
       c.chosen_ids += static_cast<int64_t>(s.topk.size());
-      c.table_entries += ChosenTableEntries(spec, s, ref.prepared->rows_per_page());
+      const int64_t n = ChosenTablePages(spec, s, ref.prepared->rows_per_page());
+      c.table_blocks += BlocksOf(n);
+      if (n > 0) c.stale_blocks += TableHeap::Stale(*ref.prepared->mirror(ref.index), n).size();
     }
     for (int32_t t = 0; t < s.num_rows; ++t) {
       const int64_t pos = s.first_position + t;
@@ -177,7 +217,8 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
 }
 
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const ChosenTargets& targets, const SegmentArrays& out) {
+                   const SegmentCounts& counts, const ChosenTargets& targets,
+                   const SegmentArrays& out) {
   // Slots: every span's KV rows in batch order, then every span's compressed entries.
   int64_t at = 0;
   auto put_slot = [&](int64_t slot, int32_t group) {
@@ -213,7 +254,7 @@ void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
   if (!out.extra_indptr.empty()) out.extra_indptr[0] = 0;
   Builder b(shape, targets, out);
   for (const SpanRef& ref : spans) b.Span(ref);
-  b.Finish(CountSegments(shape, spans));
+  b.Finish(counts);
 }
 
 }  // namespace smla::server

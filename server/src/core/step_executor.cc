@@ -202,18 +202,24 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
 }
 
 // The device checks' arrays at the start of the arena, before the slot lists and segments: the
-// spans' page tables, the TranslateRows, the CheckRanges and one zeroed flag per step. All of
-// them go up in the one copy of the arena's arrays (so the flags need no clearing of their own);
-// the translated chosen segment follows that copy in arrays_.
+// spans' lists of table blocks, the stale blocks and their writes into the table heap, the
+// TranslateRows, the CheckRanges and one zeroed flag per step. All of them go up in the one copy
+// of the arena's arrays (so the flags need no clearing of their own); the translated chosen
+// segment follows that copy in arrays_.
 struct StepExecutor::CheckLayout {
-  size_t rows = 0;    // the TranslateRows, after the tables
+  size_t stale = 0;   // the stale blocks, after the block lists
+  size_t writes = 0;  // the TableBlockWrites, after the stale blocks
+  size_t rows = 0;    // the TranslateRows, after the writes
   size_t ranges = 0;  // the CheckRanges, after the rows
   size_t flags = 0;   // the flags, after the ranges
-  size_t bytes = 0;   // [tables | rows | ranges | flags]
+  size_t bytes = 0;   // [block lists | stale blocks | writes | rows | ranges | flags]
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
     CheckLayout l;
-    l.rows = AlignUp(static_cast<size_t>(c.table_entries) * sizeof(int32_t), 64);
+    const auto stale = static_cast<size_t>(c.stale_blocks);
+    l.stale = AlignUp(static_cast<size_t>(c.table_blocks) * sizeof(const int32_t*), 64);
+    l.writes = AlignUp(l.stale + stale * kTableBlock * sizeof(int32_t), 64);
+    l.rows = AlignUp(l.writes + stale * sizeof(kernels::TableBlockWrite), 64);
     l.ranges =
         AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
     l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
@@ -578,8 +584,13 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
                                size_t chosen_at, uint32_t* flags_host, StagedArena& out,
                                DeviceWork& work) {
   SegmentArrays& arrays = out.arrays;
-  arrays.tables = std::span<int32_t>(reinterpret_cast<int32_t*>(host),
-                                     static_cast<size_t>(p.counts.table_entries));
+  const auto stale = static_cast<size_t>(p.counts.stale_blocks);
+  arrays.table_blocks = std::span<const int32_t*>(reinterpret_cast<const int32_t**>(host),
+                                                  static_cast<size_t>(p.counts.table_blocks));
+  arrays.stale_blocks =
+      std::span<int32_t>(reinterpret_cast<int32_t*>(host + l.stale), stale * kTableBlock);
+  arrays.block_writes = std::span<kernels::TableBlockWrite>(
+      reinterpret_cast<kernels::TableBlockWrite*>(host + l.writes), stale);
   arrays.chosen =
       std::span<kernels::TranslateRow>(reinterpret_cast<kernels::TranslateRow*>(host + l.rows),
                                        static_cast<size_t>(p.counts.chosen_rows));
@@ -588,12 +599,17 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   uint8_t* const dev = arrays_.as<uint8_t>();
   out.targets.ids = ids_.as<const int32_t>();
   out.targets.out = reinterpret_cast<int32_t*>(dev + chosen_at);
-  out.targets.tables = reinterpret_cast<const int32_t*>(dev);
+  out.targets.table_blocks = reinterpret_cast<const int32_t* const*>(dev);
+  out.targets.stale_blocks = reinterpret_cast<const int32_t*>(dev + l.stale);
   out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
   work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
   work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
   work.check.entries.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
   work.check.entries.num_rows = static_cast<int32_t>(p.counts.chosen_rows);
+  work.check.entries.block_shift = kTableBlockShift;
+  work.check.entries.num_block_writes = static_cast<int32_t>(stale);
+  work.check.entries.block_writes =
+      reinterpret_cast<const kernels::TableBlockWrite*>(dev + l.writes);
   work.check.flags = reinterpret_cast<uint32_t*>(dev + l.flags);
   work.flags_host = flags_host;
 }
@@ -603,7 +619,7 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
 // queries only feed their own rows and are not checked).
 void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
-  BuildSegments(p.shape(), work.spans, staged.targets, staged.arrays);
+  BuildSegments(p.shape(), work.spans, p.counts, staged.targets, staged.arrays);
   std::fill(staged.flags.begin(), staged.flags.end(), 0u);
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanInput& s = *work.spans[k].input;

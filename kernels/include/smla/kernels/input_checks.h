@@ -25,15 +25,18 @@ SMLA_HD_INLINE bool ByteRefused(InputCheck check, uint8_t byte) {
   return check == InputCheck::kE4m3Codes ? E4m3IsNaN(byte) : E8m0IsNaN(byte);
 }
 
-// The slot of entry `e` of a row that sees entries [0, limit) of `table` (pages of 2^shift
-// rows), or -1 for -1 and for an id outside [-1, limit), which sets `bad`. The entry is
-// clamped into the table before the page is read, so a bad id reads nothing outside it.
-SMLA_HD_INLINE int32_t TranslateEntry(int32_t e, const int32_t* table, int32_t shift, int32_t limit,
-                                      bool& bad) {
+// The slot of entry `e` of a row that sees entries [0, limit) of a table held in `blocks` of
+// 2^block_shift pages of 2^shift rows (TranslateRow), or -1 for -1 and for an id outside
+// [-1, limit), which sets `bad`. A bad id is refused before any page is read, so it reads
+// nothing outside the table.
+SMLA_HD_INLINE int32_t TranslateEntry(int32_t e, const int32_t* const* blocks, int32_t shift,
+                                      int32_t block_shift, int32_t limit, bool& bad) {
   if (e < -1 || e >= limit) bad = true;
   if (e < 0 || e >= limit) return -1;
   const int32_t mask = (int32_t{1} << shift) - 1;
-  return (table[e >> shift] << shift) | (e & mask);
+  const int32_t page = e >> shift;
+  const int32_t block_mask = (int32_t{1} << block_shift) - 1;
+  return (blocks[page >> block_shift][page & block_mask] << shift) | (e & mask);
 }
 
 }  // namespace smla::kernels

@@ -156,16 +156,27 @@ struct WriteRowsParams {
 };
 
 // Chosen entries (an indexer's logical entry numbers) translated into pool slots through paged
-// tables, on the device (Backend::CheckInputs). Entry e of a table of pages of 2^page_shift
-// rows is slot (table[e >> page_shift] << page_shift) | (e & (2^page_shift - 1)).
+// tables, on the device (Backend::CheckInputs). A table is held in blocks of 2^block_shift page
+// ids (the caller's device copy of each table, grown without moving: docs/architecture.md,
+// "Page tables on the device"). Entry e lies on the table's page q = e >> page_shift, which is
+// page blocks[q >> block_shift][q & (2^block_shift - 1)]; its slot is
+// (page << page_shift) | (e & (2^page_shift - 1)).
 struct TranslateRow {
-  const int32_t* ids = nullptr;    // [width] backend memory: the row's entries, -1 = none
-  int32_t* out = nullptr;          // [width] backend memory: their slots, -1 for none
-  const int32_t* table = nullptr;  // backend memory: at least ceil(limit / 2^page_shift) pages
+  const int32_t* ids = nullptr;  // [width] backend memory: the row's entries, -1 = none
+  int32_t* out = nullptr;        // [width] backend memory: their slots, -1 for none
+  // Backend memory: the row's table blocks, enough to cover ceil(limit / 2^page_shift) pages.
+  const int32_t* const* blocks = nullptr;
   int32_t width = 0;
   int32_t limit = 0;  // the row sees entries [0, limit)
   int32_t group = 0;  // index into TranslateParams::flags (the caller's step)
   int32_t unused = 0;
+};
+
+// One table block written where it is kept (TranslateParams::block_writes): 2^block_shift page
+// ids from `from` to `to`, both backend memory.
+struct TableBlockWrite {
+  const int32_t* from = nullptr;
+  int32_t* to = nullptr;
 };
 
 // Bits of the per-group flags that CheckInputs sets.
@@ -174,10 +185,16 @@ inline constexpr uint32_t kFlagInputValue = 2;   // a value its InputCheck refus
 
 // Each id is read once. An id outside [-1, limit) becomes -1 (nothing outside the table is read)
 // and sets kFlagChosenEntry in its row's group's flags.
+// The same pass writes changed table blocks where the caller keeps them (block_writes). No row of
+// the pass may read a block being written (rows read the `from` copy of a changed block), so the
+// writes need no ordering against the translation.
 struct TranslateParams {
   const TranslateRow* rows = nullptr;  // [num_rows] backend memory
   int32_t num_rows = 0;
   int32_t page_shift = 0;
+  int32_t block_shift = 0;
+  int32_t num_block_writes = 0;
+  const TableBlockWrite* block_writes = nullptr;  // [num_block_writes] backend memory
 };
 
 // What a range of a step's inputs must hold (Backend::CheckInputs; input_checks.h has the rules).

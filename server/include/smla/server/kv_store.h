@@ -26,6 +26,10 @@
 // and nothing else edits tables while a batch is in flight. Length() and Pages() report the
 // committed state throughout: for a busy (sequence, layer) they undo the pending step on the
 // saved record rather than read the live table.
+//
+// The tables that chosen entries are translated through also have a copy on the device
+// (device_tables.h), fitted to the host table's length after every change of it; the executor
+// brings the copy up to date as it launches a step (PreparedStep::mirror).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +49,7 @@
 #include "absl/time/time.h"
 #include "smla/kernels/backend.h"
 #include "smla/server/config.h"
+#include "smla/server/device_tables.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/page_allocator.h"
 
@@ -86,16 +91,23 @@ class PreparedStep {
   // Span i's committed length before the step: rows it writes at or past it fill slots no
   // committed position uses, so an aborted step leaves nothing visible there.
   int64_t committed_length(size_t span) const { return spans_[span].old_length; }
+  // The device copy of span i's translated table (null on layers without chosen entries), and
+  // the heap its blocks lie in. Whoever launches the step advances its `synced` as it uploads;
+  // Abort keeps that advance (a flagged step's launch still wrote its blocks), which holds because
+  // a launch that fails stops the core from serving (StepExecutor).
+  TableMirror* mirror(size_t span) const { return spans_[span].mirror; }
+  const TableHeap& table_heap() const { return *heap_; }
 
  private:
   friend class KvStore;
   // What the step did to one live table, enough to undo it exactly. Per table a step either
   // appends pages or releases trailing ones, never both.
   struct Span {
-    void* sequence = nullptr;     // KvStore::Sequence*, stable while the batch runs
-    LayerPages* table = nullptr;  // the sequence's live table of the layer
-    int64_t old_length = 0;       // committed length before the step
-    int32_t main_added = 0;       // pages appended to table->main (from new_pages_)
+    void* sequence = nullptr;       // KvStore::Sequence*, stable while the batch runs
+    LayerPages* table = nullptr;    // the sequence's live table of the layer
+    TableMirror* mirror = nullptr;  // its translated table's device copy, or null
+    int64_t old_length = 0;         // committed length before the step
+    int32_t main_added = 0;         // pages appended to table->main (from new_pages_)
     int32_t compressed_added = 0;
     int32_t main_released = 0;  // release[0, main_released): popped off main's back, last first
     // Pages the step no longer needs, freed at Commit: main pages, then compressed pages, each
@@ -104,6 +116,7 @@ class PreparedStep {
   };
   int32_t layer_ = 0;
   int32_t rows_per_page_ = 1;
+  const TableHeap* heap_ = nullptr;
   std::vector<Span> spans_;
   std::vector<int32_t> new_pages_;
   std::string tenant_;  // whose quota the pages are charged to
@@ -169,6 +182,7 @@ class KvStore {
  private:
   struct Sequence {
     std::vector<LayerPages> layers;
+    std::vector<TableMirror> mirrors;  // per layer; empty on layers without chosen entries
     // Per layer, the running batch's step of it (its undo record), or null: non-null marks the
     // (sequence, layer) busy.
     std::vector<const PreparedStep::Span*> pending;
@@ -180,14 +194,18 @@ class KvStore {
   };
   using Key = std::pair<std::string, std::string>;
 
-  KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena);
+  KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena,
+          TableHeap tables);
 
   Sequence* Find(std::string_view tenant, std::string_view id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The sequence whose layer Length/Pages read: NOT_FOUND naming the layer or the sequence.
   absl::StatusOr<const Sequence*> FindForRead(std::string_view tenant, std::string_view id,
                                               int32_t layer) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void FreeLayer(std::string_view tenant, LayerPages& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLayer(std::string_view tenant, Sequence& seq, int32_t layer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fits the device copy of the layer's translated table to its length (TableHeap::Fit).
+  void FitMirror(Sequence& seq, int32_t layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Charge(std::string_view tenant, int64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimWindow(LayerPages& pages, std::vector<int32_t>& release) const;
   // Puts a table that `step` was applied to back as it was before Prepare.
@@ -201,6 +219,7 @@ class KvStore {
 
   mutable absl::Mutex mu_;
   PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
+  TableHeap tables_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Key, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
   bool batch_active_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_pending_ ABSL_GUARDED_BY(mu_) = 0;  // prepared, not yet committed or aborted

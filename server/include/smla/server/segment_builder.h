@@ -9,9 +9,12 @@
 // - extra segment: every visible entry on dense layers;
 // - the chosen segment (the main one on chosen-position layers, the extra one on top-k layers):
 //   its offsets here, and its indices translated on the device (Backend::CheckInputs), one
-//   TranslateRow per row over the span's page table, which is copied once per span into
-//   `tables`. The device reads each id once and checks it against what its row may see
-//   ([-1, visible - 1]); a step with any other id is flagged there and fails alone;
+//   TranslateRow per row over the span's page table as the device holds it (device_tables.h):
+//   one list of blocks per span in `table_blocks`, naming the heap's block where the device copy
+//   is current and a copy in `stale_blocks` where it is not, with a TableBlockWrite that brings
+//   the heap up to date (and the span's TableMirror::synced advanced). The device reads each id
+//   once and checks it against what its row may see ([-1, visible - 1]); a step with any other
+//   id is flagged there and fails alone;
 // - positions: each row's position (for inverse RoPE).
 // A page table that does not cover the entries a row may see is an invariant failure.
 #pragma once
@@ -50,35 +53,43 @@ struct SegmentCounts {
   int64_t extra_indices = 0;  // nnz of the extra segment (0 without one)
   int64_t chosen_rows = 0;    // rows with chosen entries (each a TranslateRow)
   int64_t chosen_ids = 0;     // their entries, every span's top-k in span order
-  int64_t table_entries = 0;  // the page-table entries their spans' rows may reach
+  int64_t table_blocks = 0;   // blocks of the tables their spans' rows may reach
+  int64_t stale_blocks = 0;   // those the device does not hold current (TableHeap::Stale)
   int64_t slots() const { return rows + compressed; }
 };
 
 // Caller-owned outputs, each exactly its count long (positions may be empty: not built). The
 // chosen segment's indices are left empty: they are written on the device.
 struct SegmentArrays {
-  std::span<int64_t> slots;                 // [rows + compressed]
-  std::span<int32_t> slot_groups;           // [rows + compressed]
-  std::span<int32_t> main_indptr;           // [rows + 1]
-  std::span<int32_t> main_indices;          // [main_indices], empty on chosen-position layers
-  std::span<int32_t> extra_indptr;          // [rows + 1], empty without an extra segment
-  std::span<int32_t> extra_indices;         // [extra_indices], empty on top-k layers
-  std::span<int32_t> positions;             // [rows] or empty
-  std::span<int32_t> tables;                // [table_entries]
-  std::span<kernels::TranslateRow> chosen;  // [chosen_rows]
+  std::span<int64_t> slots;                // [rows + compressed]
+  std::span<int32_t> slot_groups;          // [rows + compressed]
+  std::span<int32_t> main_indptr;          // [rows + 1]
+  std::span<int32_t> main_indices;         // [main_indices], empty on chosen-position layers
+  std::span<int32_t> extra_indptr;         // [rows + 1], empty without an extra segment
+  std::span<int32_t> extra_indices;        // [extra_indices], empty on top-k layers
+  std::span<int32_t> positions;            // [rows] or empty
+  std::span<const int32_t*> table_blocks;  // [table_blocks] backend addresses
+  std::span<int32_t> stale_blocks;         // [stale_blocks * kTableBlock]
+  std::span<kernels::TableBlockWrite> block_writes;  // [stale_blocks]
+  std::span<kernels::TranslateRow> chosen;           // [chosen_rows]
 };
 
 // Where the device translation reads and writes: backend-memory addresses the TranslateRows
 // point at.
 struct ChosenTargets {
-  const int32_t* ids = nullptr;     // every span's top-k ids in span order, as copied in
-  int32_t* out = nullptr;           // the chosen segment's indices
-  const int32_t* tables = nullptr;  // the backend's copy of SegmentArrays::tables
+  const int32_t* ids = nullptr;  // every span's top-k ids in span order, as copied in
+  int32_t* out = nullptr;        // the chosen segment's indices
+  // The backend's copies of SegmentArrays::table_blocks and stale_blocks.
+  const int32_t* const* table_blocks = nullptr;
+  const int32_t* stale_blocks = nullptr;
 };
 
 SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> spans);
 
+// `counts` is CountSegments of the same spans, taken before: building advances the tables'
+// TableMirror::synced, which the stale blocks are counted from.
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const ChosenTargets& targets, const SegmentArrays& out);
+                   const SegmentCounts& counts, const ChosenTargets& targets,
+                   const SegmentArrays& out);
 
 }  // namespace smla::server
