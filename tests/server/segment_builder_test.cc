@@ -497,6 +497,35 @@ TEST_F(SegmentBuilderTest, BuildTimeOfTheDecodeCell) {
   store_->EndBatch();
 }
 
+// A memo answers lookups inside the range or the gap it holds and defers to the registrations
+// for any other, which then replace it.
+TEST(HostRangesTest, MemoAnswersOnlyInsideItsRange) {
+  std::vector<uint8_t> buffer(400);
+  uint8_t* const a = buffer.data() + 100;  // registered [100, 200) and [300, 400)
+  uint8_t* const b = buffer.data() + 300;
+  HostRanges r;
+  r.Add(a, 100);
+  r.Add(b, 100, HostRanges::Kind::kDevice);
+  HostRanges::Memo memo;
+  EXPECT_EQ(r.Find(a + 10, 20, memo), HostRanges::Kind::kHost);
+  EXPECT_EQ(memo.kind, HostRanges::Kind::kHost);
+  EXPECT_EQ(r.Find(a + 50, 50, memo), HostRanges::Kind::kHost);
+  EXPECT_EQ(r.Find(a + 50, 51, memo), HostRanges::Kind::kNone);  // past its end
+  EXPECT_EQ(r.Find(b, 100, memo), HostRanges::Kind::kDevice);
+  EXPECT_EQ(memo.kind, HostRanges::Kind::kDevice);
+  EXPECT_EQ(r.Find(a, 1, memo), HostRanges::Kind::kHost);
+  // The gap between them: nothing registered, remembered as such, but not past its end.
+  EXPECT_EQ(r.Find(buffer.data() + 200, 100, memo), HostRanges::Kind::kNone);
+  EXPECT_EQ(r.Find(buffer.data() + 250, 50, memo), HostRanges::Kind::kNone);
+  EXPECT_EQ(r.Find(b, 1, memo), HostRanges::Kind::kDevice);
+  EXPECT_EQ(r.Find(buffer.data(), 100, memo), HostRanges::Kind::kNone);  // before the first
+  // A memo is trusted while it is kept: the registrations are not read inside its range.
+  EXPECT_EQ(r.Find(a, 1, memo), HostRanges::Kind::kHost);
+  r.Remove(a);
+  EXPECT_EQ(r.Find(a, 1, memo), HostRanges::Kind::kHost);
+  EXPECT_EQ(r.Find(a, 1), HostRanges::Kind::kNone);
+}
+
 TEST(HostRangesTest, ContainsOnlyWholeRangesInsideOneRegistration) {
   std::vector<uint8_t> a(100), b(100);
   HostRanges r;

@@ -275,6 +275,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
                                   std::span<const std::unique_ptr<PreparedStep>> prepared,
                                   std::vector<absl::StatusOr<StepResult>>& results) {
   const absl::Time start = absl::Now();
+  ranges_memo_ = HostRanges::Memo();
   DeviceWork work;
   const LaunchArgs args{model, layer, rope, steps, included, prepared};
   // Enqueues the input copies, then builds the slot lists and segments while they run.
@@ -434,7 +435,7 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
 }
 
 HostRanges::Kind StepExecutor::CopiesFrom(const void* data, size_t bytes) const {
-  const HostRanges::Kind kind = host_ranges_.Find(data, bytes);
+  const HostRanges::Kind kind = host_ranges_.Find(data, bytes, ranges_memo_);
   // Without page-locked memory every copy is a memcpy: any host memory will do.
   return kind == HostRanges::Kind::kNone && !pinned() ? HostRanges::Kind::kHost : kind;
 }

@@ -120,7 +120,7 @@ class StepExecutor : public BatchRunner {
                    std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats);
   // What the backend copies from or to in place: a registered range's kind (host memory for
   // any memory on a backend without page-locked memory), kNone where the copy must go through
-  // the arena or plain memory.
+  // the arena or plain memory. Remembers the last range found for the rest of the launch.
   HostRanges::Kind CopiesFrom(const void* data, size_t bytes) const;
   bool CopiesDirect(std::span<const uint8_t> bytes) const;
   // The start event, the input copies and the event after them.
@@ -141,6 +141,8 @@ class StepExecutor : public BatchRunner {
   std::vector<ModelRuntime*> models_;  // by ModelRuntime::index()
   std::atomic<bool> healthy_{true};
   HostRanges host_ranges_;
+  // The last registered range CopiesFrom found; cleared as each launch starts.
+  mutable HostRanges::Memo ranges_memo_;
   // Buffers in backend memory, grown as needed; only the executor thread uses them.
   kernels::Buffer q_, rows_, out_, scales_, lse_;
   kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
