@@ -21,9 +21,11 @@ void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_
     const int64_t logical = page - p.main_first_page;
     SMLA_CHECK(logical >= 0 && logical < static_cast<int64_t>(p.main.size()),
                "main position outside the prepared page table");
-    const int64_t base = int64_t{p.main[logical]} * rows_per_page;
-    const int64_t stop = std::min(end, (page + 1) * rows_per_page);
-    for (; pos < stop; ++pos) *out++ = static_cast<int32_t>(base + pos % rows_per_page);
+    // One division a page, not one a position: this runs for every row's window.
+    const int64_t page_first = page * rows_per_page;
+    const int64_t stop = std::min(end, page_first + rows_per_page);
+    const auto slot = static_cast<int32_t>(int64_t{p.main[logical]} * rows_per_page - page_first);
+    for (; pos < stop; ++pos) *out++ = slot + static_cast<int32_t>(pos);
   }
 }
 
