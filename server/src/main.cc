@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "edge/config_file.h"
 #include "edge/edge_metrics.h"
@@ -128,6 +129,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mTLS)");
 ABSL_FLAG(std::string, token_file, "",
           "Bearer tokens: lines \"token tenant\"; every smla.v1 call must carry one");
+ABSL_FLAG(bool, mutex_deadlock_checks, false,
+          "abseil's lock-order checks on every Mutex operation: a debugging aid that every lock "
+          "pays for (the test suites run with them)");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "Serve plaintext without tokens on a non-loopback address");
 ABSL_FLAG(absl::Duration, sequence_idle_timeout, absl::InfiniteDuration(),
@@ -364,5 +368,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("smla-server: the sparse-MLA attention service");
   smla::server::CollectModelFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  // Debian's abseil is built with its lock-order graph on, which every lock pays for
+  // (docs/operations.md, "Debugging"). Off at start-up unless asked for.
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_checks)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   return smla::server::Run();
 }

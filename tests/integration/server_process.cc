@@ -61,8 +61,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   }
   const char* backend = std::getenv("SMLA_TEST_BACKEND");
   std::vector<std::string> argv_s = {
-      ServerBinary(), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-      absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"), "--log_level=info"};
+      ServerBinary(),
+      "--listen=127.0.0.1:0",
+      "--metrics_listen=127.0.0.1:0",
+      absl::StrCat("--backend=", backend != nullptr ? backend : "cpu"),
+      "--log_level=info",
+      "--mutex_deadlock_checks"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
