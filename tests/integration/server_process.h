@@ -35,9 +35,9 @@ class ServerProcess {
  public:
   // Starts `smla-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cpu` (the
   // environment variables SMLA_SERVER_BINARY and SMLA_TEST_BACKEND override both) with
-  // abseil's lock-order checks on, plus `args`, and waits for its "listening on" line. Its log (stderr) goes to `log_path` when
-  // one is given, else to the test's stderr. `open_files` > 0 sets the soft and hard
-  // RLIMIT_NOFILE of the server to it.
+  // abseil's lock-order checks on, plus `args`, and waits for its "listening on" line. Its log
+  // (stderr) goes to `log_path` when one is given, else to the test's stderr. `open_files` > 0 sets
+  // the soft and hard RLIMIT_NOFILE of the server to it.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args,
                                                               const std::string& log_path = "",
                                                               int open_files = 0);
