@@ -6,6 +6,7 @@
 # Knobs: A and B (bundle folders holding bin/ and lib/ from scripts/device_bundle.sh; A's
 # smla-bench and smla drive both), ROUNDS (2), CELLS ("32"), TRANSPORTS ("gpu_ring inline";
 # as in scripts/h200_datapath.sh), DURATION_S (4), SERVER_CPUS ("0-7"), CLIENT_CPUS ("8-15"),
+# A_FLAGS and B_FLAGS (extra server flags of each, e.g. the same bundle with and without one),
 # OUT (JSON reports named a1-c32-gpu_ring.json, b1-..., and the servers' logs).
 set -euo pipefail
 a=${A:?set A to a bundle}
@@ -16,11 +17,12 @@ port=50051
 tool="$a/bin/smla"
 bench="$a/bin/smla-bench"
 
-run_server() {  # label bundle round
-  local label=$1 bundle=$2 round=$3
+run_server() {  # label bundle round flags
+  local label=$1 bundle=$2 round=$3 flags=$4
+  # shellcheck disable=SC2086 # the flags split into words
   LD_LIBRARY_PATH="$bundle/lib" taskset -c "${SERVER_CPUS:-0-7}" "$bundle/bin/smla-server" \
     --backend cuda --allow_shm --listen 127.0.0.1:$port --metrics_listen "" \
-    --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB \
+    --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB $flags \
     >"$out/server-$label$round.log" 2>&1 &
   local server=$!
   for _ in $(seq 120); do
@@ -45,7 +47,7 @@ run_server() {  # label bundle round
 }
 
 for round in $(seq "${ROUNDS:-2}"); do
-  run_server a "$a" "$round"
-  run_server b "$b" "$round"
+  run_server a "$a" "$round" "${A_FLAGS:-}"
+  run_server b "$b" "$round" "${B_FLAGS:-}"
 done
 echo "$(date -u +%T) a/b bench: done"
