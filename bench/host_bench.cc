@@ -29,6 +29,7 @@
 #include "smla/server/config.h"
 #include "smla/server/model_profile.h"
 #include "smla/server/service_core.h"
+#include "smla/server/step_validation.h"
 
 ABSL_FLAG(std::string, model, "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool_pages=70000",
           "served model (--model of smla-server)");
@@ -118,7 +119,7 @@ server::SpanInput Span(const Tensors& t, const server::ModelProfile& profile,
   s.kv_rows = {t.kv.data(), rows * row};
   s.q = {t.q.data(), rows * row * static_cast<size_t>(config.heads_per_rank)};
   if (spec.has_compressed()) {
-    const int64_t n = (first + rows) / spec.ratio - first / spec.ratio;
+    const int64_t n = server::CompressedEntriesAdded(first, rows, spec.ratio);
     s.compressed_rows = {t.compressed.data(), static_cast<size_t>(n) * row};
   }
   if (spec.client_chooses()) {

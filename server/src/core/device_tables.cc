@@ -26,7 +26,7 @@ absl::StatusOr<TableHeap> TableHeap::Create(kernels::Backend& backend, int64_t b
 }
 
 void TableHeap::Fit(TableMirror& table, int64_t pages) {
-  const auto need = static_cast<size_t>((pages + kTableBlock - 1) / kTableBlock);
+  const auto need = static_cast<size_t>(TableBlocksOf(pages));
   while (table.blocks.size() > need) {
     free_.push_back(table.blocks.back());
     table.blocks.pop_back();
@@ -41,7 +41,7 @@ void TableHeap::Fit(TableMirror& table, int64_t pages) {
 
 BlockRange TableHeap::Stale(const TableMirror& table, int64_t pages) {
   if (table.synced >= pages) return BlockRange{};
-  return BlockRange{table.synced / kTableBlock, (pages + kTableBlock - 1) / kTableBlock};
+  return BlockRange{table.synced / kTableBlock, TableBlocksOf(pages)};
 }
 
 }  // namespace smla::server

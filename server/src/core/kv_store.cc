@@ -78,9 +78,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& conf
       static_cast<int64_t>(std::count_if(profile->layers.begin(), profile->layers.end(),
                                          [](const LayerSpec& l) { return l.client_chooses(); }));
   absl::StatusOr<TableHeap> tables = TableHeap::Create(
-      backend, translated == 0
-                   ? 0
-                   : CeilDiv(config.pool_pages, kTableBlock) + int64_t{max_sequences} * translated);
+      backend,
+      translated == 0 ? 0 : TableBlocksOf(config.pool_pages) + int64_t{max_sequences} * translated);
   if (!tables.ok()) return tables.status();
   std::unique_ptr<KvStore> store(
       new KvStore(config, *profile, *std::move(arena), *std::move(tables)));

@@ -36,8 +36,6 @@ int64_t ChosenTablePages(const LayerSpec& spec, const SpanInput& s, int32_t rows
   return (visible + rows_per_page - 1) / rows_per_page;
 }
 
-int64_t BlocksOf(int64_t pages) { return (pages + kTableBlock - 1) / kTableBlock; }
-
 // Block b of a table (a deque or a vector of page ids) into `dst`, -1 past the table's end.
 template <typename Table>
 void CopyBlock(const Table& table, int64_t b, int32_t* dst) {
@@ -104,7 +102,7 @@ class Builder {
       }
     }
     const int64_t n = ChosenTablePages(spec, s, B);
-    tables_.table_blocks = BlocksOf(n);
+    tables_.table_blocks = TableBlocksOf(n);
     if (n > 0) ListBlocks(ref, n);
   }
 
@@ -205,7 +203,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
       c.chosen_rows += s.num_rows;
       c.chosen_ids += static_cast<int64_t>(s.topk.size());
       const int64_t n = ChosenTablePages(spec, s, ref.prepared->rows_per_page());
-      c.table_blocks += BlocksOf(n);
+      c.table_blocks += TableBlocksOf(n);
       if (n > 0) c.stale_blocks += TableHeap::Stale(*ref.prepared->mirror(ref.index), n).size();
     }
     for (int32_t t = 0; t < s.num_rows; ++t) {

@@ -25,6 +25,11 @@ namespace smla::server {
 inline constexpr int32_t kTableBlockShift = 5;
 inline constexpr int32_t kTableBlock = 1 << kTableBlockShift;
 
+// The blocks that hold a table of `pages` pages.
+inline constexpr int64_t TableBlocksOf(int64_t pages) {
+  return (pages + kTableBlock - 1) / kTableBlock;
+}
+
 // One table's copy on the device.
 struct TableMirror {
   std::vector<int32_t> blocks;  // heap block b holds pages [b, b + 1) * kTableBlock
