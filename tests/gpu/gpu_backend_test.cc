@@ -1058,7 +1058,9 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
 
 // CheckInputs flags the same groups as the CPU backend (input_checks.h, shared), over ranges of
 // every check, of many lengths, at aligned and unaligned addresses, with refused values
-// sprinkled in, and chosen entries translated in the same call.
+// sprinkled in, some copied as they are read (to aligned and unaligned copies); chosen entries
+// translated in the same call, some keeping the ids they read; and windows written from page
+// lists in the same call.
 TEST_F(GpuTest, InputChecksMatchCpu) {
   std::mt19937 rng(31);
   const int kRanges = 400, kGroups = 150;
@@ -1068,10 +1070,12 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     int64_t len;
     InputCheck check;
     int32_t group;
+    int64_t copy_at;  // -1: not copied
   };
   std::vector<Spec> specs;
+  int64_t copy_bytes = 0;
   for (int r = 0; r < kRanges; ++r) {
-    const auto check = static_cast<InputCheck>(r % 3);
+    const auto check = static_cast<InputCheck>(r % 4);
     const int64_t len = (r % 7 == 0 ? 200000 : static_cast<int64_t>(rng() % 3000)) & ~int64_t{1};
     const size_t at = bytes.size() + (r % 4 == 3 ? 1 : 0);  // some start unaligned
     bytes.resize(at + len);
@@ -1087,7 +1091,12 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
       const uint16_t bad = check == InputCheck::kKvRows ? 0x7fc0 : 0x00ff;
       std::memcpy(&bytes[at + i], &bad, 2);
     }
-    specs.push_back({at, len, check, static_cast<int32_t>(rng() % kGroups)});
+    int64_t copy_at = -1;
+    if (r % 3 != 0 || check == InputCheck::kNone) {
+      copy_at = copy_bytes + (r % 5 == 1 ? 1 : 0) + (r % 5 == 2 ? 4 : 0);
+      copy_bytes = (copy_at + len + 16) & ~int64_t{15};
+    }
+    specs.push_back({at, len, check, static_cast<int32_t>(rng() % kGroups), copy_at});
   }
   // Chosen entries translated in the same call (the kernel's other blocks): rows of up to 300
   // entries (a few -1) over a table of 64 pages of 16, one bad id in every 37th row.
@@ -1106,23 +1115,53 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     }
     if (r % 37 == 0 && widths.back() > 0) ids.back() = 1024;
   }
-  auto run = [&](Side& side, std::vector<int32_t>& translated) {
+  // Windows: runs of 1 to 300 positions from an offset into a list of pages of 16 rows.
+  const int kRuns = 500;
+  std::vector<int32_t> run_pages(64);
+  for (int i = 0; i < 64; ++i) run_pages[i] = (i * 41) % 89;
+  std::vector<int32_t> run_first, run_count, run_page, run_at;
+  int32_t window_slots = 0;
+  for (int r = 0; r < kRuns; ++r) {
+    run_count.push_back(1 + static_cast<int32_t>(rng() % 300));
+    run_page.push_back(static_cast<int32_t>(rng() % 40));
+    run_first.push_back(static_cast<int32_t>(rng() % 16));
+    run_at.push_back(window_slots);
+    window_slots += run_count.back();
+  }
+  struct Got {
+    std::vector<uint32_t> flags;
+    std::vector<int32_t> slots, seen, windows;
+    std::vector<uint8_t> copies;
+  };
+  auto run = [&](Side& side) {
     Buffer dev = side.Upload(bytes);
+    Buffer copies = side.Zeros(static_cast<size_t>(copy_bytes) + 16, 0xaa);
     std::vector<CheckRange> ranges;
     for (const Spec& sp : specs) {
-      ranges.push_back({dev.as<uint8_t>() + sp.at, sp.len, sp.check, sp.group});
+      ranges.push_back({dev.as<uint8_t>() + sp.at, sp.len, sp.check, sp.group,
+                        sp.copy_at < 0 ? nullptr : copies.as<uint8_t>() + sp.copy_at});
     }
     Buffer dev_ranges = side.Upload(ranges);
     Buffer dev_ids = side.Upload(ids);
     Buffer dev_table = side.Upload(table);
     Buffer dev_blocks = side.Upload(std::vector<const int32_t*>{dev_table.as<int32_t>()});
     Buffer dev_out = side.Zeros(ids.size() * 4, 0x55);
+    Buffer dev_seen = side.Zeros(ids.size() * 4, 0x66);
     std::vector<TranslateRow> rows;
     for (int r = 0, at = 0; r < kRows; at += widths[r++]) {
       rows.push_back({dev_ids.as<int32_t>() + at, dev_out.as<int32_t>() + at,
                       dev_blocks.as<const int32_t*>(), widths[r], 1024, r % kGroups, 0});
+      if (r % 3 == 0) rows.back().seen = dev_seen.as<int32_t>() + at;
     }
     Buffer dev_rows = side.Upload(rows);
+    Buffer dev_pages = side.Upload(run_pages);
+    Buffer dev_windows = side.Zeros(static_cast<size_t>(window_slots) * 4, 0x77);
+    std::vector<PositionRun> runs;
+    for (int r = 0; r < kRuns; ++r) {
+      runs.push_back({dev_pages.as<int32_t>() + run_page[r], dev_windows.as<int32_t>() + run_at[r],
+                      run_first[r], run_count[r]});
+    }
+    Buffer dev_runs = side.Upload(runs);
     Buffer flags = side.Zeros(kGroups * 4, 0);
     CheckInputsParams p;
     p.ranges = dev_ranges.as<CheckRange>();
@@ -1131,16 +1170,38 @@ TEST_F(GpuTest, InputChecksMatchCpu) {
     p.entries.num_rows = kRows;
     p.entries.page_shift = 4;
     p.entries.block_shift = 16;  // one block: the whole table
+    p.entries.runs = dev_runs.as<PositionRun>();
+    p.entries.num_runs = kRuns;
     p.flags = flags.as<uint32_t>();
     EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
-    translated = side.Download<int32_t>(dev_out, ids.size());
-    return side.Download<uint32_t>(flags, kGroups);
+    Got g;
+    g.slots = side.Download<int32_t>(dev_out, ids.size());
+    g.seen = side.Download<int32_t>(dev_seen, ids.size());
+    g.windows = side.Download<int32_t>(dev_windows, static_cast<size_t>(window_slots));
+    g.copies = side.Download<uint8_t>(copies, static_cast<size_t>(copy_bytes) + 16);
+    g.flags = side.Download<uint32_t>(flags, kGroups);
+    return g;
   };
-  std::vector<int32_t> gpu_slots, cpu_slots;
-  const std::vector<uint32_t> gpu_flags = run(*gpu_, gpu_slots);
-  const std::vector<uint32_t> cpu_flags = run(*cpu_, cpu_slots);
-  EXPECT_EQ(gpu_flags, cpu_flags);
-  EXPECT_TRUE(gpu_slots == cpu_slots);
+  const Got gpu = run(*gpu_);
+  const Got cpu = run(*cpu_);
+  const std::vector<uint32_t>& cpu_flags = cpu.flags;
+  EXPECT_EQ(gpu.flags, cpu.flags);
+  EXPECT_TRUE(gpu.slots == cpu.slots);
+  EXPECT_TRUE(gpu.seen == cpu.seen);
+  EXPECT_TRUE(gpu.windows == cpu.windows);
+  EXPECT_TRUE(gpu.copies == cpu.copies);
+  // The copies are the ranges' bytes, and the windows their pages' slots.
+  for (const Spec& sp : specs) {
+    if (sp.copy_at < 0) continue;
+    ASSERT_EQ(0, std::memcmp(gpu.copies.data() + sp.copy_at, bytes.data() + sp.at,
+                             static_cast<size_t>(sp.len)));
+  }
+  for (int r = 0; r < kRuns; ++r) {
+    for (int32_t j = 0; j < run_count[r]; ++j) {
+      const int32_t q = run_first[r] + j;
+      ASSERT_EQ(gpu.windows[run_at[r] + j], run_pages[run_page[r] + (q >> 4)] * 16 + (q & 15));
+    }
+  }
   EXPECT_TRUE(std::any_of(cpu_flags.begin(), cpu_flags.end(),
                           [](uint32_t f) { return f == (kFlagInputValue | kFlagChosenEntry); }));
   const auto flagged =

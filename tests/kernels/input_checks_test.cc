@@ -195,6 +195,54 @@ TEST_F(TranslateTest, WritesTableBlocksInTheSamePass) {
   EXPECT_EQ(kept, (std::vector<int32_t>{0, 2, 9, 4, 24, 25, 26, 27, 3, 8, 1, 6}));
 }
 
+// A row's window: consecutive positions through the span's page list, from an offset into its
+// first page, across page boundaries.
+TEST_F(TranslateTest, WritesWindowRuns) {
+  const std::vector<int32_t> pages = {7, 2, 9};  // pages of 4 rows
+  std::vector<int32_t> a(6, 12345), b(2, 12345);
+  const PositionRun runs[] = {{pages.data(), a.data(), 3, 6},       // positions 3..8
+                              {pages.data() + 2, b.data(), 1, 2}};  // page 9, rows 1..2
+  CheckInputsParams p;
+  p.entries.page_shift = 2;
+  p.entries.runs = runs;
+  p.entries.num_runs = 2;
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(a, (std::vector<int32_t>{31, 8, 9, 10, 11, 36}));
+  EXPECT_EQ(b, (std::vector<int32_t>{37, 38}));
+  p.entries.runs = nullptr;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Ranges with a copy are checked as copied (kNone only copies); rows with `seen` keep the ids
+// they translated.
+TEST_F(TranslateTest, ChecksCopyWhatTheyRead) {
+  const std::vector<uint8_t> kv = {0x80, 0x3f, 0xc0, 0x7f};  // 1.0, NaN
+  const std::vector<uint8_t> q = {1, 2, 3, 0x7f};            // not checked: only copied
+  std::vector<uint8_t> kv_copy(4, 0), q_copy(4, 0);
+  const CheckRange ranges[] = {{kv.data(), 4, InputCheck::kKvRows, 0, kv_copy.data()},
+                               {q.data(), 4, InputCheck::kNone, 1, q_copy.data()}};
+  const std::vector<int32_t> table = {5};
+  const int32_t* const blocks[] = {table.data()};
+  const std::vector<int32_t> ids = {1, -1, 9};
+  std::vector<int32_t> out(3, 0), seen(3, 0);
+  TranslateRow row{ids.data(), out.data(), blocks, 3, 4, 2, 0};
+  row.seen = seen.data();
+  std::vector<uint32_t> flags(3, 0);
+  CheckInputsParams p;
+  p.ranges = ranges;
+  p.num_ranges = 2;
+  p.entries.rows = &row;
+  p.entries.num_rows = 1;
+  p.entries.page_shift = 2;
+  p.flags = flags.data();
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(flags, (std::vector<uint32_t>{kFlagInputValue, 0, kFlagChosenEntry}));
+  EXPECT_EQ(kv_copy, kv);
+  EXPECT_EQ(q_copy, q);
+  EXPECT_EQ(seen, ids);
+  EXPECT_EQ(out, (std::vector<int32_t>{21, -1, -1}));
+}
+
 // Rows of a flagged group are not written; the others are, and groups come one per slot.
 TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
   std::vector<uint8_t> pool(4 * 1024, 0);

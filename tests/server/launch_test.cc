@@ -4,11 +4,14 @@
 // memory (one copy per contiguous range) and gathers the others into its arena; the outputs
 // are the same bit for bit either way.
 #include <cstring>
+#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "core_test_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "smla/kernels/cpu_backend.h"
 #include "smla/server/model_profile.h"
@@ -75,9 +78,10 @@ class PinningBackend : public testing::ControlledBackend {
     absl::MutexLock lock(&mu_);
     poison_ = on;
   }
-  std::vector<kernels::CopyOp> last_to_device() {
+  // The last batch of copies to the device since the last call (none: empty).
+  std::vector<kernels::CopyOp> take_to_device() {
     absl::MutexLock lock(&mu_);
-    return to_device_;
+    return std::exchange(to_device_, {});
   }
   absl::Status Attend(const kernels::AttendParams& p, kernels::Stream& s) override {
     {
@@ -91,11 +95,38 @@ class PinningBackend : public testing::ControlledBackend {
     return rows_per_group_;
   }
   absl::Status CheckInputs(const kernels::CheckInputsParams& p, kernels::Stream& s) override {
+    absl::Cleanup after = [this] {
+      absl::MutexLock lock(&mu_);
+      if (after_checks_) after_checks_();
+    };
     {
       absl::MutexLock lock(&mu_);
       block_writes_.push_back(p.entries.num_block_writes);
+      for (int32_t r = 0; r < p.num_ranges; ++r) {
+        const kernels::CheckRange& c = p.ranges[r];
+        if (c.copy_to != nullptr && c.bytes > 0) {
+          checked_copies_.push_back({c.copy_to, c.data, static_cast<size_t>(c.bytes)});
+        }
+      }
+      for (int32_t r = 0; r < p.entries.num_rows; ++r) {
+        const kernels::TranslateRow& t = p.entries.rows[r];
+        if (t.seen != nullptr && t.width > 0) {
+          checked_copies_.push_back({t.seen, t.ids, t.width * sizeof(int32_t)});
+        }
+      }
     }
     return ControlledBackend::CheckInputs(p, s);
+  }
+  // Runs after every CheckInputs: a client rewriting its region once the device has read it.
+  void set_after_checks(std::function<void()> f) {
+    absl::MutexLock lock(&mu_);
+    after_checks_ = std::move(f);
+  }
+  // Every copy the checks made as they read (CheckRange::copy_to, TranslateRow::seen) since the
+  // last call.
+  std::vector<kernels::CopyOp> take_checked_copies() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(checked_copies_, {});
   }
   // The table blocks each launch's checks wrote into the device's copy of the tables.
   std::vector<int32_t> take_block_writes() {
@@ -127,6 +158,8 @@ class PinningBackend : public testing::ControlledBackend {
   bool poison_ ABSL_GUARDED_BY(mu_) = false;
   int32_t rows_per_group_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int32_t> block_writes_ ABSL_GUARDED_BY(mu_);
+  std::vector<kernels::CopyOp> checked_copies_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> after_checks_ ABSL_GUARDED_BY(mu_);
   size_t upload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -232,6 +265,35 @@ class LaunchTest : public ::testing::Test {
     return got.ok() ? *std::move(got) : StepResult();
   }
 
+  // The executor alone over a PinningBackend, the fixture's sequences pre-filled, so that its
+  // copy paths and checks can be read.
+  struct Direct {
+    std::unique_ptr<PinningBackend> backend;
+    std::unique_ptr<ModelRuntime> model;
+    std::unique_ptr<StepExecutor> executor;
+  };
+  void StartDirect(Direct& d) {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
+        kernels::CreateCpuBackend({.cpu_threads = 2});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    d.backend = std::make_unique<PinningBackend>(*std::move(cpu));
+    absl::StatusOr<ModelConfig> config =
+        ParseModelConfig("dsv4.1-flash:tp=4:page_rows=16:pool_pages=512");
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(*config, *d.backend, 8);
+    ASSERT_TRUE(store.ok()) << store.status();
+    d.model = std::make_unique<ModelRuntime>(0, *config, *std::move(store));
+    absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+        StepExecutor::Create(*d.backend, {d.model.get()});
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    d.executor = *std::move(executor);
+    for (const SpanData& s : prefill_) {
+      ASSERT_TRUE(d.model->store().CreateSequence(kTenant, s.sequence).ok());
+    }
+    const StepRequest pre = Request(prefill_, false);
+    ASSERT_TRUE(d.executor->RunBatch({std::vector<const StepRequest*>{&pre}})[0].ok());
+  }
+
   bool InRegion(const void* p) const {
     const auto* b = static_cast<const uint8_t*>(p);
     return b >= region_.data() && b < region_.data() + region_.size();
@@ -264,12 +326,12 @@ TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
 
   Core gathered = Start(true);
   const StepResult staged = Run(*gathered.core, true);
-  const std::vector<kernels::CopyOp> staged_copies = gathered.backend->last_to_device();
+  const std::vector<kernels::CopyOp> staged_copies = gathered.backend->take_to_device();
 
   Core direct = Start(true);
   ASSERT_TRUE(direct.core->RegisterHostMemory(region_.data(), region_.size()).ok());
   const StepResult in_place = Run(*direct.core, true);
-  const std::vector<kernels::CopyOp> direct_copies = direct.backend->last_to_device();
+  const std::vector<kernels::CopyOp> direct_copies = direct.backend->take_to_device();
   direct.core->UnregisterHostMemory(region_.data());
 
   for (const StepResult* r : {&staged, &in_place}) {
@@ -290,24 +352,11 @@ TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {
 // the others are gathered (inputs) or go through plain memory (outputs); the outputs are the
 // same bit for bit.
 TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
-      kernels::CreateCpuBackend({.cpu_threads = 2});
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  PinningBackend backend(*std::move(cpu));
-  absl::StatusOr<ModelConfig> config =
-      ParseModelConfig("dsv4.1-flash:tp=4:page_rows=16:pool_pages=512");
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(*config, backend, 8);
-  ASSERT_TRUE(store.ok()) << store.status();
-  ModelRuntime model(0, *config, *std::move(store));
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(backend, {&model});
-  ASSERT_TRUE(executor.ok()) << executor.status();
-  StepExecutor& ex = **executor;
-  for (const SpanData& s : prefill_) {
-    ASSERT_TRUE(model.store().CreateSequence(kTenant, s.sequence).ok());
-  }
-  const StepRequest pre = Request(prefill_, false);
-  ASSERT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&pre}})[0].ok());
+  Direct d;
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d));
+  PinningBackend& backend = *d.backend;
+  ModelRuntime& model = *d.model;
+  StepExecutor& ex = *d.executor;
 
   const size_t inputs = region_.size();
   int64_t rows = 0;
@@ -346,6 +395,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   EXPECT_EQ(st.out_pageable, static_cast<int64_t>(outputs.size()));
 
   EXPECT_TRUE(backend.take_on_device().empty());
+  EXPECT_TRUE(backend.take_checked_copies().empty());
   for (const Kind kind : {Kind::kHost, Kind::kDevice}) {
     const std::vector<uint8_t> in_place = run(kind);
     st = ex.last_copy_stats();
@@ -354,33 +404,93 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
     EXPECT_EQ(st.out_pageable, 0);
     EXPECT_TRUE(plain == in_place);
-    // A GPU region's inputs and outputs are copied within the device: every byte of both, and
-    // none of its bytes by the host-to-device batch.
+    // A GPU region's inputs are copied by the checks that read them (every byte, and none by a
+    // copy of its own), its outputs within the device.
     // With outputs in a GPU region the checks' flags (one word: one step) come back in the same
-    // copy kernel, written into the page-locked arena: the one copy of neither kind.
-    size_t in_region = 0, to_outputs = 0, input_copies = 0, others = 0;
+    // copy kernel, written into the page-locked arena: the one copy that is not an output.
+    size_t to_outputs = 0, others = 0;
     for (const kernels::CopyOp& c : backend.take_on_device()) {
       const auto* dst = static_cast<const uint8_t*>(c.dst);
-      if (InRegion(c.src)) {
-        in_region += c.bytes;
-        ++input_copies;
-      } else if (dst >= outputs.data() && dst < outputs.data() + outputs.size()) {
+      EXPECT_FALSE(InRegion(c.src));
+      if (dst >= outputs.data() && dst < outputs.data() + outputs.size()) {
         to_outputs += c.bytes;
       } else {
         ++others;
         EXPECT_EQ(c.bytes, sizeof(uint32_t));
       }
     }
+    size_t checked = 0;
+    for (const kernels::CopyOp& c : backend.take_checked_copies()) {
+      EXPECT_TRUE(InRegion(c.src));
+      EXPECT_FALSE(InRegion(c.dst));
+      checked += c.bytes;
+    }
     const bool device = kind == Kind::kDevice;
-    EXPECT_EQ(in_region, device ? inputs : 0);
+    EXPECT_EQ(checked, device ? inputs : 0);
     EXPECT_EQ(others, device ? 1u : 0u);
-    // q, KV rows, compressed entries, top-k ids: one copy each (the spans' ranges are packed).
-    EXPECT_EQ(input_copies, device ? 4u : 0u);
     EXPECT_EQ(to_outputs, device ? outputs.size() : 0);
-    for (const kernels::CopyOp& c : backend.last_to_device()) {
+    for (const kernels::CopyOp& c : backend.take_to_device()) {
       EXPECT_EQ(InRegion(c.src), !device);
     }
   }
+}
+
+// Inputs in a GPU region are checked as the device copies them, so a client that rewrites its
+// region once they are read changes nothing: a refused id and a refused value fail their step
+// with the message of the inputs the device read, even though the region holds valid ones by
+// the time the host explains the flag.
+TEST_F(LaunchTest, RegionInputsAreExplainedAsTheChecksReadThem) {
+  Direct d;
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d));
+  PinningBackend& backend = *d.backend;
+  ModelRuntime& model = *d.model;
+  StepExecutor& ex = *d.executor;
+  ex.host_ranges().Add(region_.data(), region_.size(), HostRanges::Kind::kDevice);
+
+  const std::vector<uint8_t> valid = region_;
+  const size_t ids_at = region_.size() - decode_[1].topk.size() * sizeof(int32_t);
+  const size_t kv_at = [&] {
+    size_t at = 0;
+    for (const SpanData& s : decode_) at += s.q.size() * 2;
+    return at + decode_[0].kv.size() * 2;  // span 1's first KV value
+  }();
+  struct Case {
+    const char* what;
+    size_t at;
+    std::vector<uint8_t> bad;
+    const char* message;
+  };
+  const int32_t far = 1 << 30;
+  const uint16_t nan = 0x7fc0;
+  const Case cases[] = {
+      {"id",
+       ids_at,
+       {reinterpret_cast<const uint8_t*>(&far), reinterpret_cast<const uint8_t*>(&far) + 4},
+       "spans[1].topk"},
+      {"value",
+       kv_at,
+       {reinterpret_cast<const uint8_t*>(&nan), reinterpret_cast<const uint8_t*>(&nan) + 2},
+       "spans[1].kv_rows"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::memcpy(region_.data() + c.at, c.bad.data(), c.bad.size());
+    backend.set_after_checks([&] { region_ = valid; });
+    const StepRequest r = Request(decode_, true);
+    std::vector<absl::StatusOr<StepResult>> got =
+        ex.RunBatch({std::vector<const StepRequest*>{&r}});
+    backend.set_after_checks(nullptr);
+    ASSERT_FALSE(got[0].ok());
+    EXPECT_EQ(got[0].status().code(), absl::StatusCode::kInvalidArgument) << got[0].status();
+    EXPECT_THAT(got[0].status().message(), ::testing::HasSubstr(c.message));
+    EXPECT_TRUE(ex.healthy());
+    // Nothing was written: the same step with valid inputs runs.
+    ASSERT_EQ(region_, valid);
+    EXPECT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&r}})[0].ok());
+    for (const SpanData& s : decode_) {
+      ASSERT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
+    }
+  }
+  ex.host_ranges().Remove(region_.data());
 }
 
 // The input copies are enqueued before the slot lists and segments are built (so that the build

@@ -78,8 +78,8 @@ Built PerId(const SegmentShape& shape, std::span<const SpanRef> spans) {
   return b;
 }
 
-// The bulk build, its chosen entries translated by `backend` (the executor's path; on the CPU
-// backend its memory is host memory). Spans' groups are their indices.
+// The bulk build, its chosen entries translated and its windows written by `backend` (the
+// executor's path; on the CPU backend its memory is host memory). Spans' groups are their indices.
 Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const SpanRef> spans) {
   const SegmentCounts c = CountSegments(shape, spans);
   Built b;
@@ -94,15 +94,21 @@ Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const
   std::vector<const int32_t*> blocks(c.table_blocks);
   std::vector<kernels::TableBlockWrite> writes(c.stale_blocks);
   std::vector<kernels::TranslateRow> rows(c.chosen_rows);
+  std::vector<kernels::PositionRun> runs(c.runs);
+  std::vector<int32_t> run_pages(c.run_pages);
   for (const SpanRef& r : spans) ids.insert(ids.end(), r.input->topk.begin(), r.input->topk.end());
-  const bool chosen_main = shape.spec.kind == LayerKind::kChosen;
-  std::vector<int32_t>& chosen = chosen_main ? b.main_idx : b.extra_idx;
-  SegmentArrays a{b.slots,        groups,      b.main_indptr, b.main_idx,
-                  b.extra_indptr, b.extra_idx, b.positions,   blocks,
-                  stale,          writes,      rows};
-  if (shape.spec.client_chooses()) (chosen_main ? a.main_indices : a.extra_indices) = {};
+  SegmentArrays a{b.slots, groups, b.main_indptr, b.extra_indptr, b.extra_idx, b.positions,
+                  blocks,  stale,  writes,        rows,           runs,        run_pages};
+  if (shape.spec.kind == LayerKind::kSwaTopK) a.extra_indices = {};  // written on the device
   BuildSegments(shape, spans, c,
-                ChosenTargets{ids.data(), chosen.data(), blocks.data(), stale.data()}, a);
+                DeviceTargets{.ids = ids.data(),
+                              .span_ids = {},
+                              .main = b.main_idx.data(),
+                              .extra = b.extra_idx.data(),
+                              .table_blocks = blocks.data(),
+                              .stale_blocks = stale.data(),
+                              .run_pages = run_pages.data()},
+                a);
   for (size_t k = 0, at = 0; k < spans.size(); ++k) {  // each span's KV rows, in span order
     for (int32_t i = 0; i < spans[k].input->num_rows; ++i) EXPECT_EQ(groups[at++], spans[k].group);
   }
@@ -115,6 +121,8 @@ Built Bulk(kernels::Backend& backend, const SegmentShape& shape, std::span<const
   cp.entries.block_shift = kTableBlockShift;
   cp.entries.num_block_writes = static_cast<int32_t>(writes.size());
   cp.entries.block_writes = writes.data();
+  cp.entries.runs = runs.data();
+  cp.entries.num_runs = static_cast<int32_t>(runs.size());
   cp.flags = flags.data();
   std::unique_ptr<kernels::Stream> stream = *backend.CreateStream();
   EXPECT_TRUE(backend.CheckInputs(cp, *stream).ok());

@@ -246,9 +246,15 @@ absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
         absl::StrFormat("entries.block_shift %d outside [0, 16] or num_block_writes %d negative",
                         e.block_shift, e.num_block_writes));
   }
+  if (e.num_runs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("entries.num_runs %d must not be negative", e.num_runs));
+  }
   if ((p.num_ranges > 0 && p.ranges == nullptr) || (e.num_rows > 0 && e.rows == nullptr) ||
-      (e.num_block_writes > 0 && e.block_writes == nullptr)) {
-    return absl::InvalidArgumentError("ranges, entries.rows or entries.block_writes is null");
+      (e.num_block_writes > 0 && e.block_writes == nullptr) ||
+      (e.num_runs > 0 && e.runs == nullptr)) {
+    return absl::InvalidArgumentError(
+        "ranges, entries.rows, entries.block_writes or entries.runs is null");
   }
   if ((p.num_ranges > 0 || e.num_rows > 0) && p.flags == nullptr) {
     return absl::InvalidArgumentError("flags is null");

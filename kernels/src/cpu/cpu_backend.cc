@@ -141,15 +141,22 @@ class CpuBackend final : public Backend {
     for (int32_t r = 0; r < p.num_ranges; ++r) {
       const CheckRange& range = p.ranges[r];
       bool bad = false;
+      // Checked on the copy: the bytes are read once, as on the device.
+      const uint8_t* data = range.data;
+      if (range.copy_to != nullptr && range.bytes > 0) {
+        std::memcpy(range.copy_to, range.data, static_cast<size_t>(range.bytes));
+        data = range.copy_to;
+      }
+      if (range.check == InputCheck::kNone) continue;
       if (range.check == InputCheck::kKvRows) {
         for (int64_t i = 0; i + 1 < range.bytes; i += 2) {
           uint16_t bits;
-          memcpy(&bits, range.data + i, 2);
+          memcpy(&bits, data + i, 2);
           bad = bad || Bf16OutOfBounds(bits);
         }
       } else {
         for (int64_t i = 0; i < range.bytes; ++i) {
-          bad = bad || ByteRefused(range.check, range.data[i]);
+          bad = bad || ByteRefused(range.check, data[i]);
         }
       }
       if (bad) p.flags[range.group] |= kFlagInputValue;
@@ -161,6 +168,7 @@ class CpuBackend final : public Backend {
       for (int32_t k = 0; k < row.width; ++k) {
         // One relaxed load per id: the ids may lie in memory a client can rewrite.
         const int32_t id = __atomic_load_n(row.ids + k, __ATOMIC_RELAXED);
+        if (row.seen != nullptr) row.seen[k] = id;
         row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
       }
       if (bad) p.flags[row.group] |= kFlagChosenEntry;
@@ -168,6 +176,10 @@ class CpuBackend final : public Backend {
     const size_t block = size_t{1} << e.block_shift;
     for (int32_t b = 0; b < e.num_block_writes; ++b) {
       std::memcpy(e.block_writes[b].to, e.block_writes[b].from, block * sizeof(int32_t));
+    }
+    for (int32_t r = 0; r < e.num_runs; ++r) {
+      const PositionRun& run = e.runs[r];
+      for (int32_t j = 0; j < run.count; ++j) run.out[j] = RunSlot(run, j, e.page_shift);
     }
     return absl::OkStatus();
   }

@@ -36,6 +36,18 @@ SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   return a;
 }
 
+// Keys of the union the row-union kernel builds for rows [a0, a1) and [a1, b1) of a segment.
+int64_t PairKeys(const Segment& s, int32_t a0, int32_t a1, int32_t b1) {
+  const int32_t na = a1 - a0, nb = b1 - a1;
+  if (na > kUnionMaxRow || nb > kUnionMaxRow) return na + nb;  // the kernel concatenates them
+  // Windows ending at positions p and p + 1: [p - W + 1, p + 1] once both are full, else the
+  // second, which holds the first.
+  if (s.sliding_window) return na == nb ? na + 1 : std::max(na, nb);
+  // Other indices in backend memory cannot be read here: their concatenation bounds the union.
+  if (s.indices_on_device) return na + nb;
+  return PairUnionLength(s.indices.subspan(a0, na), s.indices.subspan(a1, nb), s.cache.num_slots());
+}
+
 // 64-key tiles of the union the row-union kernel builds for the call's longest row pair (the
 // most entries over both segments; rows past kUnionMaxRow are concatenated there): the plan's
 // tiles per pair, from the call's own keys rather than an assumed overlap.
@@ -60,12 +72,7 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
     const int32_t a0 = s.indptr[2 * pair];
     const int32_t a1 = s.indptr[2 * pair + 1];
     const int32_t b1 = s.indptr[2 * pair + 2];
-    // Indices in backend memory cannot be read here: their concatenation bounds the union.
-    const int64_t n = s.indices_on_device || a1 - a0 > kUnionMaxRow || b1 - a1 > kUnionMaxRow
-                          ? b1 - a0
-                          : PairUnionLength(s.indices.subspan(a0, a1 - a0),
-                                            s.indices.subspan(a1, b1 - a1), s.cache.num_slots());
-    tiles += (n + kKeyTile - 1) / kKeyTile;
+    tiles += (PairKeys(s, a0, a1, b1) + kKeyTile - 1) / kKeyTile;
   }
   return tiles;
 }

@@ -1,7 +1,10 @@
 // A launch's inputs checked on the device in one kernel (Backend::CheckInputs), with the rules of
-// input_checks.h that the CPU backend uses. The grid's first blocks check value ranges,
-// kBlocksPerRange to a range, each thread testing every stride-th word; the next translate chosen
-// entries, one row per block; the last write the changed table blocks, one page id per thread.
+// input_checks.h that the CPU backend uses. The grid's parts, in block order:
+// - value ranges, kBlocksPerRange to a range, each thread testing (and copying, where the range
+//   has a copy) every stride-th word;
+// - chosen entries translated, one row per block;
+// - changed table blocks written, one page id per thread;
+// - the rows' windows (PositionRuns) written, one run per block.
 // A block that found something refused sets its group's flag with one atomic OR. One kernel: on
 // a small launch each kernel boundary costs about as much as the work (docs/architecture.md,
 // "Input checks on the device").
@@ -20,6 +23,7 @@ constexpr int kBlocksPerRange = 8;
 constexpr int32_t kMaxRangeSlots = 1 << 13;   // ranges checked at once (then strided)
 constexpr int32_t kMaxRowBlocks = 1 << 16;    // translate blocks (then strided)
 constexpr int32_t kMaxWriteBlocks = 1 << 10;  // table-block writing blocks (then strided)
+constexpr int32_t kMaxRunBlocks = 1 << 16;    // window-writing blocks (then strided)
 
 // Whether any value of a 4-byte word is refused.
 __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
@@ -32,28 +36,50 @@ __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
   return bad;
 }
 
+// Range words of type W (uint4 or uint32_t) from `first` on, every stride-th: each read once,
+// checked and, where the range has one, written to its copy.
+template <typename W>
+__device__ __forceinline__ bool CheckWords(const CheckRange& range, int64_t first, int64_t stride) {
+  const auto* from = reinterpret_cast<const W*>(range.data);
+  auto* to = reinterpret_cast<W*>(range.copy_to);
+  constexpr int kWords = sizeof(W) / 4;
+  bool bad = false;
+  for (int64_t i = first; i < range.bytes / static_cast<int64_t>(sizeof(W)); i += stride) {
+    const W x = from[i];
+    if (to != nullptr) to[i] = x;
+    uint32_t w[kWords];
+    memcpy(w, &x, sizeof(W));
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) bad = bad || WordRefused(range.check, w[k]);
+  }
+  return bad;
+}
+
 // Blocks [0, range_slots * kBlocksPerRange) of the grid.
 __device__ void CheckRanges(const CheckInputsParams& p, int32_t block, int32_t range_slots) {
   const int64_t stride = int64_t{kBlocksPerRange} * kCheckThreads;
   const int64_t first = int64_t{block % kBlocksPerRange} * kCheckThreads + threadIdx.x;
   for (int32_t r = block / kBlocksPerRange; r < p.num_ranges; r += range_slots) {
     const CheckRange range = p.ranges[r];
-    const InputCheck check = range.check;
+    const uintptr_t ends =
+        reinterpret_cast<uintptr_t>(range.data) | reinterpret_cast<uintptr_t>(range.copy_to);
     bool bad = false;
-    if (reinterpret_cast<uintptr_t>(range.data) % 4 == 0 && range.bytes % 4 == 0) {
-      const auto* w = reinterpret_cast<const uint32_t*>(range.data);
-      for (int64_t i = first; i < range.bytes / 4; i += stride) {
-        bad = bad || WordRefused(check, w[i]);
-      }
-    } else if (check == InputCheck::kKvRows) {
+    if (ends % 16 == 0 && range.bytes % 16 == 0) {
+      bad = CheckWords<uint4>(range, first, stride);
+    } else if (ends % 4 == 0 && range.bytes % 4 == 0) {
+      bad = CheckWords<uint32_t>(range, first, stride);
+    } else if (range.check == InputCheck::kKvRows) {
       for (int64_t i = first; i < range.bytes / 2; i += stride) {
         uint16_t bits;
         memcpy(&bits, range.data + 2 * i, 2);
+        if (range.copy_to != nullptr) memcpy(range.copy_to + 2 * i, &bits, 2);
         bad = bad || Bf16OutOfBounds(bits);
       }
     } else {
       for (int64_t i = first; i < range.bytes; i += stride) {
-        bad = bad || ByteRefused(check, range.data[i]);
+        const uint8_t byte = range.data[i];
+        if (range.copy_to != nullptr) range.copy_to[i] = byte;
+        bad = bad || ByteRefused(range.check, byte);
       }
     }
     // The range is the block's alike, so every thread reaches the barrier.
@@ -70,8 +96,9 @@ __device__ void TranslateRows(const CheckInputsParams& p, int32_t block, int32_t
     const TranslateRow row = e.rows[r];
     bool bad = false;
     for (int32_t k = threadIdx.x; k < row.width; k += kCheckThreads) {
-      row.out[k] =
-          TranslateEntry(row.ids[k], row.blocks, e.page_shift, e.block_shift, row.limit, bad);
+      const int32_t id = row.ids[k];
+      if (row.seen != nullptr) row.seen[k] = id;
+      row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
     }
     if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
       atomicOr(p.flags + row.group, kFlagChosenEntry);
@@ -91,33 +118,57 @@ __device__ void WriteTableBlocks(const TranslateParams& e, int32_t block, int32_
   }
 }
 
-__global__ void __launch_bounds__(kCheckThreads)
-    CheckInputsKernel(const __grid_constant__ CheckInputsParams p, int32_t range_slots,
-                      int32_t row_blocks, int32_t write_blocks) {
-  const int32_t check_blocks = range_slots * kBlocksPerRange;
-  const auto block = static_cast<int32_t>(blockIdx.x);
-  if (block < check_blocks) {
-    CheckRanges(p, block, range_slots);
-  } else if (block < check_blocks + row_blocks) {
-    TranslateRows(p, block - check_blocks, row_blocks);
-  } else {
-    WriteTableBlocks(p.entries, block - check_blocks - row_blocks, write_blocks);
+// The last blocks: run `block` and every run_blocks-th after it.
+__device__ void WriteRuns(const TranslateParams& e, int32_t block, int32_t run_blocks) {
+  for (int32_t r = block; r < e.num_runs; r += run_blocks) {
+    const PositionRun run = e.runs[r];
+    for (int32_t j = threadIdx.x; j < run.count; j += kCheckThreads) {
+      run.out[j] = RunSlot(run, j, e.page_shift);
+    }
   }
+}
+
+// The grid's parts, in block order.
+struct CheckGrid {
+  int32_t range_slots = 0, row_blocks = 0, write_blocks = 0, run_blocks = 0;
+  __host__ __device__ int32_t check_blocks() const { return range_slots * kBlocksPerRange; }
+  __host__ __device__ int32_t blocks() const {
+    return check_blocks() + row_blocks + write_blocks + run_blocks;
+  }
+};
+
+__global__ void __launch_bounds__(kCheckThreads)
+    CheckInputsKernel(const __grid_constant__ CheckInputsParams p, CheckGrid g) {
+  auto block = static_cast<int32_t>(blockIdx.x);
+  if (block < g.check_blocks()) {
+    CheckRanges(p, block, g.range_slots);
+    return;
+  }
+  block -= g.check_blocks();
+  if (block < g.row_blocks) {
+    TranslateRows(p, block, g.row_blocks);
+    return;
+  }
+  block -= g.row_blocks;
+  if (block < g.write_blocks) {
+    WriteTableBlocks(p.entries, block, g.write_blocks);
+    return;
+  }
+  WriteRuns(p.entries, block - g.write_blocks, g.run_blocks);
 }
 
 }  // namespace
 
 absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream) {
-  const int32_t range_slots = p.num_ranges < kMaxRangeSlots ? p.num_ranges : kMaxRangeSlots;
-  const int32_t row_blocks =
-      p.entries.num_rows < kMaxRowBlocks ? p.entries.num_rows : kMaxRowBlocks;
+  CheckGrid g;
+  g.range_slots = std::min(p.num_ranges, kMaxRangeSlots);
+  g.row_blocks = std::min(p.entries.num_rows, kMaxRowBlocks);
   const int64_t write_ids = int64_t{p.entries.num_block_writes} << p.entries.block_shift;
-  const auto write_blocks = static_cast<int32_t>(
+  g.write_blocks = static_cast<int32_t>(
       std::min<int64_t>((write_ids + kCheckThreads - 1) / kCheckThreads, kMaxWriteBlocks));
-  const int32_t blocks = range_slots * kBlocksPerRange + row_blocks + write_blocks;
-  if (blocks == 0) return absl::OkStatus();
-  CheckInputsKernel<<<static_cast<unsigned>(blocks), kCheckThreads, 0, stream>>>(
-      p, range_slots, row_blocks, write_blocks);
+  g.run_blocks = std::min(p.entries.num_runs, kMaxRunBlocks);
+  if (g.blocks() == 0) return absl::OkStatus();
+  CheckInputsKernel<<<static_cast<unsigned>(g.blocks()), kCheckThreads, 0, stream>>>(p, g);
   return ToStatus(GetLastError(), "check-inputs kernel launch");
 }
 

@@ -29,6 +29,21 @@ void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_
   }
 }
 
+// Positions [first, last] of a span's windows lie on pages first >> shift .. last >> shift.
+struct WindowPages {
+  int64_t first = 0;  // the first position any of the span's rows sees
+  int64_t page = 0;   // the page it lies on
+  int64_t count = 0;  // pages up to the span's last position's
+};
+
+WindowPages WindowPagesOf(const SpanInput& s, int32_t window, int32_t rows_per_page) {
+  WindowPages w;
+  w.first = std::max<int64_t>(0, s.first_position - (window - 1));
+  w.page = w.first / rows_per_page;
+  w.count = (s.first_position + s.num_rows - 1) / rows_per_page - w.page + 1;
+  return w;
+}
+
 // Pages of its translated table the rows of a span may reach through chosen entries.
 int64_t ChosenTablePages(const LayerSpec& spec, const SpanInput& s, int32_t rows_per_page) {
   if (!spec.client_chooses() || s.num_rows == 0) return 0;
@@ -48,8 +63,8 @@ void CopyBlock(const Table& table, int64_t b, int32_t* dst) {
 
 // Everything one span needs, computed once for all of its rows.
 struct SpanTables {
-  std::vector<int32_t> window;  // slots of positions window_first .. last row
-  int64_t window_first = 0;
+  int64_t window_base = 0;     // window layers: the first position of the span's first window page
+  int64_t window_pages = 0;    // and its offset in run_pages
   std::vector<int32_t> dense;  // dense layers: slots of every entry the span's rows see
   int64_t table_blocks = 0;    // chosen entries: blocks of the span's table in `table_blocks`
 };
@@ -57,7 +72,7 @@ struct SpanTables {
 // Builds the rows of a run of spans, starting at the given offsets of the arrays.
 class Builder {
  public:
-  Builder(const SegmentShape& shape, const ChosenTargets& targets, const SegmentArrays& out)
+  Builder(const SegmentShape& shape, const DeviceTargets& targets, const SegmentArrays& out)
       : shape_(shape), targets_(targets), out_(out) {}
 
   void Span(const SpanRef& ref) {
@@ -66,6 +81,7 @@ class Builder {
     for (int32_t t = 0; t < s.num_rows; ++t) Row(s, t, ref.group);
     ids_ += static_cast<int64_t>(s.topk.size());
     table_ += tables_.table_blocks;
+    ++span_;
   }
 
   // Checks that the rows built fill the arrays exactly (CountSegments counted them).
@@ -75,6 +91,7 @@ class Builder {
     SMLA_CHECK(extra_ == end.extra_indices, "extra indices built");
     SMLA_CHECK(chosen_ == end.chosen_rows && ids_ == end.chosen_ids, "chosen rows built");
     SMLA_CHECK(table_ == end.table_blocks && stale_ == end.stale_blocks, "table blocks listed");
+    SMLA_CHECK(runs_ == end.runs && pages_ == end.run_pages, "window runs built");
   }
 
  private:
@@ -85,10 +102,7 @@ class Builder {
     const LayerSpec& spec = shape_.spec;
     const int64_t last = s.first_position + s.num_rows - 1;
     if (spec.has_window()) {
-      tables_.window_first = std::max<int64_t>(0, s.first_position - (shape_.window - 1));
-      tables_.window.resize(last + 1 - tables_.window_first);
-      MainSlots(pages, B, tables_.window_first, last + 1 - tables_.window_first,
-                tables_.window.data());
+      if (s.num_rows > 0) Window(s, pages, B);
     } else {
       SMLA_CHECK(pages.main_first_page == 0, "a full cache that slid");
     }
@@ -104,6 +118,19 @@ class Builder {
     const int64_t n = ChosenTablePages(spec, s, B);
     tables_.table_blocks = TableBlocksOf(n);
     if (n > 0) ListBlocks(ref, n);
+  }
+
+  // The main-table pages of the span's windows, into run_pages.
+  void Window(const SpanInput& s, const LayerPages& pages, int32_t B) {
+    const WindowPages w = WindowPagesOf(s, shape_.window, B);
+    const int64_t logical = w.page - pages.main_first_page;
+    SMLA_CHECK(logical >= 0 && logical + w.count <= static_cast<int64_t>(pages.main.size()) &&
+                   pages_ + w.count <= static_cast<int64_t>(out_.run_pages.size()),
+               "window outside the prepared page table");
+    std::copy_n(pages.main.begin() + logical, w.count, out_.run_pages.begin() + pages_);
+    tables_.window_base = w.page * B;
+    tables_.window_pages = pages_;
+    pages_ += w.count;
   }
 
   // The blocks of the span's table its rows may reach (its first n pages), as the device reads
@@ -147,14 +174,17 @@ class Builder {
     const int64_t pos = s.first_position + t;
     if (spec.has_window()) {
       const int64_t from = std::max<int64_t>(0, pos - (shape_.window - 1));
-      Put(out_.main_indices, main_, tables_.window.data() + (from - tables_.window_first),
-          pos + 1 - from);
+      SMLA_CHECK(runs_ < static_cast<int64_t>(out_.runs.size()), "window runs counted");
+      out_.runs[runs_++] = kernels::PositionRun{
+          targets_.run_pages + tables_.window_pages, targets_.main + main_,
+          static_cast<int32_t>(from - tables_.window_base), static_cast<int32_t>(pos + 1 - from)};
+      main_ += pos + 1 - from;
     } else {
-      Chosen(s, t, group, main_);
+      Chosen(s, t, group, targets_.main, main_);
     }
     out_.main_indptr[row_ + 1] = static_cast<int32_t>(main_);
     if (spec.kind == LayerKind::kSwaTopK) {
-      Chosen(s, t, group, extra_);
+      Chosen(s, t, group, targets_.extra, extra_);
     } else if (spec.kind == LayerKind::kSwaDense) {
       Put(out_.extra_indices, extra_, tables_.dense.data(), spec.visible(pos));
     }
@@ -163,12 +193,17 @@ class Builder {
     ++row_;
   }
 
-  // Row t's chosen entries: one TranslateRow, whose slots land at `at` of the chosen segment.
-  void Chosen(const SpanInput& s, int32_t t, int32_t group, int64_t& at) {
+  // Row t's chosen entries: one TranslateRow, whose slots land at `at` of `segment`.
+  void Chosen(const SpanInput& s, int32_t t, int32_t group, int32_t* segment, int64_t& at) {
     SMLA_CHECK(chosen_ < static_cast<int64_t>(out_.chosen.size()), "chosen rows counted");
     kernels::TranslateRow& r = out_.chosen[chosen_++];
     r.ids = targets_.ids + ids_ + int64_t{t} * s.topk_width;
-    r.out = targets_.out + at;
+    r.seen = nullptr;
+    if (span_ < targets_.span_ids.size() && targets_.span_ids[span_] != nullptr) {
+      r.seen = targets_.ids + ids_ + int64_t{t} * s.topk_width;
+      r.ids = targets_.span_ids[span_] + int64_t{t} * s.topk_width;
+    }
+    r.out = segment + at;
     r.blocks = targets_.table_blocks + table_;
     r.width = s.topk_width;
     r.limit = static_cast<int32_t>(shape_.spec.visible(s.first_position + t));
@@ -184,10 +219,12 @@ class Builder {
   }
 
   const SegmentShape& shape_;
-  const ChosenTargets& targets_;
+  const DeviceTargets& targets_;
   const SegmentArrays& out_;
   SpanTables tables_;
   int64_t row_ = 0, main_ = 0, extra_ = 0, chosen_ = 0, ids_ = 0, table_ = 0, stale_ = 0;
+  int64_t runs_ = 0, pages_ = 0;
+  size_t span_ = 0;
 };
 
 }  // namespace
@@ -199,6 +236,10 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
     const SpanInput& s = *ref.input;
     c.rows += s.num_rows;
     if (spec.has_compressed()) c.compressed += CompressedOf(s, shape.row_bytes);
+    if (spec.has_window() && s.num_rows > 0) {
+      c.runs += s.num_rows;
+      c.run_pages += WindowPagesOf(s, shape.window, ref.prepared->rows_per_page()).count;
+    }
     if (spec.client_chooses()) {
       c.chosen_rows += s.num_rows;
       c.chosen_ids += static_cast<int64_t>(s.topk.size());
@@ -217,7 +258,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
 }
 
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentCounts& counts, const ChosenTargets& targets,
+                   const SegmentCounts& counts, const DeviceTargets& targets,
                    const SegmentArrays& out) {
   // Slots: every span's KV rows in batch order, then every span's compressed entries.
   int64_t at = 0;

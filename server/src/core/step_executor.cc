@@ -203,16 +203,18 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
 
 // The device checks' arrays at the start of the arena, before the slot lists and segments: the
 // spans' lists of table blocks, the stale blocks and their writes into the table heap, the
-// TranslateRows, the CheckRanges and one zeroed flag per step. All of them go up in the one copy
-// of the arena's arrays (so the flags need no clearing of their own); the translated chosen
-// segment follows that copy in arrays_.
+// TranslateRows, the PositionRuns and their window pages, the CheckRanges and one zeroed flag per
+// step. All of them go up in the one copy of the arena's arrays (so the flags need no clearing of
+// their own); the segments the device writes follow that copy in arrays_.
 struct StepExecutor::CheckLayout {
-  size_t stale = 0;   // the stale blocks, after the block lists
-  size_t writes = 0;  // the TableBlockWrites, after the stale blocks
-  size_t rows = 0;    // the TranslateRows, after the writes
-  size_t ranges = 0;  // the CheckRanges, after the rows
-  size_t flags = 0;   // the flags, after the ranges
-  size_t bytes = 0;   // [block lists | stale blocks | writes | rows | ranges | flags]
+  size_t stale = 0;      // the stale blocks, after the block lists
+  size_t writes = 0;     // the TableBlockWrites, after the stale blocks
+  size_t rows = 0;       // the TranslateRows, after the writes
+  size_t runs = 0;       // the PositionRuns, after the rows
+  size_t run_pages = 0;  // the runs' window pages, after the runs
+  size_t ranges = 0;     // the CheckRanges, after the window pages
+  size_t flags = 0;      // the flags, after the ranges
+  size_t bytes = 0;  // [block lists | stale blocks | writes | rows | runs | pages | ranges | flags]
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
     CheckLayout l;
@@ -220,8 +222,10 @@ struct StepExecutor::CheckLayout {
     l.stale = AlignUp(static_cast<size_t>(c.table_blocks) * sizeof(const int32_t*), 64);
     l.writes = AlignUp(l.stale + stale * kTableBlock * sizeof(int32_t), 64);
     l.rows = AlignUp(l.writes + stale * sizeof(kernels::TableBlockWrite), 64);
-    l.ranges =
+    l.runs =
         AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
+    l.run_pages = AlignUp(l.runs + static_cast<size_t>(c.runs) * sizeof(kernels::PositionRun), 64);
+    l.ranges = AlignUp(l.run_pages + static_cast<size_t>(c.run_pages) * sizeof(int32_t), 64);
     l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
     l.bytes = l.flags + groups * sizeof(uint32_t);
     return l;
@@ -242,9 +246,16 @@ struct StepExecutor::DeviceWork {
   std::vector<kernels::CopyOp> to_device;    // sources page-locked (or any, on the CPU backend)
   std::vector<kernels::CopyOp> to_host;      // destinations page-locked (likewise)
   std::vector<kernels::CopyOp> to_pageable;  // destinations in plain memory (result vectors)
-  // Inputs from and outputs to a GPU region: copies that stay on the device.
-  std::vector<kernels::CopyOp> in_on_device, out_on_device;
+  // Outputs to a GPU region: copies that stay on the device. (Inputs in a GPU region are copied
+  // by the checks that read them: CheckRange::copy_to.)
+  std::vector<kernels::CopyOp> out_on_device;
   kernels::ExpandQueryParams expand;  // MXFP8 queries into q_ (vectors 0: bf16 queries)
+  // Whether the expansion waits for the checks (queries in a GPU region, which the checks copy
+  // into q_codes_), rather than running with the input copies.
+  bool expand_after_checks = false;
+  // Whether any device work comes before the segment build: input copies, or the expansion.
+  // Without any, the launch's first event is recorded with the compute (no wait to measure).
+  bool copies_first = false;
   kernels::WriteRowsParams write;
   // The arena's arrays (slot lists, segments, the checks' arrays), copied up in one copy once
   // built; WriteRows and Attend read their arrays there too (`mirror`).
@@ -259,13 +270,19 @@ struct StepExecutor::DeviceWork {
   std::vector<size_t> span_step;  // the step (index into the batch) of each span
   // Where each span's inputs lie in backend memory once copied in (ExplainFlagged reads them).
   struct SpanDevice {
-    const uint8_t* kv = nullptr;
-    const uint8_t* compressed = nullptr;
-    const uint8_t* q = nullptr;  // MXFP8 codes (bf16 queries are not checked)
-    const uint8_t* q_scales = nullptr;
-    const int32_t* ids = nullptr;
+    uint8_t* kv = nullptr;
+    uint8_t* compressed = nullptr;
+    uint8_t* q = nullptr;  // bf16 queries, or MXFP8 codes
+    uint8_t* q_scales = nullptr;
+    int32_t* ids = nullptr;
+    // Each input's address in a GPU region, from which the checks read and copy it to the
+    // address above; null where a copy put it there before the checks.
+    const uint8_t *kv_from = nullptr, *compressed_from = nullptr, *q_from = nullptr,
+                  *q_scales_from = nullptr;
+    const int32_t* ids_from = nullptr;
   };
   std::vector<SpanDevice> span_device;
+  std::vector<const int32_t*> span_ids;  // each span's ids_from (DeviceTargets::span_ids)
 };
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
@@ -297,15 +314,19 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   // copies to the host's enqueueing of the rest: the device waiting for the segment build the
   // copies did not cover (the whole build on the CPU backend, whose copies run inside the
   // enqueueing call). Host time, so it goes to prep, not kernel.
-  enum { kTotal, kAttend, kCopyIn, kCopyOut, kWait, kIntervals };
+  // Without copies before the build there is no wait, and no copy_in: inputs in a GPU region are
+  // copied by the checks.
+  enum { kTotal, kCopyIn, kWait, kAttend, kCopyOut, kIntervals };
   const std::pair<const kernels::Event*, const kernels::Event*> between[kIntervals] = {
       {events_.start.get(), events_.end.get()},
-      {events_.attend_begin.get(), events_.attend_end.get()},
       {events_.start.get(), events_.copied_in.get()},
-      {events_.attend_end.get(), events_.end.get()},
-      {events_.copied_in.get(), events_.built.get()}};
-  absl::Duration interval[kIntervals];
+      {events_.copied_in.get(), events_.built.get()},
+      {events_.attend_begin.get(), events_.attend_end.get()},
+      {events_.attend_end.get(), events_.end.get()}};
+  const bool measured[kIntervals] = {true, work.copies_first, work.copies_first, true, true};
+  absl::Duration interval[kIntervals] = {};
   for (int i = 0; i < kIntervals; ++i) {
+    if (!measured[i]) continue;
     absl::StatusOr<double> s = backend_.ElapsedSeconds(*between[i].first, *between[i].second);
     if (!s.ok()) return s.status();
     interval[i] = absl::Seconds(*s);
@@ -316,10 +337,11 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   t.attend = interval[kAttend];
   t.copy_in = interval[kCopyIn];
   t.copy_out = interval[kCopyOut];
-  // Host work before the input copies, the device's wait for the build, and enqueueing the rest
-  // where it outlasted the device work after the copies (on the CPU backend the device work
-  // runs inside the enqueueing calls).
-  t.prep = (work.inputs_at - start) + wait +
+  // Host work before the first device work (the input copies, else the compute), the device's
+  // wait for the build, and enqueueing the rest where it outlasted the device work after the
+  // copies (on the CPU backend the device work runs inside the enqueueing calls).
+  const absl::Time device_from = work.copies_first ? work.inputs_at : prepared_at;
+  t.prep = (device_from - start) + wait +
            std::max(absl::ZeroDuration(), (enqueued_at - prepared_at) - (t.kernel - t.copy_in));
   for (size_t i : included) {
     if (!results[i].ok()) continue;  // flagged by the device's checks
@@ -357,7 +379,7 @@ struct StepExecutor::LaunchPlan {
 // Where a launch's host arrays lie in the arena.
 struct StepExecutor::StagedArena {
   SegmentArrays arrays;
-  ChosenTargets targets;
+  DeviceTargets targets;
   std::span<kernels::CheckRange> ranges;  // kChecksPerSpan per span
   std::span<uint32_t> flags;              // zeroed by BuildArrays, uploaded with the ranges
   float* sink = nullptr;
@@ -373,6 +395,8 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   // The input copies do not need the segments: they start now, and the segments are built
   // while the device copies (other bytes of the arena than the gathered inputs).
   work.inputs_at = absl::Now();
+  work.copies_first =
+      !work.to_device.empty() || (work.expand.vectors > 0 && !work.expand_after_checks);
   SMLA_RETURN_IF_ERROR(EnqueueInputs(work));
   BuildArrays(plan, *staged, work);
   FillDeviceParams(args, plan, *staged, work);
@@ -479,14 +503,12 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   // lists and segments, positions and the sink.
   const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
   take(cl.bytes);
-  // The chosen segment is translated into arrays_ on the device: the arena holds none of it.
-  const bool chosen_main = p.spec->kind == LayerKind::kChosen;
-  const bool chooses = p.spec->client_chooses();
-  const auto main_n = static_cast<size_t>(chooses && chosen_main ? 0 : p.counts.main_indices);
-  const auto extra_n = static_cast<size_t>(chooses && !chosen_main ? 0 : p.counts.extra_indices);
+  // The main segment (windows or chosen entries), and the extra one of top-k layers, are written
+  // into arrays_ on the device: the arena holds none of them.
+  const bool device_extra = p.spec->kind == LayerKind::kSwaTopK;
+  const auto extra_n = static_cast<size_t>(device_extra ? 0 : p.counts.extra_indices);
   const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
   const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
-  const size_t o_main = take(main_n * sizeof(int32_t));
   const size_t extra_rows = compressed ? T + 1 : 0;
   const size_t o_extra_indptr = take(extra_rows * sizeof(int32_t));
   const size_t o_extra = take(extra_n * sizeof(int32_t));
@@ -500,9 +522,12 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   absl::StatusOr<uint8_t*> arena_or = HostArena(total);
   if (!arena_or.ok()) return arena_or.status();
   uint8_t* const arena = *arena_or;
-  const size_t chosen_at = AlignUp(uploaded, 64);  // the translated chosen segment in arrays_
-  SMLA_RETURN_IF_ERROR(
-      Ensure(arrays_, chosen_at + static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
+  // The segments the device writes, after the upload in arrays_.
+  const size_t main_at = AlignUp(uploaded, 64);
+  const size_t extra_at =
+      AlignUp(main_at + static_cast<size_t>(p.counts.main_indices) * sizeof(int32_t), 64);
+  const size_t device_extra_n = device_extra ? static_cast<size_t>(p.counts.extra_indices) : 0;
+  SMLA_RETURN_IF_ERROR(Ensure(arrays_, extra_at + device_extra_n * sizeof(int32_t)));
   work.arrays_upload = kernels::CopyOp{arrays_.data(), arena, uploaded};
   work.mirror = kernels::HostMirror{arena, arrays_.as<uint8_t>(), uploaded};
   auto i32 = [arena](size_t off, size_t n) {
@@ -514,37 +539,40 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   arrays.slots = std::span<int64_t>(reinterpret_cast<int64_t*>(arena + o_slots),
                                     static_cast<size_t>(p.counts.slots()));
   arrays.main_indptr = i32(o_main_indptr, T + 1);
-  arrays.main_indices = i32(o_main, main_n);
   arrays.extra_indptr = i32(o_extra_indptr, extra_rows);
   arrays.extra_indices = i32(o_extra, extra_n);
   arrays.positions = i32(o_positions, p.inverse_rope ? T : 0);
   arrays.slot_groups = i32(o_groups, static_cast<size_t>(p.counts.slots()));
   out.sink = reinterpret_cast<float*>(arena + o_sink);
-  PlaceChecks(p, cl, arena, chosen_at, reinterpret_cast<uint32_t*>(arena + o_flags), out, work);
+  PlaceChecks(p, cl, arena, main_at, extra_at, reinterpret_cast<uint32_t*>(arena + o_flags), out,
+              work);
 
   // Input copies, one per contiguous range of each kind (a packed request's kind is one range).
   uint8_t* const dev[kKinds] = {p.mx_q ? q_codes_.as<uint8_t>() : q_.as<uint8_t>(),
                                 rows_.as<uint8_t>(), rows_.as<uint8_t>() + p.kv_bytes,
                                 q_scales_.as<uint8_t>(), ids_.as<uint8_t>()};
-  // Per kind, so that a kind's copies merge where the spans' ranges are contiguous; from a GPU
-  // region in their own lists (copies within the device).
-  std::vector<kernels::CopyOp> copies[kKinds], on_device[kKinds];
+  // Per kind, so that a kind's copies merge where the spans' ranges are contiguous.
+  std::vector<kernels::CopyOp> copies[kKinds];
   size_t dev_off[kKinds] = {}, stage_off[kKinds] = {};
-  auto input = [&](Kind k, std::span<const uint8_t> src) {
-    if (src.empty()) return;
+  // The input's address in a GPU region, which the checks read and copy from; else null, once
+  // its copy (from where it lies, or from the arena where gathered) is listed.
+  auto input = [&](Kind k, std::span<const uint8_t> src) -> const uint8_t* {
+    if (src.empty()) return nullptr;
     const void* from = src.data();
     const HostRanges::Kind where = CopiesFrom(src.data(), src.size());
     const bool in_place = where != HostRanges::Kind::kNone;
     (in_place ? stats.in_direct : stats.in_gathered) += static_cast<int64_t>(src.size());
+    const size_t at = dev_off[k];
+    dev_off[k] += src.size();
+    if (where == HostRanges::Kind::kDevice) return src.data();
     if (!in_place) {
       uint8_t* stage = arena + o_stage[k] + stage_off[k];
       std::memcpy(stage, src.data(), src.size());
       stage_off[k] += src.size();
       from = stage;
     }
-    AddCopy(where == HostRanges::Kind::kDevice ? on_device[k] : copies[k], dev[k] + dev_off[k],
-            from, src.size());
-    dev_off[k] += src.size();
+    AddCopy(copies[k], dev[k] + at, from, src.size());
+    return nullptr;
   };
   for (const SpanRef& ref : work.spans) {
     const SpanInput& s = *ref.input;
@@ -553,12 +581,15 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
     d.q_scales = dev[kQScales] + dev_off[kQScales];
     d.kv = dev[kKv] + dev_off[kKv];
     d.compressed = dev[kCompressed] + dev_off[kCompressed];
-    d.ids = reinterpret_cast<const int32_t*>(dev[kIds] + dev_off[kIds]);
-    input(kQ, s.q);
-    input(kQScales, s.q_scales);
-    input(kKv, s.kv_rows);
-    if (compressed) input(kCompressed, s.compressed_rows);
-    input(kIds, ids_bytes(s));
+    d.ids = reinterpret_cast<int32_t*>(dev[kIds] + dev_off[kIds]);
+    d.q_from = input(kQ, s.q);
+    d.q_scales_from = input(kQScales, s.q_scales);
+    d.kv_from = input(kKv, s.kv_rows);
+    if (compressed) d.compressed_from = input(kCompressed, s.compressed_rows);
+    d.ids_from = reinterpret_cast<const int32_t*>(input(kIds, ids_bytes(s)));
+    work.span_ids.push_back(d.ids_from);
+    work.expand_after_checks =
+        work.expand_after_checks || d.q_from != nullptr || d.q_scales_from != nullptr;
   }
   SMLA_CHECK(dev_off[kQ] == p.q_bytes && dev_off[kQScales] == p.q_scale_bytes &&
                  dev_off[kKv] == p.kv_bytes &&
@@ -567,8 +598,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
              "input sizes");
   for (int k = 0; k < kKinds; ++k) {
     work.to_device.insert(work.to_device.end(), copies[k].begin(), copies[k].end());
-    work.in_on_device.insert(work.in_on_device.end(), on_device[k].begin(), on_device[k].end());
   }
+  out.targets.span_ids = work.span_ids;
   if (p.mx_q) {
     work.expand.codes = q_codes_.as<uint8_t>();
     work.expand.scales = q_scales_.as<uint8_t>();
@@ -580,10 +611,10 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
 }
 
 // The device checks' arrays: at the start of the arena (`host`, laid out as `l`) and of arrays_;
-// the translated chosen segment at `chosen_at` in arrays_.
+// the segments the device writes at `main_at` and `extra_at` in arrays_.
 void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_t* host,
-                               size_t chosen_at, uint32_t* flags_host, StagedArena& out,
-                               DeviceWork& work) {
+                               size_t main_at, size_t extra_at, uint32_t* flags_host,
+                               StagedArena& out, DeviceWork& work) {
   SegmentArrays& arrays = out.arrays;
   const auto stale = static_cast<size_t>(p.counts.stale_blocks);
   arrays.table_blocks = std::span<const int32_t*>(reinterpret_cast<const int32_t**>(host),
@@ -595,13 +626,19 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   arrays.chosen =
       std::span<kernels::TranslateRow>(reinterpret_cast<kernels::TranslateRow*>(host + l.rows),
                                        static_cast<size_t>(p.counts.chosen_rows));
+  arrays.runs = std::span<kernels::PositionRun>(
+      reinterpret_cast<kernels::PositionRun*>(host + l.runs), static_cast<size_t>(p.counts.runs));
+  arrays.run_pages = std::span<int32_t>(reinterpret_cast<int32_t*>(host + l.run_pages),
+                                        static_cast<size_t>(p.counts.run_pages));
   out.ranges = std::span<kernels::CheckRange>(
       reinterpret_cast<kernels::CheckRange*>(host + l.ranges), p.spans * kChecksPerSpan);
   uint8_t* const dev = arrays_.as<uint8_t>();
-  out.targets.ids = ids_.as<const int32_t>();
-  out.targets.out = reinterpret_cast<int32_t*>(dev + chosen_at);
+  out.targets.ids = ids_.as<int32_t>();
+  out.targets.main = reinterpret_cast<int32_t*>(dev + main_at);
+  out.targets.extra = reinterpret_cast<int32_t*>(dev + extra_at);
   out.targets.table_blocks = reinterpret_cast<const int32_t* const*>(dev);
   out.targets.stale_blocks = reinterpret_cast<const int32_t*>(dev + l.stale);
+  out.targets.run_pages = reinterpret_cast<const int32_t*>(dev + l.run_pages);
   out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
   work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
   work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
@@ -611,13 +648,16 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   work.check.entries.num_block_writes = static_cast<int32_t>(stale);
   work.check.entries.block_writes =
       reinterpret_cast<const kernels::TableBlockWrite*>(dev + l.writes);
+  work.check.entries.runs = reinterpret_cast<const kernels::PositionRun*>(dev + l.runs);
+  work.check.entries.num_runs = static_cast<int32_t>(p.counts.runs);
   work.check.flags = reinterpret_cast<uint32_t*>(dev + l.flags);
   work.flags_host = flags_host;
 }
 
 // While the device copies the inputs: the slot lists and segments, and each span's input ranges
 // for the device's checks (KV and compressed rows bounded, MXFP8 codes and scales not NaN; bf16
-// queries only feed their own rows and are not checked).
+// queries only feed their own rows and are not checked). Inputs in a GPU region are read there
+// by their checks, which copy them (bf16 queries in a range that only copies).
 void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, p.counts, staged.targets, staged.arrays);
@@ -626,14 +666,20 @@ void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
     const SpanInput& s = *work.spans[k].input;
     const DeviceWork::SpanDevice& d = work.span_device[k];
     const int32_t group = work.spans[k].group;
+    auto range = [group](uint8_t* at, const uint8_t* from, size_t bytes,
+                         kernels::InputCheck check) {
+      // From the GPU region, copied to `at`; else read at `at`, where the input copies put it.
+      return kernels::CheckRange{from != nullptr ? from : at, static_cast<int64_t>(bytes), check,
+                                 group, from != nullptr ? at : nullptr};
+    };
+    const bool copy_q = d.q_from != nullptr;
     const kernels::CheckRange ranges[kChecksPerSpan] = {
-        {d.kv, static_cast<int64_t>(s.kv_rows.size()), kernels::InputCheck::kKvRows, group},
-        {d.compressed, static_cast<int64_t>(s.compressed_rows.size()), kernels::InputCheck::kKvRows,
-         group},
-        {d.q, p.mx_q ? static_cast<int64_t>(s.q.size()) : 0, kernels::InputCheck::kE4m3Codes,
-         group},
-        {d.q_scales, static_cast<int64_t>(s.q_scales.size()), kernels::InputCheck::kE8m0Scales,
-         group}};
+        range(d.kv, d.kv_from, s.kv_rows.size(), kernels::InputCheck::kKvRows),
+        range(d.compressed, d.compressed_from, s.compressed_rows.size(),
+              kernels::InputCheck::kKvRows),
+        range(d.q, d.q_from, p.mx_q || copy_q ? s.q.size() : 0,
+              p.mx_q ? kernels::InputCheck::kE4m3Codes : kernels::InputCheck::kNone),
+        range(d.q_scales, d.q_scales_from, s.q_scales.size(), kernels::InputCheck::kE8m0Scales)};
     std::copy_n(ranges, kChecksPerSpan, staged.ranges.data() + k * kChecksPerSpan);
   }
 }
@@ -666,18 +712,20 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   a.softmax_scale = model.config().softmax_scale;
   a.main.cache = model.store().cache().view();
   a.main.indptr = arrays.main_indptr;
-  a.main.indices = arrays.main_indices;
+  a.main.indices =
+      std::span<const int32_t>(staged.targets.main, static_cast<size_t>(p.counts.main_indices));
+  a.main.indices_on_device = true;
+  a.main.sliding_window = p.spec->has_window();
   a.has_extra = p.spec->has_compressed();
   if (a.has_extra) {
     a.extra.cache = a.main.cache;
     a.extra.indptr = arrays.extra_indptr;
     a.extra.indices = arrays.extra_indices;
   }
-  if (p.spec->client_chooses()) {
-    kernels::Segment& chosen = p.spec->kind == LayerKind::kChosen ? a.main : a.extra;
-    chosen.indices =
-        std::span<const int32_t>(staged.targets.out, static_cast<size_t>(p.counts.chosen_ids));
-    chosen.indices_on_device = true;
+  if (p.spec->kind == LayerKind::kSwaTopK) {
+    a.extra.indices =
+        std::span<const int32_t>(staged.targets.extra, static_cast<size_t>(p.counts.extra_indices));
+    a.extra.indices_on_device = true;
   }
   a.sink = sink_view;
   // Each span's rows are consecutive rows of one sequence (a decode request's MTP rows share most
@@ -812,23 +860,28 @@ absl::StatusOr<absl::Status> StepExecutor::ExplainFlagged(size_t step, const Mod
 }
 
 absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
+  if (!w.copies_first) return absl::OkStatus();
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.start, stream));
   SMLA_RETURN_IF_ERROR(backend_.CopyBatch(w.to_device, kernels::CopyDirection::kToDevice, stream));
-  SMLA_RETURN_IF_ERROR(
-      backend_.CopyBatch(w.in_on_device, kernels::CopyDirection::kOnDevice, stream));
   // MXFP8 queries are expanded as part of bringing the inputs in (copy_in's time), before the
   // segment build that the device may wait for.
-  if (w.expand.vectors > 0) SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
+  if (w.expand.vectors > 0 && !w.expand_after_checks) {
+    SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
+  }
   return backend_.RecordEvent(*events_.copied_in, stream);
 }
 
 absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
-  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.built, stream));
+  SMLA_RETURN_IF_ERROR(
+      backend_.RecordEvent(w.copies_first ? *events_.built : *events_.start, stream));
   const kernels::CopyOp& c = w.arrays_upload;
   SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
   SMLA_RETURN_IF_ERROR(backend_.CheckInputs(w.check, stream));
+  if (w.expand.vectors > 0 && w.expand_after_checks) {
+    SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
+  }
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));

@@ -22,6 +22,7 @@ SMLA_HD_INLINE bool Bf16OutOfBounds(uint16_t bits) { return (bits & 0x7fffu) > k
 // Whether a byte of a range refuses it, per InputCheck (params.h); bf16 values take
 // Bf16OutOfBounds per pair of bytes instead.
 SMLA_HD_INLINE bool ByteRefused(InputCheck check, uint8_t byte) {
+  if (check == InputCheck::kNone) return false;
   return check == InputCheck::kE4m3Codes ? E4m3IsNaN(byte) : E8m0IsNaN(byte);
 }
 
@@ -37,6 +38,12 @@ SMLA_HD_INLINE int32_t TranslateEntry(int32_t e, const int32_t* const* blocks, i
   const int32_t page = e >> shift;
   const int32_t block_mask = (int32_t{1} << block_shift) - 1;
   return (blocks[page >> block_shift][page & block_mask] << shift) | (e & mask);
+}
+
+// Slot j of a PositionRun over pages of 2^shift rows.
+SMLA_HD_INLINE int32_t RunSlot(const PositionRun& run, int32_t j, int32_t shift) {
+  const int32_t q = run.first + j;
+  return (run.pages[q >> shift] << shift) | (q & ((int32_t{1} << shift) - 1));
 }
 
 }  // namespace smla::kernels

@@ -72,6 +72,11 @@ struct Segment {
   // CheckInputs call): the backend reads them where they are and the host never does, so
   // the call must vouch for them (AttendParams::ids_in_range).
   bool indices_on_device = false;
+  // Row t's indices are the slots of one sequence's consecutive positions ending at the row's
+  // own (a sliding window), and rows 2i and 2i + 1 of a group (AttendParams::rows_per_group)
+  // lie at consecutive positions, so the union of a pair is the longer window plus at most one
+  // key. Lets a backend bound a pair's keys without reading indices on the device.
+  bool sliding_window = false;
 };
 
 struct Epilogue {
@@ -170,6 +175,9 @@ struct TranslateRow {
   int32_t limit = 0;  // the row sees entries [0, limit)
   int32_t group = 0;  // index into TranslateParams::flags (the caller's step)
   int32_t unused = 0;
+  // [width] backend memory, or null: the entries as read, for a caller that must explain a flag
+  // from what the device saw (ids in memory the client can still rewrite).
+  int32_t* seen = nullptr;
 };
 
 // One table block written where it is kept (TranslateParams::block_writes): 2^block_shift page
@@ -177,6 +185,17 @@ struct TranslateRow {
 struct TableBlockWrite {
   const int32_t* from = nullptr;
   int32_t* to = nullptr;
+};
+
+// A row's sliding window written on the device (TranslateParams::runs): the slots of `count`
+// consecutive positions of one sequence's main cache. The positions are counted from the first
+// row of page pages[0], so position `first + j` lies on page pages[(first + j) >> page_shift].
+// The caller built the page list from its own tables: nothing here is checked.
+struct PositionRun {
+  const int32_t* pages = nullptr;  // backend memory
+  int32_t* out = nullptr;          // [count] backend memory
+  int32_t first = 0;
+  int32_t count = 0;
 };
 
 // Bits of the per-group flags that CheckInputs sets.
@@ -187,7 +206,8 @@ inline constexpr uint32_t kFlagInputValue = 2;   // a value its InputCheck refus
 // and sets kFlagChosenEntry in its row's group's flags.
 // The same pass writes changed table blocks where the caller keeps them (block_writes). No row of
 // the pass may read a block being written (rows read the `from` copy of a changed block), so the
-// writes need no ordering against the translation.
+// writes need no ordering against the translation. It also writes the rows' windows (runs), which
+// nothing else in the pass reads.
 struct TranslateParams {
   const TranslateRow* rows = nullptr;  // [num_rows] backend memory
   int32_t num_rows = 0;
@@ -195,6 +215,8 @@ struct TranslateParams {
   int32_t block_shift = 0;
   int32_t num_block_writes = 0;
   const TableBlockWrite* block_writes = nullptr;  // [num_block_writes] backend memory
+  const PositionRun* runs = nullptr;              // [num_runs] backend memory
+  int32_t num_runs = 0;
 };
 
 // What a range of a step's inputs must hold (Backend::CheckInputs; input_checks.h has the rules).
@@ -202,6 +224,7 @@ enum class InputCheck : int32_t {
   kKvRows = 0,      // bf16 values, finite with |x| <= 2^kKvMaxLog2
   kE4m3Codes = 1,   // e4m3 codes, none NaN (0x7f, 0xff)
   kE8m0Scales = 2,  // UE8M0 scale bytes, none NaN (0xff)
+  kNone = 3,        // no rule: the range is only copied (copy_to)
 };
 
 struct CheckRange {
@@ -209,6 +232,10 @@ struct CheckRange {
   int64_t bytes = 0;              // even for kKvRows
   InputCheck check = InputCheck::kKvRows;
   int32_t group = 0;  // index into CheckInputsParams::flags
+  // Backend memory, or null: the bytes as the check read them are also written here, so that
+  // what is checked is what is used even where the client can rewrite `data` meanwhile (one read
+  // of each byte), and no separate copy is needed.
+  uint8_t* copy_to = nullptr;
 };
 
 // A launch's inputs checked in one pass (one kernel on a GPU): a range holding a value its check

@@ -4,8 +4,9 @@
 // - slots: the KV rows of every span in batch order, then the compressed entries of every span,
 //   with the group (the span's step in the launch) of each, so that a step that fails a check on
 //   the device writes none of its rows;
-// - main segment: each row's SWA window (the span's window slots are computed once per span and
-//   each row copies its slice);
+// - main segment on window layers: each row's SWA window, written on the device
+//   (Backend::CheckInputs) from one PositionRun per row over the span's window pages (listed
+//   once per span in `run_pages`): a row's 4-byte run stands for its W slots in the upload;
 // - extra segment: every visible entry on dense layers;
 // - the chosen segment (the main one on chosen-position layers, the extra one on top-k layers):
 //   its offsets here, and its indices translated on the device (Backend::CheckInputs), one
@@ -55,33 +56,42 @@ struct SegmentCounts {
   int64_t chosen_ids = 0;     // their entries, every span's top-k in span order
   int64_t table_blocks = 0;   // blocks of the tables their spans' rows may reach
   int64_t stale_blocks = 0;   // those the device does not hold current (TableHeap::Stale)
+  int64_t runs = 0;           // rows with a window (each a PositionRun)
+  int64_t run_pages = 0;      // pages of every span's windows, listed per span
   int64_t slots() const { return rows + compressed; }
 };
 
 // Caller-owned outputs, each exactly its count long (positions may be empty: not built). The
-// chosen segment's indices are left empty: they are written on the device.
+// main segment's indices, and the extra segment's on top-k layers, are written on the device:
+// none of them is here.
 struct SegmentArrays {
-  std::span<int64_t> slots;                // [rows + compressed]
-  std::span<int32_t> slot_groups;          // [rows + compressed]
-  std::span<int32_t> main_indptr;          // [rows + 1]
-  std::span<int32_t> main_indices;         // [main_indices], empty on chosen-position layers
-  std::span<int32_t> extra_indptr;         // [rows + 1], empty without an extra segment
-  std::span<int32_t> extra_indices;        // [extra_indices], empty on top-k layers
-  std::span<int32_t> positions;            // [rows] or empty
-  std::span<const int32_t*> table_blocks;  // [table_blocks] backend addresses
-  std::span<int32_t> stale_blocks;         // [stale_blocks * kTableBlock]
+  std::span<int64_t> slots;                          // [rows + compressed]
+  std::span<int32_t> slot_groups;                    // [rows + compressed]
+  std::span<int32_t> main_indptr;                    // [rows + 1]
+  std::span<int32_t> extra_indptr;                   // [rows + 1], empty without an extra segment
+  std::span<int32_t> extra_indices;                  // [extra_indices] on dense layers, else empty
+  std::span<int32_t> positions;                      // [rows] or empty
+  std::span<const int32_t*> table_blocks;            // [table_blocks] backend addresses
+  std::span<int32_t> stale_blocks;                   // [stale_blocks * kTableBlock]
   std::span<kernels::TableBlockWrite> block_writes;  // [stale_blocks]
   std::span<kernels::TranslateRow> chosen;           // [chosen_rows]
+  std::span<kernels::PositionRun> runs;              // [runs]
+  std::span<int32_t> run_pages;                      // [run_pages]
 };
 
-// Where the device translation reads and writes: backend-memory addresses the TranslateRows
-// point at.
-struct ChosenTargets {
-  const int32_t* ids = nullptr;  // every span's top-k ids in span order, as copied in
-  int32_t* out = nullptr;        // the chosen segment's indices
-  // The backend's copies of SegmentArrays::table_blocks and stale_blocks.
+// Where the device's translation and window runs read and write: backend-memory addresses the
+// TranslateRows and PositionRuns point at.
+struct DeviceTargets {
+  int32_t* ids = nullptr;  // every span's top-k ids in span order, as copied in
+  // Per span (or empty: none): where the span's ids are read instead, when not null (a GPU
+  // region); the translation then writes the ids it read to their place in `ids`.
+  std::span<const int32_t* const> span_ids;
+  int32_t* main = nullptr;   // the main segment's indices
+  int32_t* extra = nullptr;  // the extra segment's indices on top-k layers
+  // The backend's copies of SegmentArrays::table_blocks, stale_blocks and run_pages.
   const int32_t* const* table_blocks = nullptr;
   const int32_t* stale_blocks = nullptr;
+  const int32_t* run_pages = nullptr;
 };
 
 SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> spans);
@@ -89,7 +99,7 @@ SegmentCounts CountSegments(const SegmentShape& shape, std::span<const SpanRef> 
 // `counts` is CountSegments of the same spans, taken before: building advances the tables'
 // TableMirror::synced, which the stale blocks are counted from.
 void BuildSegments(const SegmentShape& shape, std::span<const SpanRef> spans,
-                   const SegmentCounts& counts, const ChosenTargets& targets,
+                   const SegmentCounts& counts, const DeviceTargets& targets,
                    const SegmentArrays& out);
 
 }  // namespace smla::server

@@ -90,7 +90,8 @@ struct StepTimings {
   absl::Duration attend;  // the attention kernel(s) alone (device events; part of kernel)
   // Parts of kernel: its start to the end of the input copies (and of the expansion of MXFP8
   // queries), and the end of attention to the end of the output copies (device events, with any
-  // wait for the host's enqueueing).
+  // wait for the host's enqueueing). copy_in is zero where no copy comes before the checks
+  // (inputs in a GPU region are copied by the checks).
   absl::Duration copy_in;
   absl::Duration copy_out;
   absl::Duration batch;  // the executor's whole batch: page reservations, prep, kernel, commits

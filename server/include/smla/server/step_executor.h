@@ -6,20 +6,22 @@
 // (segment_builder.h); then the rest of the device work back to back (those arrays up in one
 // copy, which WriteRows and Attend read too | CheckInputs: every step's KV rows, compressed rows
 // and MXFP8 queries checked, every chosen entry turned into a slot and checked against what its
-// row may see | one WriteRows for every new KV row and compressed entry, skipping the rows of the
-// steps the checks flagged | one Attend over all rows | the copies back, the flags with them),
-// with events between the parts; Synchronize; a flagged step is answered with its error (its
-// outputs were copied like the others' and are not answered) and aborted: it changed nothing.
-// The others are committed, their outputs sliced back to each step.
-// Inputs inside a registered range (host_ranges(): a client's shared memory the backend
-// page-locked, or a GPU region) are copied to the device directly, one copy per contiguous
-// range; those in a GPU region, and outputs to one, by one copy kernel (CopyDirection::kOnDevice).
+// row may see, every window written | one WriteRows for every new KV row and compressed entry,
+// skipping the rows of the steps the checks flagged | one Attend over all rows | the copies back,
+// the flags with them), with events between the parts;
+// Synchronize; a flagged step is answered with its error (its outputs were copied like the
+// others' and are not answered) and aborted: it changed nothing. The others are committed, their
+// outputs sliced back to each step.
+// Inputs inside a registered range of host memory (host_ranges(): a client's shared memory the
+// backend page-locked) are copied to the device directly, one copy per contiguous range; inputs
+// in a GPU region are read there by CheckInputs, which copies them as it checks them, and
+// outputs to one are copied by one copy kernel (CopyDirection::kOnDevice).
 //
 // Each row's segments are built here: the main segment is the SWA window ending at the row's
-// own position (min(p+1, W) keys, so the draft rows of a span see each other causally) or the
-// client's chosen positions translated to slots (-1 stays a sentinel); the extra segment is the
-// chosen compressed entries translated to slots, or every entry the row may see
-// (entries 0..floor((p+1)/r)-1) on dense layers.
+// own position (min(p+1, W) keys, so the draft rows of a span see each other causally; written
+// on the device from the span's page list) or the client's chosen positions translated to slots
+// (-1 stays a sentinel); the extra segment is the chosen compressed entries translated to
+// slots, or every entry the row may see (entries 0..floor((p+1)/r)-1) on dense layers.
 #pragma once
 
 #include <cstdint>
@@ -111,8 +113,8 @@ class StepExecutor : public BatchRunner {
   absl::Status SizeBuffers(const LaunchPlan& plan);
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
                                           CopyStats& stats);
-  void PlaceChecks(const LaunchPlan& plan, const CheckLayout& layout, uint8_t* host,
-                   size_t chosen_at, uint32_t* flags_host, StagedArena& out, DeviceWork& work);
+  void PlaceChecks(const LaunchPlan& plan, const CheckLayout& layout, uint8_t* host, size_t main_at,
+                   size_t extra_at, uint32_t* flags_host, StagedArena& out, DeviceWork& work);
   void BuildArrays(const LaunchPlan& plan, const StagedArena& staged, const DeviceWork& work);
   void FillDeviceParams(const LaunchArgs& args, const LaunchPlan& plan, const StagedArena& staged,
                         DeviceWork& work);
@@ -123,14 +125,16 @@ class StepExecutor : public BatchRunner {
   // the arena or plain memory. Remembers the last range found for the rest of the launch.
   HostRanges::Kind CopiesFrom(const void* data, size_t bytes) const;
   bool CopiesDirect(std::span<const uint8_t> bytes) const;
-  // The start event, the input copies and the event after them.
+  // The start event, the input copies (and the MXFP8 expansion) and the event after them, where
+  // any copy comes before the build; else nothing.
   absl::Status EnqueueInputs(const DeviceWork& work);
   // The error of a step the device flagged, from its inputs as the device read them.
   absl::StatusOr<absl::Status> ExplainFlagged(size_t step, const ModelRuntime& model, int32_t layer,
                                               const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
-  // Enqueues the row writes and the attention between their timing events.
+  // Enqueues the upload, the checks, the row writes and the attention (between its timing
+  // events).
   absl::Status EnqueueCompute(const DeviceWork& work);
   // Enqueues the copies back, the flags' among them, and the end event.
   absl::Status EnqueueOutputs(const DeviceWork& work);
