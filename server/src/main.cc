@@ -132,6 +132,10 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(bool, mutex_deadlock_checks, false,
           "abseil's lock-order checks on every Mutex operation: a debugging aid that every lock "
           "pays for (the test suites run with them)");
+ABSL_FLAG(int32_t, phase_timings_every, 16,
+          "Record the attention's and the output copies' timing events (a response's attend_us, "
+          "copy_out_us) on one batch in this many, since each event costs device time "
+          "(1 = every batch)");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "Serve plaintext without tokens on a non-loopback address");
 ABSL_FLAG(absl::Duration, sequence_idle_timeout, absl::InfiniteDuration(),
@@ -188,6 +192,11 @@ absl::StatusOr<ServerConfig> BuildConfig(int32_t* stream_max_inflight, int32_t* 
     }
   }
   if (!absl::GetFlag(FLAGS_listen).empty()) config.listen = absl::GetFlag(FLAGS_listen);
+  config.phase_timings_every = absl::GetFlag(FLAGS_phase_timings_every);
+  if (config.phase_timings_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--phase_timings_every: ", config.phase_timings_every, " is not a positive count"));
+  }
   if (absl::GetFlag(FLAGS_metrics_listen) != "default") {
     config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   }

@@ -358,6 +358,7 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   res.timings.attend = absl::Microseconds(56);
   res.timings.copy_in = absl::Microseconds(71);
   res.timings.copy_out = absl::Microseconds(33);
+  res.timings.phases = true;
   v1::StepResponse pb;
   FillStepResponse(res, &pb);
   EXPECT_EQ(pb.out().dtype(), v1::DTYPE_E4M3);
@@ -373,7 +374,17 @@ TEST(WireResponseTest, FillsTensorsAndTimings) {
   EXPECT_EQ(pb.timings().attend_us(), 56);
   EXPECT_EQ(pb.timings().copy_in_us(), 71);
   EXPECT_EQ(pb.timings().copy_out_us(), 33);
+  EXPECT_TRUE(pb.timings().phases_measured());
   EXPECT_EQ(pb.code(), 0);
+  // A batch whose phases were not sampled says so, and carries none of them.
+  res.timings.phases = false;
+  pb.Clear();
+  FillStepResponse(res, &pb);
+  EXPECT_FALSE(pb.timings().phases_measured());
+  EXPECT_EQ(pb.timings().attend_us(), 0);
+  EXPECT_EQ(pb.timings().copy_out_us(), 0);
+  EXPECT_EQ(pb.timings().copy_in_us(), 71);
+  EXPECT_EQ(pb.timings().kernel_us(), 345);
 }
 
 }  // namespace

@@ -168,7 +168,7 @@ struct Core {
   PinningBackend* backend = nullptr;
 };
 
-Core Start(bool pinning) {
+Core Start(bool pinning, int32_t phase_timings_every = 1) {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
       kernels::CreateCpuBackend({.cpu_threads = 2});
   EXPECT_TRUE(cpu.ok()) << cpu.status();
@@ -182,6 +182,7 @@ Core Start(bool pinning) {
     backend = *std::move(cpu);
   }
   ServerConfig config;
+  config.phase_timings_every = phase_timings_every;
   absl::StatusOr<ModelConfig> m = ParseModelConfig("dsv4.1-flash:tp=4:page_rows=16:pool_pages=512");
   EXPECT_TRUE(m.ok()) << m.status();
   config.models.push_back(*m);
@@ -308,6 +309,7 @@ TEST_F(LaunchTest, TimingsArePresentAndConsistent) {
   Core c = Start(false);
   const StepResult r = Run(*c.core, true);
   const StepTimings& t = r.timings;
+  EXPECT_TRUE(t.phases);
   EXPECT_GT(t.kernel, absl::ZeroDuration());
   EXPECT_GT(t.attend, absl::ZeroDuration());
   EXPECT_LE(t.attend, t.kernel);
@@ -318,6 +320,30 @@ TEST_F(LaunchTest, TimingsArePresentAndConsistent) {
   EXPECT_GT(t.copy_in, absl::ZeroDuration());
   EXPECT_GT(t.copy_out, absl::ZeroDuration());
   EXPECT_LE(t.copy_in + t.attend + t.copy_out, t.kernel);
+}
+
+// The attention's and the output copies' events go on one launch in phase_timings_every (the
+// first, then every n-th); the others measure the launch's whole device time only.
+TEST_F(LaunchTest, PhaseTimingsAreSampled) {
+  Core c = Start(false, 3);
+  Run(*c.core, true);  // launches 0 (prefill) and 1
+  std::vector<bool> phases;
+  for (int i = 0; i < 5; ++i) {  // launches 2..6
+    for (const SpanData& s : decode_) {
+      ASSERT_TRUE(c.core->TruncateSequence(kTenant, kModel, s.sequence, s.first).ok());
+    }
+    absl::StatusOr<StepResult> r = testing::RunStep(*c.core, Request(decode_, true));
+    ASSERT_TRUE(r.ok()) << r.status();
+    phases.push_back(r->timings.phases);
+    EXPECT_GT(r->timings.kernel, absl::ZeroDuration());
+    if (!r->timings.phases) {
+      EXPECT_EQ(r->timings.attend, absl::ZeroDuration());
+      EXPECT_EQ(r->timings.copy_out, absl::ZeroDuration());
+    } else {
+      EXPECT_GT(r->timings.attend, absl::ZeroDuration());
+    }
+  }
+  EXPECT_EQ(phases, (std::vector<bool>{false, true, false, false, true}));
 }
 
 TEST_F(LaunchTest, RegisteredInputsAreCopiedInPlaceOnePerRange) {

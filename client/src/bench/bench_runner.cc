@@ -23,6 +23,7 @@ struct CallSample {
   int batch_requests;
   double parse_ms, admit_ms, batch_ms;
   double prep_ms, attend_ms, copy_in_ms, copy_out_ms;
+  bool phases;  // attend_ms and copy_out_ms were measured (StepTimings.phases_measured)
 };
 
 struct StepSample {
@@ -118,9 +119,11 @@ RunStats Aggregate(const Collected& out, const RunOptions& options, Clock::durat
       admit.push_back(c.admit_ms);
       batch_extra.push_back(std::max(0.0, c.batch_ms - c.kernel_ms));
       prep.push_back(c.prep_ms);
-      attend.push_back(c.attend_ms);
       copy_in.push_back(c.copy_in_ms);
-      copy_out.push_back(c.copy_out_ms);
+      if (c.phases) {
+        attend.push_back(c.attend_ms);
+        copy_out.push_back(c.copy_out_ms);
+      }
       batch_sum += c.batch_requests;
     }
   }
@@ -204,11 +207,12 @@ RunStats RunOnce(const std::vector<Worker*>& workers, const RunOptions& options)
           break;
         }
         const auto& tm = resp.timings();
-        step.calls.push_back(
-            CallSample{Ms(now - call_start), tm.server_us() / 1e3, tm.queued_us() / 1e3,
-                       tm.kernel_us() / 1e3, tm.batch_requests(), tm.parse_us() / 1e3,
-                       tm.admit_us() / 1e3, tm.batch_us() / 1e3, tm.prep_us() / 1e3,
-                       tm.attend_us() / 1e3, tm.copy_in_us() / 1e3, tm.copy_out_us() / 1e3});
+        step.calls.push_back(CallSample{
+            Ms(now - call_start), tm.server_us() / 1e3, tm.queued_us() / 1e3, tm.kernel_us() / 1e3,
+            tm.batch_requests(), tm.parse_us() / 1e3, tm.admit_us() / 1e3, tm.batch_us() / 1e3,
+            tm.prep_us() / 1e3, tm.attend_us() / 1e3, tm.copy_in_us() / 1e3, tm.copy_out_us() / 1e3,
+            // A server older than phases_measured measured every batch's phases.
+            tm.phases_measured() || tm.attend_us() > 0});
         step.rows += resp.out().shape_size() > 0 ? resp.out().shape(0) : 0;
         call_start = now;
       }

@@ -58,7 +58,7 @@ class ServiceCoreImpl : public ServiceCore {
     if (!upload.ok()) return upload.status();
     upload_stream_ = *std::move(upload);
     absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-        StepExecutor::Create(*backend_, order_);
+        StepExecutor::Create(*backend_, order_, config_.phase_timings_every);
     if (!executor.ok()) return executor.status();
     executor_ = *std::move(executor);
     SMLA_RETURN_IF_ERROR(executor_->WarmUp());

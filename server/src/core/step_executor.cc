@@ -50,7 +50,12 @@ StepExecutor::StepExecutor(kernels::Backend& backend, std::unique_ptr<kernels::S
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
-    kernels::Backend& backend, const std::vector<ModelRuntime*>& models) {
+    kernels::Backend& backend, const std::vector<ModelRuntime*>& models,
+    int32_t phase_timings_every) {
+  if (phase_timings_every < 1) {
+    return absl::InvalidArgumentError(
+        Cat("phase_timings_every: ", phase_timings_every, " is not a positive count"));
+  }
   absl::StatusOr<std::unique_ptr<kernels::Stream>> stream = backend.CreateStream();
   if (!stream.ok()) return stream.status();
   Events events;
@@ -63,6 +68,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   }
   std::unique_ptr<StepExecutor> executor(
       new StepExecutor(backend, *std::move(stream), std::move(events), models));
+  executor->phase_timings_every_ = phase_timings_every;
   // Learns whether the backend has page-locked memory (pinned()) before the first launch.
   absl::StatusOr<uint8_t*> arena = executor->HostArena(size_t{1} << 20);
   if (!arena.ok()) return arena.status();
@@ -256,6 +262,7 @@ struct StepExecutor::DeviceWork {
   // Whether any device work comes before the segment build: input copies, or the expansion.
   // Without any, the launch's first event is recorded with the compute (no wait to measure).
   bool copies_first = false;
+  bool phases = false;  // the attention's and the output copies' events are recorded
   kernels::WriteRowsParams write;
   // The arena's arrays (slot lists, segments, the checks' arrays), copied up in one copy once
   // built; WriteRows and Attend read their arrays there too (`mirror`).
@@ -294,6 +301,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   const absl::Time start = absl::Now();
   ranges_memo_ = HostRanges::Memo();
   DeviceWork work;
+  work.phases = launches_++ % phase_timings_every_ == 0;
   const LaunchArgs args{model, layer, rope, steps, included, prepared};
   // Enqueues the input copies, then builds the slot lists and segments while they run.
   SMLA_RETURN_IF_ERROR(PrepareLaunch(args, work, results));
@@ -315,7 +323,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   // copies did not cover (the whole build on the CPU backend, whose copies run inside the
   // enqueueing call). Host time, so it goes to prep, not kernel.
   // Without copies before the build there is no wait, and no copy_in: inputs in a GPU region are
-  // copied by the checks.
+  // copied by the checks. The attention's events are recorded on sampled launches only.
   enum { kTotal, kCopyIn, kWait, kAttend, kCopyOut, kIntervals };
   const std::pair<const kernels::Event*, const kernels::Event*> between[kIntervals] = {
       {events_.start.get(), events_.end.get()},
@@ -323,7 +331,8 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
       {events_.copied_in.get(), events_.built.get()},
       {events_.attend_begin.get(), events_.attend_end.get()},
       {events_.attend_end.get(), events_.end.get()}};
-  const bool measured[kIntervals] = {true, work.copies_first, work.copies_first, true, true};
+  const bool measured[kIntervals] = {true, work.copies_first, work.copies_first, work.phases,
+                                     work.phases};
   absl::Duration interval[kIntervals] = {};
   for (int i = 0; i < kIntervals; ++i) {
     if (!measured[i]) continue;
@@ -350,6 +359,7 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
     results[i]->timings.prep = t.prep;
     results[i]->timings.copy_in = t.copy_in;
     results[i]->timings.copy_out = t.copy_out;
+    results[i]->timings.phases = work.phases;
   }
   return absl::OkStatus();
 }
@@ -883,9 +893,10 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
     SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
   }
   if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
-  SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
+  if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
-  return backend_.RecordEvent(*events_.attend_end, stream);
+  if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_end, stream));
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::EnqueueOutputs(const DeviceWork& w) {

@@ -460,9 +460,12 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
   tm->set_queued_us(absl::ToInt64Microseconds(result.timings.queued));
   tm->set_kernel_us(absl::ToInt64Microseconds(result.timings.kernel));
   tm->set_prep_us(absl::ToInt64Microseconds(result.timings.prep));
-  tm->set_attend_us(absl::ToInt64Microseconds(result.timings.attend));
   tm->set_copy_in_us(absl::ToInt64Microseconds(result.timings.copy_in));
-  tm->set_copy_out_us(absl::ToInt64Microseconds(result.timings.copy_out));
+  if (result.timings.phases) {
+    tm->set_phases_measured(true);
+    tm->set_attend_us(absl::ToInt64Microseconds(result.timings.attend));
+    tm->set_copy_out_us(absl::ToInt64Microseconds(result.timings.copy_out));
+  }
   tm->set_batch_us(absl::ToInt64Microseconds(result.timings.batch));
   tm->set_batch_requests(result.timings.batch_requests);
   tm->set_batch_rows(result.timings.batch_rows);

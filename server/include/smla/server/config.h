@@ -63,6 +63,10 @@ struct ServerConfig {
   kernels::BackendChoice backend = kernels::BackendChoice::kAuto;
   std::vector<ModelConfig> models;
   Limits limits;
+  // The attention's and the output copies' timing events (StepTimings::attend, copy_out) are
+  // recorded on one launch in this many, since each event costs the device time it measures
+  // (docs/performance.md, "Timing a launch"). 1 = every launch.
+  int32_t phase_timings_every = 16;
 };
 
 }  // namespace smla::server

@@ -94,6 +94,9 @@ struct StepTimings {
   // (inputs in a GPU region are copied by the checks).
   absl::Duration copy_in;
   absl::Duration copy_out;
+  // Whether attend and copy_out were measured: on one launch in
+  // ServerConfig::phase_timings_every; zero on the others.
+  bool phases = false;
   absl::Duration batch;  // the executor's whole batch: page reservations, prep, kernel, commits
   absl::Time admitted;   // when the scheduler queued the step
   int32_t batch_requests = 0;

@@ -8,7 +8,7 @@
 // and MXFP8 queries checked, every chosen entry turned into a slot and checked against what its
 // row may see, every window written | one WriteRows for every new KV row and compressed entry,
 // skipping the rows of the steps the checks flagged | one Attend over all rows | the copies back,
-// the flags with them), with events between the parts;
+// the flags with them), with events around it (and between the parts on sampled launches);
 // Synchronize; a flagged step is answered with its error (its outputs were copied like the
 // others' and are not answered) and aborted: it changed nothing. The others are committed, their
 // outputs sliced back to each step.
@@ -48,9 +48,11 @@ namespace smla::server {
 class StepExecutor : public BatchRunner {
  public:
   // `models` (in index order: models[i]->index() == i) outlive the executor; the executor owns
-  // its stream and staging buffers.
+  // its stream and staging buffers. The attention's and the output copies' events are recorded
+  // on one launch in `phase_timings_every` (ServerConfig).
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
-      kernels::Backend& backend, const std::vector<ModelRuntime*>& models);
+      kernels::Backend& backend, const std::vector<ModelRuntime*>& models,
+      int32_t phase_timings_every = 1);
 
   // One empty-row Attend per model, so that the first real step pays no start-up cost.
   absl::Status WarmUp();
@@ -134,7 +136,7 @@ class StepExecutor : public BatchRunner {
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
   // Enqueues the upload, the checks, the row writes and the attention (between its timing
-  // events).
+  // events on sampled launches).
   absl::Status EnqueueCompute(const DeviceWork& work);
   // Enqueues the copies back, the flags' among them, and the end event.
   absl::Status EnqueueOutputs(const DeviceWork& work);
@@ -160,6 +162,8 @@ class StepExecutor : public BatchRunner {
   mutable absl::Mutex stats_mu_;
   CopyStats last_copy_stats_ ABSL_GUARDED_BY(stats_mu_);
   int logged_copy_paths_ = -1;  // the copy paths last logged (NoteCopies); -1: none yet
+  int32_t phase_timings_every_ = 1;
+  int64_t launches_ = 0;  // launches so far: which ones record the phase events
 };
 
 }  // namespace smla::server
