@@ -22,6 +22,15 @@ TEST(AlignTest, AlignUpRoundsToTheNextMultiple) {
   EXPECT_EQ(AlignUp(int64_t{1} << 40 | 1, 256), (int64_t{1} << 40) + 256);
 }
 
+TEST(AlignTest, CeilDivCountsPartsThatCover) {
+  EXPECT_EQ(CeilDiv(0, 16), 0);
+  EXPECT_EQ(CeilDiv(1, 16), 1);
+  EXPECT_EQ(CeilDiv(16, 16), 1);
+  EXPECT_EQ(CeilDiv(17, 16), 2);
+  EXPECT_EQ(CeilDiv(int64_t{2048}, 32), int64_t{64});
+  EXPECT_EQ(CeilDiv(int64_t{1} << 40 | 1, 1 << 20), (int64_t{1} << 20) + 1);
+}
+
 TEST(AlignTest, IsAlignedOnIntegers) {
   EXPECT_TRUE(IsAligned(0, 64));
   EXPECT_TRUE(IsAligned(128, 64));

@@ -4,11 +4,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "smla/base/align.h"
 
 namespace smla::kernels {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Whether a grid of `programs` fills its last round of `units` more than half, or, past four
 // rounds (where a ragged tail matters little), whether each program has at least four tiles.
@@ -25,7 +24,7 @@ int32_t PlanSplits(int64_t rows, int32_t heads, int32_t tiles, int32_t compute_u
   // Few tiles: the combine would cost more than the parallelism gains.
   if (tiles <= 2) return 1;
   const int64_t per_unit = std::max<int32_t>(1, programs_per_unit);
-  const int64_t programs = std::max<int64_t>(1, rows * CeilDiv(heads, 16));
+  const int64_t programs = std::max<int64_t>(1, rows * CeilDiv<int64_t>(heads, 16));
   int64_t splits;
   if (programs >= compute_units) {
     // The grid is already full: aim for two programs per resident slot, splitting only rows
@@ -49,7 +48,7 @@ int32_t PlanHeadBlock(int64_t rows, int32_t heads, int32_t tiles, int32_t splits
   for (int32_t block : {64, 32}) {
     if (heads < block || heads % block != 0) continue;
     const int64_t programs = rows * (heads / block) * splits;
-    const int64_t tiles_per_program = CeilDiv(tiles, splits);
+    const int64_t tiles_per_program = CeilDiv<int64_t>(tiles, splits);
     if (tiles_per_program <= 1) continue;
     if (!LastRoundWorthIt(programs, compute_units, tiles_per_program)) continue;
     // 64-head programs hold Q in shared memory and have no combine path.
@@ -116,10 +115,10 @@ double EstimateDirectUs(const DirectPlanInput& in, int32_t head_block, int32_t s
   const DirectProgramCost& cost = CostFor(model, in.format, in.qk_width);
   const int32_t blocks = head_block == 32 ? in.blocks32 : in.blocks16;
   const int64_t sms = std::max<int32_t>(1, in.compute_units);
-  const int64_t k = CeilDiv(std::max<int32_t>(1, in.tiles), std::max<int32_t>(1, splits));
+  const int64_t k = CeilDiv<int64_t>(std::max<int32_t>(1, in.tiles), std::max<int32_t>(1, splits));
   const double program = head_block == 32 ? cost.p32 + k * cost.t32 : cost.p16 + k * cost.t16;
   const double slow = blocks >= 2 ? model.shared_unit_slowdown : 1.0;
-  const int64_t programs = in.units * CeilDiv(in.heads, head_block) * splits;
+  const int64_t programs = in.units * CeilDiv<int64_t>(in.heads, head_block) * splits;
   const int64_t per_round = std::max<int32_t>(1, blocks) * sms;
   const int64_t rounds = programs / per_round;
   const int64_t rest = programs % per_round;
@@ -143,9 +142,9 @@ DirectPlan PlanDirect(const DirectPlanInput& in) {
     for (int32_t splits = 1; splits <= std::min(tiles, kMaxSplits);) {
       const double us = EstimateDirectUs(in, hb, splits);
       if (best.estimate_us < 0 || us < best.estimate_us) best = {hb, splits, us};
-      const int64_t k = CeilDiv(tiles, splits);
+      const int64_t k = CeilDiv<int64_t>(tiles, splits);
       if (k == 1) break;
-      splits = static_cast<int32_t>(CeilDiv(tiles, k - 1));
+      splits = static_cast<int32_t>(CeilDiv<int64_t>(tiles, k - 1));
     }
   }
   if (best.estimate_us < 0) best = {16, 1, 0};
@@ -154,13 +153,13 @@ DirectPlan PlanDirect(const DirectPlanInput& in) {
 
 LaunchPlan MakePlan(const PlanInput& in) {
   LaunchPlan plan;
-  plan.tiles = static_cast<int32_t>(CeilDiv(in.max_main_keys, kKeyTile) +
-                                    CeilDiv(in.max_extra_keys, kKeyTile));
+  plan.tiles = static_cast<int32_t>(CeilDiv<int64_t>(in.max_main_keys, kKeyTile) +
+                                    CeilDiv<int64_t>(in.max_extra_keys, kKeyTile));
   plan.splits =
       PlanSplits(in.num_rows, in.num_heads, plan.tiles, in.compute_units, in.programs_per_unit);
   plan.head_block =
       PlanHeadBlock(in.num_rows, in.num_heads, plan.tiles, plan.splits, in.compute_units);
-  plan.head_blocks = static_cast<int32_t>(CeilDiv(in.num_heads, plan.head_block));
+  plan.head_blocks = static_cast<int32_t>(CeilDiv<int64_t>(in.num_heads, plan.head_block));
   plan.programs = int64_t{in.num_rows} * plan.head_blocks * plan.splits;
   plan.order = WorkOrder::kRowMajor;
   return plan;
@@ -170,7 +169,7 @@ LaunchPlan OverridePlan(LaunchPlan plan, int32_t num_rows, int32_t num_heads,
                         int32_t force_head_block, int32_t force_splits) {
   if (force_head_block > 0) {
     plan.head_block = force_head_block;
-    plan.head_blocks = static_cast<int32_t>(CeilDiv(num_heads, force_head_block));
+    plan.head_blocks = static_cast<int32_t>(CeilDiv<int64_t>(num_heads, force_head_block));
   }
   if (force_splits > 0) {
     plan.splits = std::clamp(force_splits, 1, std::max(plan.tiles, 1));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.h"
+#include "smla/base/align.h"
 #include "smla/server/log_field.h"
 
 namespace smla::server {
@@ -13,8 +14,6 @@ namespace {
 absl::Status SequenceNotFound(std::string_view id, const std::string& model) {
   return absl::NotFoundError(Cat("sequence '", LogField(id), "' of model ", model, " not found"));
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The pages of the table that a layer's chosen entries are translated through.
 int64_t TranslatedPages(const LayerSpec& spec, const LayerPages& p) {

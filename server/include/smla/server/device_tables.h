@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "smla/base/align.h"
 #include "smla/kernels/backend.h"
 
 namespace smla::server {
@@ -26,9 +27,7 @@ inline constexpr int32_t kTableBlockShift = 5;
 inline constexpr int32_t kTableBlock = 1 << kTableBlockShift;
 
 // The blocks that hold a table of `pages` pages.
-inline constexpr int64_t TableBlocksOf(int64_t pages) {
-  return (pages + kTableBlock - 1) / kTableBlock;
-}
+inline constexpr int64_t TableBlocksOf(int64_t pages) { return CeilDiv(pages, kTableBlock); }
 
 // One table's copy on the device.
 struct TableMirror {
