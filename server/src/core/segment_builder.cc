@@ -29,17 +29,16 @@ void MainSlots(const LayerPages& p, int32_t rows_per_page, int64_t first, int64_
   }
 }
 
-// Positions [first, last] of a span's windows lie on pages first >> shift .. last >> shift.
+// The pages that hold a span's windows: from the first position any of its rows sees to its
+// last row's.
 struct WindowPages {
-  int64_t first = 0;  // the first position any of the span's rows sees
-  int64_t page = 0;   // the page it lies on
-  int64_t count = 0;  // pages up to the span's last position's
+  int64_t page = 0;  // the first of them
+  int64_t count = 0;
 };
 
 WindowPages WindowPagesOf(const SpanInput& s, int32_t window, int32_t rows_per_page) {
   WindowPages w;
-  w.first = std::max<int64_t>(0, s.first_position - (window - 1));
-  w.page = w.first / rows_per_page;
+  w.page = std::max<int64_t>(0, s.first_position - (window - 1)) / rows_per_page;
   w.count = (s.first_position + s.num_rows - 1) / rows_per_page - w.page + 1;
   return w;
 }

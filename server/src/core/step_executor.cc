@@ -283,13 +283,14 @@ struct StepExecutor::DeviceWork {
     uint8_t* q_scales = nullptr;
     int32_t* ids = nullptr;
     // Each input's address in a GPU region, from which the checks read and copy it to the
-    // address above; null where a copy put it there before the checks.
+    // address above; null where a copy put it there before the checks (the ids': span_ids).
     const uint8_t *kv_from = nullptr, *compressed_from = nullptr, *q_from = nullptr,
                   *q_scales_from = nullptr;
-    const int32_t* ids_from = nullptr;
   };
   std::vector<SpanDevice> span_device;
-  std::vector<const int32_t*> span_ids;  // each span's ids_from (DeviceTargets::span_ids)
+  // Each span's ids in a GPU region, likewise; one array, as the builder reads it
+  // (DeviceTargets::span_ids).
+  std::vector<const int32_t*> span_ids;
 };
 
 absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
@@ -596,8 +597,7 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
     d.q_scales_from = input(kQScales, s.q_scales);
     d.kv_from = input(kKv, s.kv_rows);
     if (compressed) d.compressed_from = input(kCompressed, s.compressed_rows);
-    d.ids_from = reinterpret_cast<const int32_t*>(input(kIds, ids_bytes(s)));
-    work.span_ids.push_back(d.ids_from);
+    work.span_ids.push_back(reinterpret_cast<const int32_t*>(input(kIds, ids_bytes(s))));
     work.expand_after_checks =
         work.expand_after_checks || d.q_from != nullptr || d.q_scales_from != nullptr;
   }
