@@ -1236,6 +1236,26 @@ TEST_F(GpuTest, OnDeviceCopiesLandExactly) {
   EXPECT_TRUE(gpu_->Download<uint8_t>(dev_dst, kBytes) == want);
 }
 
+// Every kernel may start while the one before it finishes and waits for it inside
+// (kernels/src/gpu/grid_order.h): a chain of copy kernels, each reading the buffer the one
+// before it wrote, ends with the first buffer's bytes. A copy that read before its predecessor
+// finished would find the destination's initial bytes.
+TEST_F(GpuTest, DependentKernelsSeeTheWritesBeforeThem) {
+  std::mt19937 rng(79);
+  const size_t kBytes = size_t{4} << 20;
+  const int kLinks = 48;
+  std::vector<uint8_t> src(kBytes);
+  for (uint8_t& b : src) b = static_cast<uint8_t>(rng() | 1);
+  std::vector<Buffer> chain;
+  chain.push_back(gpu_->Upload(src));
+  for (int i = 0; i < kLinks; ++i) chain.push_back(gpu_->Zeros(kBytes, 0));
+  for (int i = 0; i < kLinks; ++i) {
+    const CopyOp op{chain[i + 1].data(), chain[i].data(), kBytes};
+    ASSERT_TRUE(gpu_->backend->CopyBatch({&op, 1}, CopyDirection::kOnDevice, *gpu_->stream).ok());
+  }
+  EXPECT_TRUE(gpu_->Download<uint8_t>(chain.back(), kBytes) == src);
+}
+
 // The executor brings a launch's flags back in the output copy kernel, into its page-locked
 // arena: copies within the device may write page-locked host memory from AllocateHost.
 TEST_F(GpuTest, OnDeviceCopiesWritePageLockedHostMemory) {

@@ -26,6 +26,7 @@
 
 #include "gpu/attend_kernel.cuh"
 #include "gpu/direct_layout.h"
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/mxfp8.h"
 #include "smla/kernels/epilogue.h"
@@ -617,6 +618,7 @@ __device__ __forceinline__ void DirectTileF16(
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendDirectKernel(const __grid_constant__ AttendKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
   using S = DirectSmem<C>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);

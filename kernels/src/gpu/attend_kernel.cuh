@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/mxfp8.h"
@@ -291,6 +292,7 @@ __device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, ui
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendKernel(const __grid_constant__ AttendKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
   using S = AttendSmem<C>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/input_checks.h"
 
@@ -139,6 +140,7 @@ struct CheckGrid {
 
 __global__ void __launch_bounds__(kCheckThreads)
     CheckInputsKernel(const __grid_constant__ CheckInputsParams p, CheckGrid g) {
+  EnterGrid();  // grid_order.h: before any access to memory
   auto block = static_cast<int32_t>(blockIdx.x);
   if (block < g.check_blocks()) {
     CheckRanges(p, block, g.range_slots);
@@ -168,8 +170,9 @@ absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream) 
       std::min<int64_t>((write_ids + kCheckThreads - 1) / kCheckThreads, kMaxWriteBlocks));
   g.run_blocks = std::min(p.entries.num_runs, kMaxRunBlocks);
   if (g.blocks() == 0) return absl::OkStatus();
-  CheckInputsKernel<<<static_cast<unsigned>(g.blocks()), kCheckThreads, 0, stream>>>(p, g);
-  return ToStatus(GetLastError(), "check-inputs kernel launch");
+  return ToStatus(Launch(CheckInputsKernel, dim3(static_cast<unsigned>(g.blocks())),
+                         dim3(kCheckThreads), 0, stream, p, g),
+                  "check-inputs kernel launch");
 }
 
 }  // namespace smla::kernels::gpu

@@ -2,6 +2,7 @@
 // per (row, head), 128 threads of 4 output lanes each.
 #include <cstdint>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/bf16.h"
 #include "smla/kernels/codec/mxfp8.h"
@@ -16,6 +17,7 @@ static_assert(kMxGroup / 4 == 8, "an MXFP8 group spans 8 threads of the combine"
 
 __global__ void __launch_bounds__(kCombineThreads)
     CombineKernel(const __grid_constant__ CombineKernelParams p) {
+  EnterGrid();                    // grid_order.h: before any access to memory
   const int64_t rh = blockIdx.x;  // row * H + head
   const int row = static_cast<int>(rh / p.num_heads);
   const int head = static_cast<int>(rh % p.num_heads);
@@ -80,8 +82,9 @@ __global__ void __launch_bounds__(kCombineThreads)
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream) {
   const int64_t blocks = int64_t{p.num_rows} * p.num_heads;
   if (blocks == 0) return absl::OkStatus();
-  CombineKernel<<<static_cast<unsigned>(blocks), kCombineThreads, 0, stream>>>(p);
-  return ToStatus(GetLastError(), "combine kernel launch");
+  return ToStatus(Launch(CombineKernel, dim3(static_cast<unsigned>(blocks)), dim3(kCombineThreads),
+                         0, stream, p),
+                  "combine kernel launch");
 }
 
 }  // namespace smla::kernels::gpu

@@ -3,6 +3,7 @@
 // write identical bits. A pair of lanes never straddles a 32-lane scale group.
 #include <cstdint>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/mxfp8_query.h"
 
@@ -13,6 +14,7 @@ constexpr int kExpandThreads = 256;
 
 __global__ void __launch_bounds__(kExpandThreads)
     ExpandQueryKernel(const __grid_constant__ ExpandQueryKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
   const int64_t pairs = p.lanes / 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kExpandThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x; i < pairs;
@@ -32,8 +34,9 @@ absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle st
   if (p.lanes == 0) return absl::OkStatus();
   const int64_t want = (p.lanes / 2 + kExpandThreads - 1) / kExpandThreads;
   const int64_t blocks = want < (int64_t{1} << 16) ? want : (int64_t{1} << 16);
-  ExpandQueryKernel<<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(p);
-  return ToStatus(GetLastError(), "expand-query kernel launch");
+  return ToStatus(Launch(ExpandQueryKernel, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kExpandThreads), 0, stream, p),
+                  "expand-query kernel launch");
 }
 
 }  // namespace smla::kernels::gpu

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/gpu/primitives.h"
 
@@ -49,6 +50,7 @@ __device__ __forceinline__ int FindSlot(const int32_t* keys, int32_t slot, int b
 
 __global__ void __launch_bounds__(kUnionThreads)
     RowUnionKernel(const __grid_constant__ AttendKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
   // The hash table (RowUnionSharedBytes): keys, then the first entry of row 2i and of row 2i+1
   // with each key.
   extern __shared__ int32_t table[];
@@ -194,9 +196,10 @@ absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream) {
   const int pairs = p.num_rows / 2;
   if (pairs == 0) return absl::OkStatus();
   const auto bytes = static_cast<size_t>(RowUnionSharedBytes(p.union_bits));
-  RowUnionKernel<<<dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(p.num_segments)),
-                   kUnionThreads, bytes, stream>>>(p);
-  return ToStatus(GetLastError(), "row-union kernel launch");
+  return ToStatus(Launch(RowUnionKernel,
+                         dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(p.num_segments)),
+                         dim3(kUnionThreads), bytes, stream, p),
+                  "row-union kernel launch");
 }
 
 }  // namespace smla::kernels::gpu

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "smla/kernels/codec/row_codec.h"
 #include "smla/kernels/gpu/primitives.h"
@@ -27,6 +28,7 @@ __device__ __forceinline__ float Larger(float a, float b) { return b > a ? b : a
 
 __global__ void __launch_bounds__(kRowThreads)
     WriteRowsKernel(const __grid_constant__ WriteRowsKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
   __shared__ float amax_s[kSubgroups][kChunks];
   const int t = threadIdx.x;
   const auto f = static_cast<KvFormat>(p.format);
@@ -109,8 +111,9 @@ __global__ void __launch_bounds__(kRowThreads)
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream) {
   if (p.num_rows == 0) return absl::OkStatus();
   const int64_t blocks = p.num_rows < (int64_t{1} << 20) ? p.num_rows : (int64_t{1} << 20);
-  WriteRowsKernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p);
-  return ToStatus(GetLastError(), "write-rows kernel launch");
+  return ToStatus(
+      Launch(WriteRowsKernel, dim3(static_cast<unsigned>(blocks)), dim3(kRowThreads), 0, stream, p),
+      "write-rows kernel launch");
 }
 
 }  // namespace smla::kernels::gpu

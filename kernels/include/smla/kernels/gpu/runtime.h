@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -150,11 +153,42 @@ inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
 inline Error SetMaxDynamicSharedBytes(const void* kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
+// Every kernel goes out as a programmatic dependent launch (sm_90 and later): it may be
+// scheduled while the kernel before it on the stream finishes, and waits for that kernel inside
+// (WaitForPriorGrid, kernels/src/gpu/grid_order.h), so that a small launch's kernels do not each
+// pay the launch gap (docs/architecture.md, "Kernels that start early").
 inline Error LaunchKernel(const void* kernel, dim3 grid, dim3 block, void** args,
                           size_t shared_bytes, StreamHandle s) {
-  return cudaLaunchKernel(kernel, grid, block, args, shared_bytes, s);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = s;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelExC(&config, kernel, args);
 }
 #endif
+
+// LaunchKernel with typed arguments, each converted to its parameter's type first.
+template <typename... Params, typename... Args>
+Error Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, StreamHandle s,
+             Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "one argument per parameter");
+  std::tuple<std::remove_cvref_t<Params>...> values{std::forward<Args>(args)...};
+  void* pointers[sizeof...(Params)];
+  std::apply(
+      [&pointers](auto&... v) {
+        size_t i = 0;
+        ((pointers[i++] = static_cast<void*>(&v)), ...);
+      },
+      values);
+  return LaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, pointers, shared_bytes,
+                      s);
+}
 
 // What the backend needs to know about a device, read once at start-up (docs/gpu.md). `arch`
 // is "sm_90a"-style on NVIDIA and the gfx target ("gfx950") on AMD.
