@@ -44,25 +44,42 @@ class PinningBackend : public testing::ControlledBackend {
   }
   absl::Status CopyBatch(std::span<const kernels::CopyOp> copies, kernels::CopyDirection d,
                          kernels::Stream& s) override {
+    {
+      absl::MutexLock lock(&mu_);
+      batching_ = true;
+    }
     absl::Status st = kernels::Backend::CopyBatch(copies, d, s);
     absl::MutexLock lock(&mu_);
+    batching_ = false;
     if (d == kernels::CopyDirection::kToDevice) {
       to_device_.assign(copies.begin(), copies.end());
       if (poison_) Poison(copies);
     }
     if (d == kernels::CopyDirection::kOnDevice) {
-      on_device_.insert(on_device_.end(), copies.begin(), copies.end());
+      for (const kernels::CopyOp& c : copies) {
+        if (InArena(c.src)) {
+          upload_bytes_ = c.bytes;  // the launch's arrays, read in the page-locked arena
+        } else {
+          on_device_.push_back(c);
+        }
+      }
     }
     return st;
   }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, kernels::Stream& s) override {
     {
       absl::MutexLock lock(&mu_);
-      if (InArena(src)) upload_bytes_ = bytes;
+      if (InArena(src) && !batching_) ++engine_uploads_;
     }
     return ControlledBackend::CopyToDevice(dst, src, bytes, s);
   }
-  // The bytes of the last single copy from the arena: the launch's one upload of its arrays.
+  // Single copies from the arena outside a batch: uploads a copy engine would run.
+  int engine_uploads() {
+    absl::MutexLock lock(&mu_);
+    return engine_uploads_;
+  }
+  // The bytes of the last copy within the device from the arena: the launch's one upload of
+  // its arrays, which the device reads in the page-locked arena.
   size_t last_upload_bytes() {
     absl::MutexLock lock(&mu_);
     return upload_bytes_;
@@ -161,6 +178,8 @@ class PinningBackend : public testing::ControlledBackend {
   std::vector<kernels::CopyOp> checked_copies_ ABSL_GUARDED_BY(mu_);
   std::function<void()> after_checks_ ABSL_GUARDED_BY(mu_);
   size_t upload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int engine_uploads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool batching_ ABSL_GUARDED_BY(mu_) = false;  // inside CopyBatch
 };
 
 struct Core {
@@ -560,6 +579,19 @@ TEST_F(LaunchTest, UploadDoesNotGrowWithTheTopKWidth) {
   // (128 bytes and its write), and the layout pads to 64 bytes.
   EXPECT_LE(c.backend->last_upload_bytes(), wide + 512);
   EXPECT_GE(c.backend->last_upload_bytes() + 512, wide);
+}
+
+// From a page-locked arena the launch's arrays go up as one copy within the device (a copy
+// kernel that reads the arena in place, on a GPU), never as a copy-engine copy.
+TEST_F(LaunchTest, ArraysGoUpInACopyKernel) {
+  Core pinned = Start(/*pinning=*/true);
+  const StepResult got = Run(*pinned.core, /*from_region=*/false);
+  EXPECT_GT(pinned.backend->last_upload_bytes(), 0u);
+  EXPECT_EQ(pinned.backend->engine_uploads(), 0);
+  Core plain = Start(/*pinning=*/false);
+  const StepResult want = Run(*plain.core, /*from_region=*/false);
+  EXPECT_TRUE(got.out == want.out);
+  EXPECT_TRUE(got.mx_scales == want.mx_scales);
 }
 
 // The page tables the chosen entries are translated through stay on the device between

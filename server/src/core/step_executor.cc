@@ -886,8 +886,13 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   kernels::Stream& stream = *stream_;
   SMLA_RETURN_IF_ERROR(
       backend_.RecordEvent(w.copies_first ? *events_.built : *events_.start, stream));
+  // From a page-locked arena the arrays go up in a copy kernel, which reads the arena in place:
+  // a copy-engine copy costs as long, and the checking kernel then waits for its hand-over
+  // instead of starting as it ends (docs/architecture.md, "Kernels that start early").
   const kernels::CopyOp& c = w.arrays_upload;
-  SMLA_RETURN_IF_ERROR(backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
+  SMLA_RETURN_IF_ERROR(pinned()
+                           ? backend_.CopyBatch({&c, 1}, kernels::CopyDirection::kOnDevice, stream)
+                           : backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
   SMLA_RETURN_IF_ERROR(backend_.CheckInputs(w.check, stream));
   if (w.expand.vectors > 0 && w.expand_after_checks) {
     SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
