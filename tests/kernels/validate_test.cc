@@ -2,6 +2,7 @@
 // problem, and the outputs stay untouched.
 #include "smla/kernels/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -255,6 +256,15 @@ TEST_F(ValidateTest, OutputPointers) {
   p = case_->Params(mx);
   p.out.mx_scales = nullptr;
   ExpectError(Call(p), absl::StatusCode::kInvalidArgument, "mxfp8 format needs both");
+  // Off the 16-byte grid of the GPU kernels' stores: refused on every backend, nothing written.
+  for (const int shift : {2, 8}) {
+    p = case_->Params(Options());
+    std::vector<uint16_t> out(4 * 16 * 512 + 8, 0xabcd);
+    p.out.bf16 = out.data() + shift / 2;
+    ExpectError(backend_->Attend(p, *stream_), absl::StatusCode::kInvalidArgument,
+                "16-byte aligned");
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint16_t v) { return v == 0xabcd; }));
+  }
 }
 
 TEST_F(ValidateTest, TuningOverrides) {

@@ -191,6 +191,12 @@ absl::Status ValidateAttend(const AttendParams& p) {
     } else {
       return absl::InvalidArgumentError("output: unknown format");
     }
+    if (!IsAligned(p.out.bf16, 16) || !IsAligned(p.out.mx_data, 16) ||
+        !IsAligned(p.out.lse, alignof(float))) {
+      return absl::InvalidArgumentError(
+          "output: the data must be 16-byte aligned (the kernels store 16 bytes at a time) and "
+          "the LSE 4-byte aligned");
+    }
   }
   if (p.force_head_block != 0 && p.force_head_block != 16 && p.force_head_block != 32 &&
       p.force_head_block != 64) {

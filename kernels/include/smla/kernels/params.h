@@ -85,6 +85,7 @@ struct Epilogue {
   int32_t num_positions = 0;       // P
 };
 
+// Backend memory; the data 16-byte aligned (the kernels' widest stores), the LSE 4-byte.
 struct OutputView {
   OutputFormat format = OutputFormat::kBf16;
   void* bf16 = nullptr;          // [T, H, 512] bf16, when format == kBf16
