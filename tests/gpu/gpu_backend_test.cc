@@ -1455,7 +1455,8 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
 
 // Slots and groups in a caller's mirror (WriteRowsParams::arrays) are read from its device copy:
 // here that copy holds the slots in reverse, so the GPU pool must match a CPU write with the
-// reversed slots (a row of a flagged group included, which both leave unwritten).
+// reversed slots (a row of a flagged group included, which both leave unwritten). The flags are
+// handed to page-locked host memory (flags_out) by the same kernel.
 TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   std::mt19937 rng(9);
   const KvFormat format = KvFormat::kFp8Dsv4;
@@ -1490,8 +1491,13 @@ TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   wp.group_flags = gpu_flags.as<uint32_t>();
   wp.rows = gpu_rows.data();
   wp.arrays = HostMirror{host.data(), mirror.as<uint8_t>(), host.size()};
+  absl::StatusOr<Buffer> handed = gpu_->backend->AllocateHost(flags.size() * sizeof(uint32_t));
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  std::fill_n(handed->as<uint32_t>(), flags.size(), 7u);
+  wp.flags_out = std::span<uint32_t>(handed->as<uint32_t>(), flags.size());
   ASSERT_TRUE(gpu_->backend->WriteRows(wp, *gpu_->stream).ok());
   const std::vector<uint8_t> got = gpu_->Download<uint8_t>(gpu_pool, pitch * pages);
+  EXPECT_EQ(std::vector<uint32_t>(wp.flags_out.begin(), wp.flags_out.end()), flags);
 
   Buffer cpu_pool = cpu_->Zeros(pitch * pages, 0xa5);
   Buffer cpu_rows = cpu_->Upload(rows);
@@ -1500,6 +1506,7 @@ TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   cp.rows = cpu_rows.data();
   cp.slots = reversed;
   cp.group_flags = flags.data();
+  cp.flags_out = {};
   cp.arrays = {};
   ASSERT_TRUE(cpu_->backend->WriteRows(cp, *cpu_->stream).ok());
   const std::vector<uint8_t> want = cpu_->Download<uint8_t>(cpu_pool, pitch * pages);

@@ -243,7 +243,8 @@ TEST_F(TranslateTest, ChecksCopyWhatTheyRead) {
   EXPECT_EQ(out, (std::vector<int32_t>{21, -1, -1}));
 }
 
-// Rows of a flagged group are not written; the others are, and groups come one per slot.
+// Rows of a flagged group are not written; the others are, and groups come one per slot. The
+// flags are handed over where the caller asks (flags_out), and only with them.
 TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
   std::vector<uint8_t> pool(4 * 1024, 0);
   std::vector<uint16_t> rows(3 * 512);
@@ -251,13 +252,16 @@ TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
   const std::vector<int64_t> slots = {0, 1, 2};
   const std::vector<int32_t> groups = {0, 1, 0};
   const std::vector<uint32_t> flags = {0, 1};
+  std::vector<uint32_t> handed(2, 7);
   WriteRowsParams p;
   p.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, 1, 4, 4096, 1.0f};
   p.slots = slots;
   p.rows = rows.data();
   p.groups = groups;
   p.group_flags = flags.data();
+  p.flags_out = handed;
   ASSERT_TRUE(backend_->WriteRows(p, *stream_).ok());
+  EXPECT_EQ(handed, flags);
   uint16_t v[3];
   for (int s = 0; s < 3; ++s) std::memcpy(&v[s], pool.data() + s * 1024, 2);
   EXPECT_EQ(v[0], 0x3f80);
@@ -269,6 +273,9 @@ TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
   p.groups = groups;
   p.group_flags = nullptr;
   EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
+  p.groups = {};
+  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "flags_out without group_flags";
 }
 
 }  // namespace

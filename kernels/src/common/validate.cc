@@ -229,6 +229,12 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
   if (p.groups.empty() != (p.group_flags == nullptr)) {
     return absl::InvalidArgumentError("groups and group_flags come together");
   }
+  if (!p.flags_out.empty() && p.group_flags == nullptr) {
+    return absl::InvalidArgumentError("flags_out without group_flags");
+  }
+  if (p.flags_out.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("flags_out: too many groups");
+  }
   for (size_t i = 0; i < p.groups.size(); ++i) {
     if (p.groups[i] < 0) {
       return absl::InvalidArgumentError(absl::StrFormat("groups[%d] = %d", i, p.groups[i]));

@@ -111,6 +111,7 @@ class CpuBackend final : public Backend {
                 base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
                 scales, c.scale);
     };
+    std::copy_n(p.group_flags, p.flags_out.size(), p.flags_out.data());
     const int64_t n = static_cast<int64_t>(p.slots.size());
     // A slot named twice keeps its last row, which only a sequential write guarantees.
     if (p.slots.size() >= kParallelWriteRows && SlotsDistinct(p.slots)) {

@@ -200,6 +200,8 @@ class GpuBackend : public Backend {
       k.groups = params.arrays.Find(params.groups);
       k.group_flags = params.group_flags;
     }
+    k.flags_out = params.flags_out.data();
+    k.num_flags = static_cast<int32_t>(params.flags_out.size());
     if (k.slots == nullptr || (!params.groups.empty() && k.groups == nullptr)) {
       // Not in the caller's mirror: one upload, the slots, then the groups when there are any.
       const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));

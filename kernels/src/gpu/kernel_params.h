@@ -109,6 +109,8 @@ struct WriteRowsKernelParams {
   // Optional (WriteRowsParams::groups): row i is skipped when group_flags[groups[i]] != 0.
   const int32_t* groups = nullptr;  // [n] device
   const uint32_t* group_flags = nullptr;
+  uint32_t* flags_out = nullptr;  // [num_flags] page-locked host memory: group_flags copied there
+  int32_t num_flags = 0;
   const uint16_t* rows = nullptr;  // [n, QkWidth] bf16, device
   int64_t num_rows = 0;
   int64_t pitch = 0;

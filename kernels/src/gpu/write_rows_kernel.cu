@@ -34,6 +34,11 @@ __global__ void __launch_bounds__(kRowThreads)
   const auto f = static_cast<KvFormat>(p.format);
   const auto g = static_cast<Geometry>(p.geometry);
   const int width = QkWidth(g);
+  // The flags are final (the checks ran before this kernel): the first block hands them to the
+  // host, so that no copy has to follow the attention for them.
+  if (blockIdx.x == 0) {
+    for (int i = t; i < p.num_flags; i += kRowThreads) p.flags_out[i] = p.group_flags[i];
+  }
   // The format is the same for every block, so every thread takes the same branches and
   // reaches the same barriers.
   for (int64_t r = blockIdx.x; r < p.num_rows; r += gridDim.x) {

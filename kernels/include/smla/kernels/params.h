@@ -157,6 +157,10 @@ struct WriteRowsParams {
   // CheckInputs) is non-zero: a step whose inputs failed a check on the device writes nothing.
   std::span<const int32_t> groups;
   const uint32_t* group_flags = nullptr;
+  // Optional, with group_flags: group_flags[0, size) copied here, memory the host reads after the
+  // stream (page-locked memory from AllocateHost on a GPU backend), so that a caller that needs the
+  // flags after the launch pays no copy of its own after the last kernel.
+  std::span<uint32_t> flags_out;
   // Slots and groups the caller has copied to backend memory (read there by a GPU backend).
   HostMirror arrays;
 };
