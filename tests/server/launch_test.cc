@@ -412,6 +412,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   std::vector<uint8_t> outputs(out_bytes + scale_bytes + lse_bytes);
   using Kind = HostRanges::Kind;
   auto run = [&](Kind kind) {
+    std::fill(outputs.begin(), outputs.end(), 0xee);  // a launch that wrote nothing shows
     if (kind != Kind::kNone) {
       ex.host_ranges().Add(region_.data(), region_.size(), kind);
       ex.host_ranges().Add(outputs.data(), outputs.size(), kind);
@@ -438,21 +439,23 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   EXPECT_EQ(st.in_gathered, static_cast<int64_t>(inputs));
   EXPECT_EQ(st.out_direct, 0);
   EXPECT_EQ(st.out_pageable, static_cast<int64_t>(outputs.size()));
+  EXPECT_EQ(st.out_in_place, 0);
 
   EXPECT_TRUE(backend.take_on_device().empty());
   EXPECT_TRUE(backend.take_checked_copies().empty());
   for (const Kind kind : {Kind::kHost, Kind::kDevice}) {
     const std::vector<uint8_t> in_place = run(kind);
     st = ex.last_copy_stats();
+    const bool device = kind == Kind::kDevice;
     EXPECT_EQ(st.in_direct, static_cast<int64_t>(inputs));
     EXPECT_EQ(st.in_gathered, 0);
-    EXPECT_EQ(st.out_direct, static_cast<int64_t>(outputs.size()));
+    EXPECT_EQ(st.out_direct, device ? 0 : static_cast<int64_t>(outputs.size()));
     EXPECT_EQ(st.out_pageable, 0);
+    EXPECT_EQ(st.out_in_place, device ? static_cast<int64_t>(outputs.size()) : 0);
     EXPECT_TRUE(plain == in_place);
     // A GPU region's inputs are copied by the checks that read them (every byte, and none by a
-    // copy of its own), its outputs within the device.
-    // With outputs in a GPU region the checks' flags (one word: one step) come back in the same
-    // copy kernel, written into the page-locked arena: the one copy that is not an output.
+    // copy of its own); the one step's outputs there are written by the attention, and the
+    // checks' flags come back with the row writes: nothing is copied within the device.
     size_t to_outputs = 0, others = 0;
     for (const kernels::CopyOp& c : backend.take_on_device()) {
       const auto* dst = static_cast<const uint8_t*>(c.dst);
@@ -470,14 +473,118 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
       EXPECT_FALSE(InRegion(c.dst));
       checked += c.bytes;
     }
-    const bool device = kind == Kind::kDevice;
     EXPECT_EQ(checked, device ? inputs : 0);
-    EXPECT_EQ(others, device ? 1u : 0u);
-    EXPECT_EQ(to_outputs, device ? outputs.size() : 0);
+    EXPECT_EQ(others, 0u);
+    EXPECT_EQ(to_outputs, 0u);
     for (const kernels::CopyOp& c : backend.take_to_device()) {
       EXPECT_EQ(InRegion(c.src), !device);
     }
   }
+}
+
+// The attention writes a launch's outputs where they go when the launch holds one step whose
+// every destination the device can write (a GPU region here, 16-byte aligned): nothing is copied
+// after it, and the bytes are those of a launch that copies them. Two steps in a launch, or a
+// destination the kernels' 16-byte stores cannot reach, are copied as before; a step the checks
+// flag still fails alone with its message (the flags come back with the row writes).
+TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
+  Direct d;
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d));
+  PinningBackend& backend = *d.backend;
+  ModelRuntime& model = *d.model;
+  StepExecutor& ex = *d.executor;
+  ex.host_ranges().Add(region_.data(), region_.size(), HostRanges::Kind::kDevice);
+  // Per span: bf16-sized room for its MXFP8 outputs, scales and LSE; one more span's worth so
+  // that a destination can start off the 16-byte grid.
+  const size_t rows = static_cast<size_t>(decode_[0].rows);
+  const size_t out_bytes = rows * 16 * kernels::kValueWidth;
+  const size_t scale_bytes = rows * 16 * kernels::kMxGroupsPerHead;
+  const size_t lse_bytes = rows * 16 * sizeof(float);
+  const size_t span_bytes = out_bytes + scale_bytes + lse_bytes;
+  std::vector<uint8_t> outputs(3 * span_bytes + 64);
+  ex.host_ranges().Add(outputs.data(), outputs.size(), HostRanges::Kind::kDevice);
+  auto aim = [&](StepRequest& r, uint8_t* at, size_t n) {
+    r.destination.out = {at, n * out_bytes};
+    r.destination.mx_scales = {at + n * out_bytes, n * scale_bytes};
+    r.destination.lse = {at + n * (out_bytes + scale_bytes), n * lse_bytes};
+  };
+  auto rewind = [&] {
+    for (const SpanData& s : decode_) {
+      ASSERT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
+    }
+  };
+  // Both spans in one step: written in place.
+  std::fill(outputs.begin(), outputs.end(), 0xee);
+  StepRequest both = Request(decode_, true);
+  aim(both, outputs.data(), 2);
+  ASSERT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&both}})[0].ok());
+  const std::vector<uint8_t> in_place(outputs.begin(), outputs.begin() + 2 * span_bytes);
+  StepExecutor::CopyStats st = ex.last_copy_stats();
+  EXPECT_EQ(st.out_in_place, static_cast<int64_t>(2 * span_bytes));
+  EXPECT_EQ(st.out_direct + st.out_pageable, 0);
+  EXPECT_TRUE(backend.take_on_device().empty());
+  ASSERT_NO_FATAL_FAILURE(rewind());
+  // The same step into result vectors: the same bytes.
+  StepRequest plain = Request(decode_, true);
+  absl::StatusOr<StepResult> copied = ex.RunBatch({std::vector<const StepRequest*>{&plain}})[0];
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  std::vector<uint8_t> want = copied->out;
+  want.insert(want.end(), copied->mx_scales.begin(), copied->mx_scales.end());
+  const auto* lse = reinterpret_cast<const uint8_t*>(copied->lse.data());
+  want.insert(want.end(), lse, lse + copied->lse.size() * sizeof(float));
+  EXPECT_TRUE(in_place == want);
+  ASSERT_NO_FATAL_FAILURE(rewind());
+  // Off the 16-byte grid: copied within the device.
+  std::fill(outputs.begin(), outputs.end(), 0xee);
+  StepRequest shifted = Request(decode_, true);
+  aim(shifted, outputs.data() + 8, 2);
+  ASSERT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&shifted}})[0].ok());
+  EXPECT_EQ(ex.last_copy_stats().out_in_place, 0);
+  EXPECT_EQ(backend.take_on_device().size(), 3u);
+  EXPECT_TRUE(std::equal(in_place.begin(), in_place.end(), outputs.begin() + 8));
+  ASSERT_NO_FATAL_FAILURE(rewind());
+  // Two steps of one span each in one launch: each copied to its own destination.
+  std::fill(outputs.begin(), outputs.end(), 0xee);
+  StepRequest first = Request({decode_[0]}, true), second = Request({decode_[1]}, true);
+  aim(first, outputs.data(), 1);
+  aim(second, outputs.data() + span_bytes, 1);
+  // Request() lays out the tensors of the spans it is given: take each span's from the step of
+  // both, whose layout is the region's.
+  first.spans[0] = both.spans[0];
+  second.spans[0] = both.spans[1];
+  std::vector<absl::StatusOr<StepResult>> two =
+      ex.RunBatch({std::vector<const StepRequest*>{&first, &second}});
+  ASSERT_TRUE(two[0].ok()) << two[0].status();
+  ASSERT_TRUE(two[1].ok()) << two[1].status();
+  EXPECT_EQ(ex.last_copy_stats().out_in_place, 0);
+  EXPECT_EQ(backend.take_on_device().size(), 6u);
+  // Span by span the same rows: out, scales and LSE of span 0, then of span 1.
+  for (size_t k = 0; k < 2; ++k) {
+    const uint8_t* got = outputs.data() + k * span_bytes;
+    EXPECT_EQ(0, std::memcmp(got, in_place.data() + k * out_bytes, out_bytes)) << k;
+    EXPECT_EQ(0, std::memcmp(got + out_bytes, in_place.data() + 2 * out_bytes + k * scale_bytes,
+                             scale_bytes))
+        << k;
+    EXPECT_EQ(
+        0, std::memcmp(got + out_bytes + scale_bytes,
+                       in_place.data() + 2 * (out_bytes + scale_bytes) + k * lse_bytes, lse_bytes))
+        << k;
+  }
+  ASSERT_NO_FATAL_FAILURE(rewind());
+  // A refused id: the step fails with its message and writes no rows; then it runs.
+  const std::vector<uint8_t> valid = region_;
+  const int32_t far = 1 << 30;
+  std::memcpy(region_.data() + region_.size() - sizeof(int32_t), &far, sizeof(int32_t));
+  StepRequest bad = Request(decode_, true);
+  aim(bad, outputs.data(), 2);
+  absl::StatusOr<StepResult> refused = ex.RunBatch({std::vector<const StepRequest*>{&bad}})[0];
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("spans[1].topk"));
+  region_ = valid;
+  EXPECT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&bad}})[0].ok());
+  EXPECT_TRUE(std::equal(in_place.begin(), in_place.end(), outputs.begin()));
+  ex.host_ranges().Remove(outputs.data());
+  ex.host_ranges().Remove(region_.data());
 }
 
 // Inputs in a GPU region are checked as the device copies them, so a client that rewrites its

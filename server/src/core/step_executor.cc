@@ -262,14 +262,16 @@ struct StepExecutor::DeviceWork {
   // Whether any device work comes before the segment build: input copies, or the expansion.
   // Without any, the launch's first event is recorded with the compute (no wait to measure).
   bool copies_first = false;
-  bool phases = false;  // the attention's and the output copies' events are recorded
+  bool phases = false;            // the attention's and the output copies' events are recorded
+  bool outputs_in_place = false;  // the attention writes the one step's outputs (OutputsInPlace)
   kernels::WriteRowsParams write;
   // The arena's arrays (slot lists, segments, the checks' arrays), copied up in one copy once
   // built; WriteRows and Attend read their arrays there too (`mirror`).
   kernels::CopyOp arrays_upload;
   kernels::HostMirror mirror;
   // The checks on the device: the inputs' values checked and the chosen entries translated; the
-  // flags (one per step of the launch, in the upload) come back to flags_host with the outputs.
+  // flags (one per step of the launch, in the upload) come back to flags_host with the row
+  // writes (WriteRowsParams::flags_out), or with the outputs in a launch without rows.
   kernels::CheckInputsParams check;
   uint32_t* flags_host = nullptr;
   kernels::AttendParams attend;
@@ -403,6 +405,8 @@ absl::Status StepExecutor::PrepareLaunch(const LaunchArgs& args, DeviceWork& wor
   CopyStats stats;
   absl::StatusOr<StagedArena> staged = StageInputs(plan, work, stats);
   if (!staged.ok()) return staged.status();
+  work.outputs_in_place = OutputsInPlace(args, plan);
+  SMLA_RETURN_IF_ERROR(SizeOutputs(plan, work));
   // The input copies do not need the segments: they start now, and the segments are built
   // while the device copies (other bytes of the arena than the gathered inputs).
   work.inputs_at = absl::Now();
@@ -463,6 +467,24 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
   }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(ids_, static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
+  return absl::OkStatus();
+}
+
+bool StepExecutor::OutputsInPlace(const LaunchArgs& args, const LaunchPlan& p) const {
+  if (args.included.size() != 1) return false;
+  const StepRequest& r = *args.steps[args.included[0]];
+  auto writable = [this](std::span<uint8_t> dst, size_t bytes) {
+    if (dst.size() != bytes || !IsAligned(dst.data(), 16)) return false;
+    return !pinned() || CopiesFrom(dst.data(), dst.size()) == HostRanges::Kind::kDevice;
+  };
+  return writable(r.destination.out, p.rows * p.out_row) &&
+         (p.format != OutputFormat::kMxfp8 ||
+          writable(r.destination.mx_scales, p.rows * p.scale_row)) &&
+         (!r.want_lse || writable(r.destination.lse, p.rows * p.lse_row));
+}
+
+absl::Status StepExecutor::SizeOutputs(const LaunchPlan& p, const DeviceWork& work) {
+  if (work.outputs_in_place) return absl::OkStatus();
   SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
   if (p.format == OutputFormat::kMxfp8) SMLA_RETURN_IF_ERROR(Ensure(scales_, p.rows * p.scale_row));
   if (p.want_lse) SMLA_RETURN_IF_ERROR(Ensure(lse_, p.rows * p.lse_row));
@@ -709,6 +731,9 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   if (!arrays.slots.empty()) {
     work.write.groups = arrays.slot_groups;
     work.write.group_flags = work.check.flags;
+    // The row writes run after the checks and read the flags anyway: they hand them to the host,
+    // so that nothing has to follow the attention for them.
+    work.write.flags_out = std::span<uint32_t>(work.flags_host, p.groups);
   }
   work.write.arrays = work.mirror;
   work.check.entries.page_shift =
@@ -752,20 +777,26 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
     a.epilogue.num_positions = args.rope.positions;
   }
   a.out.format = p.format;
+  const OutputDestination* in_place =
+      work.outputs_in_place ? &args.steps[args.included[0]]->destination : nullptr;
+  uint8_t* const out = in_place ? in_place->out.data() : out_.as<uint8_t>();
   if (p.format == OutputFormat::kBf16) {
-    a.out.bf16 = out_.data();
+    a.out.bf16 = out;
   } else {
-    a.out.mx_data = out_.as<uint8_t>();
-    a.out.mx_scales = scales_.as<uint8_t>();
+    a.out.mx_data = out;
+    a.out.mx_scales = in_place ? in_place->mx_scales.data() : scales_.as<uint8_t>();
   }
-  a.out.lse = p.want_lse ? lse_.as<float>() : nullptr;
+  a.out.lse = !p.want_lse ? nullptr
+              : in_place  ? reinterpret_cast<float*>(in_place->lse.data())
+                          : lse_.as<float>();
   // Slots come from page tables of this pool; the arrays went up with the arena's.
   a.ids_in_range = true;
   a.arrays = work.mirror;
 }
 
-// Each step's rows go back to its own destination when it named one, else to its result; the
-// checks' flags come back with them.
+// Each step's rows go back to its own destination when it named one, else to its result (none
+// to copy where the attention wrote them in place); the checks' flags come back with them where
+// no row writes hand them over.
 void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
                                std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats) {
   size_t row0 = 0;
@@ -795,6 +826,13 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     res.num_heads = p.heads;
     res.output_format = p.format;
     const OutputDestination& dst = r.destination;
+    if (work.outputs_in_place) {
+      const size_t scales = p.format == OutputFormat::kMxfp8 ? n * p.scale_row : 0;
+      stats.out_in_place +=
+          static_cast<int64_t>(n * p.out_row + scales + (r.want_lse ? n * p.lse_row : 0));
+      row0 += n;
+      continue;
+    }
     output(dst.out, res.out, out_.as<uint8_t>() + row0 * p.out_row, n * p.out_row);
     if (p.format == OutputFormat::kMxfp8) {
       output(dst.mx_scales, res.mx_scales, scales_.as<uint8_t>() + row0 * p.scale_row,
@@ -803,9 +841,10 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * p.lse_row, n * p.lse_row);
     row0 += n;
   }
-  // The checks' flags come back with the outputs: in the copy kernel when some outputs go to a
-  // GPU region (the device writes the page-locked arena directly, one stream operation fewer),
-  // else in the batch to the host.
+  // Without row writes to hand them over, the checks' flags come back with the outputs: in the
+  // copy kernel when some outputs go to a GPU region (the device writes the page-locked arena
+  // directly, one stream operation fewer), else in the batch to the host.
+  if (!work.write.flags_out.empty()) return;
   const kernels::CopyOp flags{work.flags_host, work.check.flags, p.groups * sizeof(uint32_t)};
   (pinned() && !work.out_on_device.empty() ? work.out_on_device : work.to_host).push_back(flags);
 }

@@ -8,14 +8,15 @@
 // and MXFP8 queries checked, every chosen entry turned into a slot and checked against what its
 // row may see, every window written | one WriteRows for every new KV row and compressed entry,
 // skipping the rows of the steps the checks flagged | one Attend over all rows | the copies back,
-// the flags with them), with events around it (and between the parts on sampled launches);
-// Synchronize; a flagged step is answered with its error (its outputs were copied like the
-// others' and are not answered) and aborted: it changed nothing. The others are committed, their
-// outputs sliced back to each step.
-// Inputs inside a registered range of host memory (host_ranges(): a client's shared memory the
-// backend page-locked) are copied to the device directly, one copy per contiguous range; inputs
-// in a GPU region are read there by CheckInputs, which copies them as it checks them, and
-// outputs to one are copied by one copy kernel (CopyDirection::kOnDevice).
+// the flags handed to the host by the row writes), with events around it (and between the parts on
+// sampled launches); Synchronize; a flagged step is answered with its error (its outputs were
+// written like the others' and are not answered) and aborted: it changed nothing. The others are
+// committed, their outputs sliced back to each step. Inputs inside a registered range of host
+// memory (host_ranges(): a client's shared memory the backend page-locked) are copied to the device
+// directly, one copy per contiguous range; inputs in a GPU region are read there by CheckInputs,
+// which copies them as it checks them; a launch of one step whose outputs go to a GPU region has
+// the attention write them there (OutputsInPlace), and outputs to one otherwise are copied by one
+// copy kernel (CopyDirection::kOnDevice).
 //
 // Each row's segments are built here: the main segment is the SWA window ending at the row's
 // own position (min(p+1, W) keys, so the draft rows of a span see each other causally; written
@@ -76,6 +77,7 @@ class StepExecutor : public BatchRunner {
     int64_t in_gathered = 0;   // inputs gathered into the page-locked arena first
     int64_t out_direct = 0;    // outputs copied into registered (or any, see above) memory
     int64_t out_pageable = 0;  // outputs copied into plain memory (the runtime stages them)
+    int64_t out_in_place = 0;  // outputs the attention wrote where they go (OutputsInPlace)
   };
   CopyStats last_copy_stats() const {
     absl::MutexLock lock(&stats_mu_);
@@ -113,6 +115,14 @@ class StepExecutor : public BatchRunner {
   struct CheckLayout;  // where the device checks' arrays lie (step_executor.cc)
   LaunchPlan PlanLaunch(const LaunchArgs& args, DeviceWork& work) const;
   absl::Status SizeBuffers(const LaunchPlan& plan);
+  // Whether the attention writes the launch's outputs where they go, with no copy after it: a
+  // launch of one step whose every output names a destination the device can write (16-byte
+  // aligned, as the kernels' widest stores; in a GPU region, or anywhere on a backend without
+  // page-locked memory, whose device memory is host memory). Known once the arena is placed
+  // (pinned()).
+  bool OutputsInPlace(const LaunchArgs& args, const LaunchPlan& plan) const;
+  // The launch's output buffers, where the outputs are not written in place.
+  absl::Status SizeOutputs(const LaunchPlan& plan, const DeviceWork& work);
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
                                           CopyStats& stats);
   void PlaceChecks(const LaunchPlan& plan, const CheckLayout& layout, uint8_t* host, size_t main_at,
