@@ -236,9 +236,8 @@ int Main() {
   }
   aim(step, int64_t{rows} * c);
   const int32_t steps = absl::GetFlag(FLAGS_steps);
-  std::vector<double> call_us, prep_us;
-  call_us.reserve(steps);
-  prep_us.reserve(steps);
+  std::vector<double> call_us, prep_us, queued_us, batch_us;
+  for (std::vector<double>* v : {&call_us, &prep_us, &queued_us, &batch_us}) v->reserve(steps);
   for (int32_t k = 0; k < steps + steps / 10; ++k) {  // the first tenth warms up
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<server::StepResult> got = Run(**core, step);
@@ -247,12 +246,16 @@ int Main() {
     if (k < steps / 10) continue;
     call_us.push_back(std::chrono::duration<double, std::micro>(end - start).count());
     prep_us.push_back(absl::ToDoubleMicroseconds(got->timings.prep));
+    queued_us.push_back(absl::ToDoubleMicroseconds(got->timings.queued));
+    batch_us.push_back(absl::ToDoubleMicroseconds(got->timings.batch));
   }
   std::printf(
       "%s layer %d, C=%d x %d rows at %lld, top-k %d: host time of a step (submit to answer) "
-      "p50 %.1f us, p90 %.1f us; the launch's prep p50 %.1f us (%d steps)\n",
+      "p50 %.1f us, p90 %.1f us; p50 of its parts: queued %.1f us, the batch %.1f us, the "
+      "launch's prep %.1f us (%d steps)\n",
       model.profile.c_str(), layer, c, rows, static_cast<long long>(context), topk,
-      Percentile(call_us, 0.5), Percentile(call_us, 0.9), Percentile(prep_us, 0.5), steps);
+      Percentile(call_us, 0.5), Percentile(call_us, 0.9), Percentile(queued_us, 0.5),
+      Percentile(batch_us, 0.5), Percentile(prep_us, 0.5), steps);
   return 0;
 }
 
