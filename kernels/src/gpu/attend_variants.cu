@@ -144,11 +144,9 @@ absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int h
   const int64_t programs =
       int64_t{p.paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  void* args[] = {const_cast<AttendKernelParams*>(&p)};
-  return ToStatus(
-      LaunchKernel(reinterpret_cast<const void*>(v->fn), dim3(static_cast<unsigned>(programs)),
-                   dim3(256), args, static_cast<size_t>(shared_bytes), stream),
-      "direct attention kernel launch");
+  return ToStatus(Launch(v->fn, dim3(static_cast<unsigned>(programs)), dim3(256),
+                         static_cast<size_t>(shared_bytes), stream, p),
+                  "direct attention kernel launch");
 }
 
 int AttendVariantKeys(int qk_width, int head_block) {
@@ -181,11 +179,9 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
   }
   const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  void* args[] = {const_cast<AttendKernelParams*>(&p)};
-  return ToStatus(
-      LaunchKernel(reinterpret_cast<const void*>(v->fn), dim3(static_cast<unsigned>(programs)),
-                   dim3(v->threads), args, static_cast<size_t>(shared_bytes), stream),
-      "attention kernel launch");
+  return ToStatus(Launch(v->fn, dim3(static_cast<unsigned>(programs)), dim3(v->threads),
+                         static_cast<size_t>(shared_bytes), stream, p),
+                  "attention kernel launch");
 }
 
 }  // namespace smla::kernels::gpu
