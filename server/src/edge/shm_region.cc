@@ -259,7 +259,7 @@ void RegionRegistry::CloseAll() {
 }
 
 absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
-                                                    const std::string& field,
+                                                    absl::string_view field,
                                                     const std::string& name, uint64_t offset,
                                                     uint64_t size, uint64_t align) const {
   absl::StatusOr<std::shared_ptr<ShmMapping>> mapping = Lookup(tenant, field, name);
@@ -270,7 +270,7 @@ absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
 }
 
 absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::string& tenant,
-                                                                   const std::string& field,
+                                                                   absl::string_view field,
                                                                    const std::string& name) const {
   std::shared_ptr<ShmMapping> mapping;
   {
@@ -290,7 +290,7 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::st
 }
 
 absl::StatusOr<std::span<uint8_t>> RegionRegistry::Slice(const ShmMapping& mapping,
-                                                         const std::string& field,
+                                                         absl::string_view field,
                                                          const std::string& name, uint64_t offset,
                                                          uint64_t size, uint64_t align) {
   if (!region::RefInBounds(offset, size, mapping.size())) {

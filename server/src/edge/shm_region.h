@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "owned_fd.h"
 
@@ -120,16 +121,16 @@ class RegionRegistry {
 
   // Resolves (name, offset, size) for `tenant`. `field` names the reference in errors;
   // `align` is the element size its offset must be a multiple of (region::RefAligned).
-  absl::StatusOr<RegionBytes> Resolve(const std::string& tenant, const std::string& field,
+  absl::StatusOr<RegionBytes> Resolve(const std::string& tenant, absl::string_view field,
                                       const std::string& name, uint64_t offset, uint64_t size,
                                       uint64_t align) const;
   // Resolve in two halves, so a request naming one region many times looks it up once: the
   // region of `tenant` (registered, owned), then a reference's bytes within it.
   absl::StatusOr<std::shared_ptr<ShmMapping>> Lookup(const std::string& tenant,
-                                                     const std::string& field,
+                                                     absl::string_view field,
                                                      const std::string& name) const;
   static absl::StatusOr<std::span<uint8_t>> Slice(const ShmMapping& mapping,
-                                                  const std::string& field, const std::string& name,
+                                                  absl::string_view field, const std::string& name,
                                                   uint64_t offset, uint64_t size, uint64_t align);
 
   int64_t size() const;

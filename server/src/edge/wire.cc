@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "shm_region.h"
 #include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
@@ -35,7 +36,7 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::Status RegionsOff(const std::string& field) {
+absl::Status RegionsOff(absl::string_view field) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": shared-memory regions are not enabled on this server"));
 }
@@ -46,7 +47,7 @@ bool RegionsOn(const RegionContext* regions) {
 
 // Resolves a region reference of `want` bytes of elements of `align` bytes, keeping the
 // mapping alive in `storage`.
-absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, const std::string& field,
+absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, absl::string_view field,
                                               int64_t want, int64_t align,
                                               const RegionContext* regions, ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "smla/kernels/formats.h"
@@ -28,7 +29,9 @@ struct SpanInput {
   std::string sequence_id;
   int64_t first_position = 0;
   int32_t num_rows = 0;
-  std::vector<RowRole> roles;  // [num_rows], empty = all verify
+  // [num_rows], empty = all verify. Inline up to a decode span's rows: a step of many spans
+  // allocates nothing for them.
+  absl::InlinedVector<RowRole, 8> roles;
   // [num_rows, QkWidth] bf16: the new KV rows, written at their positions (positions at or
   // past first_position are replaced: this is how a rejected draft is rolled back).
   std::span<const uint8_t> kv_rows;
