@@ -292,7 +292,8 @@ class LaunchTest : public ::testing::Test {
     std::unique_ptr<ModelRuntime> model;
     std::unique_ptr<StepExecutor> executor;
   };
-  void StartDirect(Direct& d) {
+  // With `region_on_device`, the fixture's region is registered as a GPU region's memory.
+  void StartDirect(Direct& d, bool region_on_device = false) {
     absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu =
         kernels::CreateCpuBackend({.cpu_threads = 2});
     ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -312,6 +313,9 @@ class LaunchTest : public ::testing::Test {
     }
     const StepRequest pre = Request(prefill_, false);
     ASSERT_TRUE(d.executor->RunBatch({std::vector<const StepRequest*>{&pre}})[0].ok());
+    if (region_on_device) {
+      d.executor->host_ranges().Add(region_.data(), region_.size(), HostRanges::Kind::kDevice);
+    }
   }
 
   bool InRegion(const void* p) const {
@@ -489,11 +493,10 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
 // flag still fails alone with its message (the flags come back with the row writes).
 TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
   Direct d;
-  ASSERT_NO_FATAL_FAILURE(StartDirect(d));
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d, /*region_on_device=*/true));
   PinningBackend& backend = *d.backend;
   ModelRuntime& model = *d.model;
   StepExecutor& ex = *d.executor;
-  ex.host_ranges().Add(region_.data(), region_.size(), HostRanges::Kind::kDevice);
   // Per span: bf16-sized room for its MXFP8 outputs, scales and LSE; one more span's worth so
   // that a destination can start off the 16-byte grid.
   const size_t rows = static_cast<size_t>(decode_[0].rows);
@@ -593,11 +596,10 @@ TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
 // the time the host explains the flag.
 TEST_F(LaunchTest, RegionInputsAreExplainedAsTheChecksReadThem) {
   Direct d;
-  ASSERT_NO_FATAL_FAILURE(StartDirect(d));
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d, /*region_on_device=*/true));
   PinningBackend& backend = *d.backend;
   ModelRuntime& model = *d.model;
   StepExecutor& ex = *d.executor;
-  ex.host_ranges().Add(region_.data(), region_.size(), HostRanges::Kind::kDevice);
 
   const std::vector<uint8_t> valid = region_;
   const size_t ids_at = region_.size() - decode_[1].topk.size() * sizeof(int32_t);
