@@ -102,7 +102,7 @@ int64_t KvStore::num_sequences() const {
 }
 
 KvStore::Sequence* KvStore::Find(std::string_view tenant, std::string_view id) const {
-  auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
+  auto it = sequences_.find(KeyView(tenant, id));
   if (it == sequences_.end()) return nullptr;
   it->second->last_used = absl::Now();
   return it->second.get();
@@ -201,7 +201,7 @@ absl::Status KvStore::ReleaseSequence(std::string_view tenant, std::string_view 
   mu_.LockWhen(absl::Condition(
       +[](bool* active) { return !*active; }, &batch_active_));
   absl::Status status;
-  auto it = sequences_.find(Key(std::string(tenant), std::string(id)));
+  auto it = sequences_.find(KeyView(tenant, id));
   if (it == sequences_.end()) {
     status = SequenceNotFound(id, config_.profile);
   } else {

@@ -43,6 +43,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -193,6 +194,17 @@ class KvStore {
     int64_t pages = 0;
   };
   using Key = std::pair<std::string, std::string>;
+  // Sequences are found by views of (tenant, id): every span of every step looks one up, and a
+  // key of owned strings would cost two allocations per lookup.
+  using KeyView = std::pair<std::string_view, std::string_view>;
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const KeyView& k) const { return absl::HashOf(k.first, k.second); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    bool operator()(const KeyView& a, const KeyView& b) const { return a == b; }
+  };
 
   KvStore(const ModelConfig& config, const ModelProfile& profile, kernels::Buffer arena,
           TableHeap tables);
@@ -220,7 +232,8 @@ class KvStore {
   mutable absl::Mutex mu_;
   PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
   TableHeap tables_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Key, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::unique_ptr<Sequence>, KeyHash, KeyEq> sequences_
+      ABSL_GUARDED_BY(mu_);
   bool batch_active_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_pending_ ABSL_GUARDED_BY(mu_) = 0;  // prepared, not yet committed or aborted
   int32_t tenant_max_sequences_ ABSL_GUARDED_BY(mu_) = 0;
