@@ -44,25 +44,29 @@ std::string OutOfRangeText(float v) {
              std::ldexp(1.0, kernels::kKvMaxLog2), ")");
 }
 
+// A span's name in errors; built only for an error, as validation runs for every span of every
+// step.
+std::string SpanField(size_t index) { return Cat("spans[", index, "]"); }
+
 // Byte sizes of a span's query tensors for the step's query format.
 absl::Status CheckQuerySizes(const SpanInput& s, size_t index, QFormat format, int32_t heads,
                              int qk) {
-  const auto field = [index] { return Cat("spans[", index, "]"); };
   const bool mx = format == QFormat::kMxfp8;
   const int64_t lanes = int64_t{s.num_rows} * heads * qk;
   const int64_t want_q = lanes * (mx ? 1 : 2);
   if (static_cast<int64_t>(s.q.size()) != want_q) {
     return absl::InvalidArgumentError(
-        Cat(field(), ".q: ", s.num_rows, " rows x ", heads, " heads x ", qk * (mx ? 1 : 2),
+        Cat(SpanField(index), ".q: ", s.num_rows, " rows x ", heads, " heads x ", qk * (mx ? 1 : 2),
             " bytes", mx ? " (e4m3 codes)" : "", " expected, got ", s.q.size(), " bytes"));
   }
   const int64_t want_scales = mx ? lanes / kernels::kMxQueryGroup : 0;
   if (static_cast<int64_t>(s.q_scales.size()) != want_scales) {
     return absl::InvalidArgumentError(
-        mx ? Cat(field(), ".q_scales: ", s.num_rows, " rows x ", heads, " heads x ",
+        mx ? Cat(SpanField(index), ".q_scales: ", s.num_rows, " rows x ", heads, " heads x ",
                  qk / kernels::kMxQueryGroup, " scale bytes expected, got ", s.q_scales.size(),
                  " bytes")
-           : Cat(field(), ".q_scales: set for bf16 queries (", s.q_scales.size(), " bytes)"));
+           : Cat(SpanField(index), ".q_scales: set for bf16 queries (", s.q_scales.size(),
+                 " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -166,21 +170,19 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
   seen.reserve(r.spans.size());
   for (size_t i = 0; i < r.spans.size(); ++i) {
     const SpanInput& s = r.spans[i];
-    // The span's name, built only for an error: this loop runs for every span of every step.
-    const auto field = [i] { return Cat("spans[", i, "]"); };
     if (s.sequence_id.empty()) {
-      return absl::InvalidArgumentError(Cat(field(), ".sequence_id: empty"));
+      return absl::InvalidArgumentError(Cat(SpanField(i), ".sequence_id: empty"));
     }
     auto [it, inserted] = seen.emplace(s.sequence_id, i);
     if (!inserted) {
-      return absl::InvalidArgumentError(Cat(field(), ".sequence_id '", LogField(s.sequence_id),
+      return absl::InvalidArgumentError(Cat(SpanField(i), ".sequence_id '", LogField(s.sequence_id),
                                             "' repeats spans[", it->second, "]"));
     }
     // ValidateStepExtent bounded the positions: this cannot wrap.
     const int64_t end = s.first_position + s.num_rows;
     const int64_t want_kv = s.num_rows * row_bytes;
     if (static_cast<int64_t>(s.kv_rows.size()) != want_kv) {
-      return absl::InvalidArgumentError(Cat(field(), ".kv_rows: ", s.num_rows, " rows x ",
+      return absl::InvalidArgumentError(Cat(SpanField(i), ".kv_rows: ", s.num_rows, " rows x ",
                                             row_bytes, " bytes expected, got ", s.kv_rows.size(),
                                             " bytes"));
     }
@@ -189,35 +191,35 @@ absl::Status ValidateStep(const StepRequest& r, const StepContext& ctx) {
       const int64_t n = CompressedEntriesAdded(s.first_position, s.num_rows, spec.ratio);
       if (static_cast<int64_t>(s.compressed_rows.size()) != n * row_bytes) {
         return absl::InvalidArgumentError(
-            Cat(field(), ".compressed_rows: ", n, " entries x ", row_bytes,
+            Cat(SpanField(i), ".compressed_rows: ", n, " entries x ", row_bytes,
                 " bytes expected (entries ", s.first_position / spec.ratio, "..",
                 end / spec.ratio - 1, " of the 1/", spec.ratio, " cache for positions ",
                 s.first_position, "..", end - 1, "), got ", s.compressed_rows.size(), " bytes"));
       }
     } else if (!s.compressed_rows.empty()) {
       return absl::InvalidArgumentError(
-          Cat(field(), ".compressed_rows: layer ", r.layer, " (", LayerKindName(spec.kind),
+          Cat(SpanField(i), ".compressed_rows: layer ", r.layer, " (", LayerKindName(spec.kind),
               ") has no compressed cache, got ", s.compressed_rows.size(), " bytes"));
     }
     if (spec.client_chooses()) {
       if (s.topk_width < 1 || s.topk_width > spec.topk) {
-        return absl::InvalidArgumentError(Cat(field(), ".topk_width: ", s.topk_width,
+        return absl::InvalidArgumentError(Cat(SpanField(i), ".topk_width: ", s.topk_width,
                                               " outside [1, ", spec.topk, "] for layer ", r.layer,
                                               " (", LayerKindName(spec.kind), ")"));
       }
       if (static_cast<int64_t>(s.topk.size()) != int64_t{s.num_rows} * s.topk_width) {
-        return absl::InvalidArgumentError(Cat(field(), ".topk: ", s.num_rows, " rows x ",
+        return absl::InvalidArgumentError(Cat(SpanField(i), ".topk: ", s.num_rows, " rows x ",
                                               s.topk_width, " entries expected, got ",
                                               s.topk.size(), " entries"));
       }
     } else if (!s.topk.empty() || s.topk_width != 0) {
       return absl::InvalidArgumentError(Cat(
-          field(), ".topk: layer ", r.layer, " (", LayerKindName(spec.kind),
+          SpanField(i), ".topk: layer ", r.layer, " (", LayerKindName(spec.kind),
           ") takes no chosen entries, got ", s.topk.size(), " entries of width ", s.topk_width));
     }
     if (r.inverse_rope && end > ctx.rope_positions) {
       const int64_t bad_pos = std::max<int64_t>(s.first_position, ctx.rope_positions);
-      return absl::InvalidArgumentError(Cat(field(), " row ", bad_pos - s.first_position,
+      return absl::InvalidArgumentError(Cat(SpanField(i), " row ", bad_pos - s.first_position,
                                             ": position ", bad_pos, " outside the cos/sin table (",
                                             ctx.rope_positions, " positions)"));
     }
@@ -261,7 +263,7 @@ absl::Status CheckQueryCodes(const SpanInput& s, size_t index, int32_t heads, in
 }
 
 absl::Status ExplainChosenEntries(const SpanInput& s, size_t index, const LayerSpec& spec) {
-  const std::string field = Cat("spans[", index, "]");
+  const std::string field = SpanField(index);
   for (int32_t t = 0; t < s.num_rows; ++t) {
     const int64_t p = s.first_position + t;
     const int64_t visible = spec.visible(p);
