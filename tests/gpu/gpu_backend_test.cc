@@ -1513,6 +1513,126 @@ TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   EXPECT_TRUE(got == want) << "the GPU did not write where the mirror's slots say";
 }
 
+// CheckInputs with the launch's row writes (CheckInputsParams::write): the checking kernel
+// copies each row out of client memory, checks it and, once the last check of the row's group
+// has ended, writes the group's rows from the copy; a group flagged by a refused value or a bad
+// chosen entry writes nothing. Pool bytes, flags in both places and the copies match the CPU
+// backend's, in every pool format, with the rows written in the checking kernel (groups sorted,
+// at most 64 rows a group) and by the row-writing kernel after it (a 70-row group; groups out
+// of order).
+TEST_F(GpuTest, ChecksWriteTheRowsOfCleanGroups) {
+  std::mt19937 rng(41);
+  const int kGroups = 40, kTable = 8;  // a table of 8 pages of 16 rows
+  const std::vector<int32_t> table = {3, 1, 4, 1, 5, 9, 2, 6};
+  struct Layout {
+    const char* name;
+    std::vector<int32_t> groups;  // each row's group, in row order
+  };
+  std::vector<Layout> layouts(3);
+  layouts[0].name = "in the checking kernel";
+  for (int g = 0; g < kGroups; ++g) layouts[0].groups.insert(layouts[0].groups.end(), 6, g);
+  layouts[1].name = "a 70-row group";
+  layouts[1].groups = layouts[0].groups;
+  layouts[1].groups.insert(layouts[1].groups.begin() + 6 * 5, 64, 5);
+  layouts[2].name = "groups out of order";
+  layouts[2].groups = layouts[0].groups;
+  std::shuffle(layouts[2].groups.begin(), layouts[2].groups.end(), rng);
+  // Chosen entries: two rows of 50 per group, a bad id in every fifth group's.
+  std::vector<int32_t> ids;
+  for (int g = 0; g < kGroups; ++g) {
+    for (int k = 0; k < 2; ++k) {
+      for (int e = 0; e < 50; ++e) ids.push_back(static_cast<int32_t>(rng() % (kTable * 16)));
+      if (g % 5 == 1 && k == 1) ids.back() = kTable * 16;
+    }
+  }
+  for (const Combo& cb : kCombos) {
+    for (const Layout& lay : layouts) {
+      const int w = QkWidth(cb.geometry);
+      const int rpp = 16;
+      const int n = static_cast<int>(lay.groups.size());
+      const size_t row_bytes = size_t(w) * 2;
+      const int64_t pages = (2 * n + rpp - 1) / rpp;
+      const int64_t pitch = ServingPitch(cb.format, cb.geometry, rpp);
+      std::vector<uint16_t> client(size_t(n) * w);
+      for (uint16_t& v : client) v = RandBf16(rng, 3.0f);
+      std::vector<int32_t> checks(kGroups, 2);  // each group's chosen rows, and its rows' ranges
+      for (int i = 0; i < n; ++i) {
+        const int32_t g = lay.groups[i];
+        if (g % 7 == 3 && checks[g] == 2) client[size_t(i) * w + 5] = 0x7fc0;  // a NaN
+        ++checks[g];
+      }
+      std::vector<int64_t> slots(n);
+      for (int i = 0; i < n; ++i) slots[i] = 2 * i + (i % 2);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      std::vector<uint8_t> pools[2], copies[2];
+      std::vector<uint32_t> flags[2], handed[2];
+      Side* sides[2] = {cpu_, gpu_};
+      for (int k = 0; k < 2; ++k) {
+        Side& s = *sides[k];
+        Buffer dev_client = s.Upload(client);
+        Buffer staged = s.Zeros(n * row_bytes, 0x11);
+        Buffer pool = s.Zeros(pitch * pages, 0xa5);
+        std::vector<CheckRange> ranges;
+        for (int i = 0; i < n; ++i) {
+          ranges.push_back({dev_client.as<uint8_t>() + i * row_bytes,
+                            static_cast<int64_t>(row_bytes), InputCheck::kKvRows, lay.groups[i],
+                            staged.as<uint8_t>() + i * row_bytes});
+        }
+        Buffer dev_ranges = s.Upload(ranges);
+        Buffer dev_ids = s.Upload(ids);
+        Buffer dev_table = s.Upload(table);
+        Buffer dev_blocks = s.Upload(std::vector<const int32_t*>{dev_table.as<int32_t>()});
+        Buffer dev_out = s.Zeros(ids.size() * 4, 0);
+        std::vector<TranslateRow> rows;
+        for (int r = 0; r < 2 * kGroups; ++r) {
+          rows.push_back({dev_ids.as<int32_t>() + 50 * r, dev_out.as<int32_t>() + 50 * r,
+                          dev_blocks.as<const int32_t*>(), 50, kTable * 16, r / 2, 0});
+        }
+        Buffer dev_rows = s.Upload(rows);
+        Buffer dev_checks = s.Upload(checks);
+        Buffer dev_flags = s.Zeros(kGroups * 4, 0);
+        absl::StatusOr<Buffer> out = s.backend->AllocateHost(kGroups * sizeof(uint32_t));
+        ASSERT_TRUE(out.ok()) << out.status();
+        std::fill_n(out->as<uint32_t>(), kGroups, 7u);
+        WriteRowsParams wp;
+        wp.cache = {pool.data(), cb.format, cb.geometry, pages, rpp, pitch, 0.37f};
+        wp.slots = slots;
+        wp.rows = staged.data();
+        wp.groups = lay.groups;
+        wp.group_flags = dev_flags.as<uint32_t>();
+        wp.flags_out = std::span<uint32_t>(out->as<uint32_t>(), kGroups);
+        CheckInputsParams p;
+        p.ranges = dev_ranges.as<CheckRange>();
+        p.num_ranges = n;
+        p.entries.rows = dev_rows.as<TranslateRow>();
+        p.entries.num_rows = static_cast<int32_t>(rows.size());
+        p.entries.page_shift = 4;
+        p.entries.block_shift = 16;
+        p.flags = dev_flags.as<uint32_t>();
+        p.write = &wp;
+        p.group_checks = dev_checks.as<int32_t>();
+        p.num_groups = kGroups;
+        ASSERT_TRUE(s.backend->CheckInputs(p, *s.stream).ok());
+        pools[k] = s.Download<uint8_t>(pool, pitch * pages);
+        copies[k] = s.Download<uint8_t>(staged, n * row_bytes);
+        flags[k] = s.Download<uint32_t>(dev_flags, kGroups);
+        handed[k].assign(wp.flags_out.begin(), wp.flags_out.end());
+      }
+      const std::string what = std::string(KvFormatName(cb.format)) + "/" +
+                               std::string(GeometryName(cb.geometry)) + ", " + lay.name;
+      EXPECT_EQ(flags[1], flags[0]) << what;
+      EXPECT_EQ(handed[0], flags[0]) << what;
+      EXPECT_EQ(handed[1], flags[0]) << what;
+      EXPECT_TRUE(copies[1] == copies[0]) << what;
+      EXPECT_TRUE(pools[1] == pools[0]) << what;
+      // Both kinds of flag, and clean groups, are in the mix.
+      EXPECT_EQ(flags[0][3], kFlagInputValue) << what;
+      EXPECT_EQ(flags[0][1], kFlagChosenEntry) << what;
+      EXPECT_EQ(flags[0][0], 0u) << what;
+    }
+  }
+}
+
 // MXFP8 query expansion: every (code, scale byte) pair that is not NaN, then random groups, at
 // both query widths; the GPU writes the CPU backend's bits, and a NaN lane a NaN on both.
 TEST_F(GpuTest, ExpandMxfp8QueryMatchesCpuBits) {

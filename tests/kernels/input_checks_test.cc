@@ -278,5 +278,66 @@ TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
       << "flags_out without group_flags";
 }
 
+// Row writes handed to CheckInputs (CheckInputsParams::write) are done after the checks, as
+// WriteRows would: a group flagged by its range writes nothing, the flags are handed over. The
+// counts of each group's checks must match what carries the group (a GPU backend counts them
+// down to start the writes), and the write must take this pass's flags.
+TEST_F(TranslateTest, ChecksWriteTheRowsOfCleanGroups) {
+  std::vector<uint8_t> pool(4 * 1024, 0);
+  alignas(16) uint16_t rows[3 * 512];
+  for (int i = 0; i < 3 * 512; ++i) rows[i] = static_cast<uint16_t>(0x3f80 + i / 512);
+  rows[512 + 7] = 0x7f80;  // +inf in group 1's row
+  std::vector<uint32_t> flags(2, 0), handed(2, 7);
+  const CheckRange ranges[] = {
+      {reinterpret_cast<const uint8_t*>(rows), 1024, InputCheck::kKvRows, 0, nullptr},
+      {reinterpret_cast<const uint8_t*>(rows + 512), 2048, InputCheck::kKvRows, 1, nullptr}};
+  const std::vector<int64_t> slots = {0, 1, 2};
+  const std::vector<int32_t> groups = {0, 1, 1};
+  WriteRowsParams w;
+  w.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, 1, 4, 4096, 1.0f};
+  w.slots = slots;
+  w.rows = rows;
+  w.groups = groups;
+  w.group_flags = flags.data();
+  w.flags_out = handed;
+  std::vector<int32_t> checks = {1, 1};
+  CheckInputsParams p;
+  p.ranges = ranges;
+  p.num_ranges = 2;
+  p.flags = flags.data();
+  p.write = &w;
+  p.group_checks = checks.data();
+  p.num_groups = 2;
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(flags, (std::vector<uint32_t>{0, kFlagInputValue}));
+  EXPECT_EQ(handed, flags);
+  uint16_t v[3];
+  for (int s = 0; s < 3; ++s) std::memcpy(&v[s], pool.data() + s * 1024, 2);
+  EXPECT_EQ(v[0], 0x3f80);
+  EXPECT_EQ(v[1], 0) << "a flagged group's row was written";
+  EXPECT_EQ(v[2], 0);
+
+  checks[1] = 2;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "a count that does not match";
+  checks[1] = 1;
+  std::vector<uint32_t> other(2, 0);
+  w.group_flags = other.data();
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "a write that reads other flags";
+  w.group_flags = flags.data();
+  p.num_groups = 1;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "groups beyond num_groups";
+  p.num_groups = 2;
+  p.group_checks = nullptr;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "no counts";
+  p.group_checks = checks.data();
+  w.rows = rows + 1;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
+      << "rows off the 16-byte grid";
+}
+
 }  // namespace
 }  // namespace smla::kernels
