@@ -215,10 +215,6 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
   if (!p.slots.empty() && p.rows == nullptr) {
     return absl::InvalidArgumentError("rows is null");
   }
-  // The device reads rows 16 bytes at a time (a row's width is a multiple of 8 values).
-  if (!IsAligned(p.rows, 16)) {
-    return absl::InvalidArgumentError("rows is not 16-byte aligned");
-  }
   const int64_t n = p.cache.num_slots();
   for (size_t i = 0; i < p.slots.size(); ++i) {
     if (p.slots[i] < 0 || p.slots[i] >= n) {
@@ -274,24 +270,6 @@ absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
   }
   if ((p.num_ranges > 0 || e.num_rows > 0) && p.flags == nullptr) {
     return absl::InvalidArgumentError("flags is null");
-  }
-  if (p.write == nullptr) return absl::OkStatus();
-  SMLA_RETURN_IF_ERROR(ValidateWriteRows(*p.write));
-  const WriteRowsParams& w = *p.write;
-  if (w.groups.empty() || w.group_flags != p.flags || p.group_checks == nullptr) {
-    return absl::InvalidArgumentError(
-        "write needs groups, group_flags equal to flags, and group_checks");
-  }
-  if (p.num_groups <= 0 || (!w.flags_out.empty() && w.flags_out.size() != size_t(p.num_groups))) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("num_groups %d: not positive, or not write.flags_out's %d", p.num_groups,
-                        w.flags_out.size()));
-  }
-  for (size_t i = 0; i < w.groups.size(); ++i) {
-    if (w.groups[i] >= p.num_groups) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("write.groups[%d] = %d, num_groups %d", i, w.groups[i], p.num_groups));
-    }
   }
   return absl::OkStatus();
 }

@@ -137,7 +137,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status CheckInputs(const CheckInputsParams& p, Stream& stream) override {
+  absl::Status CheckInputs(const CheckInputsParams& p, Stream&) override {
     if (absl::Status s = ValidateCheckInputs(p); !s.ok()) return s;
     for (int32_t r = 0; r < p.num_ranges; ++r) {
       const CheckRange& range = p.ranges[r];
@@ -182,11 +182,7 @@ class CpuBackend final : public Backend {
       const PositionRun& run = e.runs[r];
       for (int32_t j = 0; j < run.count; ++j) run.out[j] = RunSlot(run, j, e.page_shift);
     }
-    if (p.write == nullptr) return absl::OkStatus();
-    // A GPU backend counts each group's checks down to know when its rows may be written; a
-    // count that does not match would write them early or never, so the oracle refuses it.
-    if (absl::Status s = CheckGroupCounts(p); !s.ok()) return s;
-    return WriteRows(*p.write, stream);
+    return absl::OkStatus();
   }
 
   absl::Status Attend(const AttendParams& p, Stream&) override {
@@ -198,28 +194,6 @@ class CpuBackend final : public Backend {
   absl::Status Synchronize(Stream&) override { return absl::OkStatus(); }
 
  private:
-  // CheckInputsParams::group_checks against the ranges and entry rows that carry each group.
-  static absl::Status CheckGroupCounts(const CheckInputsParams& p) {
-    std::vector<int32_t> counts(static_cast<size_t>(p.num_groups), 0);
-    auto count = [&](int32_t group) {
-      if (group >= 0 && group < p.num_groups) ++counts[static_cast<size_t>(group)];
-    };
-    for (int32_t r = 0; r < p.num_ranges; ++r) count(p.ranges[r].group);
-    for (int32_t r = 0; r < p.entries.num_rows; ++r) count(p.entries.rows[r].group);
-    for (int32_t g = 0; g < p.num_groups; ++g) {
-      if (p.group_checks[g] == 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "group %d has no check: nothing would end its checks and write its rows", g));
-      }
-      if (p.group_checks[g] != counts[static_cast<size_t>(g)]) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("group_checks[%d] = %d, but %d ranges and entry rows carry group %d", g,
-                            p.group_checks[g], counts[static_cast<size_t>(g)], g));
-      }
-    }
-    return absl::OkStatus();
-  }
-
   static bool SlotsDistinct(std::span<const int64_t> slots) {
     std::vector<int64_t> sorted(slots.begin(), slots.end());
     std::sort(sorted.begin(), sorted.end());

@@ -7,15 +7,13 @@
 // - the rows' windows (PositionRuns) written, one run per block.
 // A block that found something refused sets its group's flag with one atomic OR. One kernel: on
 // a small launch each kernel boundary costs about as much as the work (docs/architecture.md,
-// "Input checks on the device"). For the same reason the kernel may also write the launch's rows
-// (CheckRowWrites): the block that ends a group's last check writes the group's rows.
+// "Input checks on the device").
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
-#include "gpu/row_writer.cuh"
 #include "smla/kernels/input_checks.h"
 
 namespace smla::kernels::gpu {
@@ -27,61 +25,6 @@ constexpr int32_t kMaxRangeSlots = 1 << 13;   // ranges checked at once (then st
 constexpr int32_t kMaxRowBlocks = 1 << 16;    // translate blocks (then strided)
 constexpr int32_t kMaxWriteBlocks = 1 << 10;  // table-block writing blocks (then strided)
 constexpr int32_t kMaxRunBlocks = 1 << 16;    // window-writing blocks (then strided)
-
-constexpr uint32_t kFlagMask = (1u << kFlagBits) - 1;
-constexpr int kRowGroups = kCheckThreads / kRowLanes;  // rows a block writes at once
-
-// Group g's rows written by this block, the group's checks all ended with `flags`: none when a
-// check flagged the group. The flag goes to the host and the counter is cleared.
-__device__ void WriteGroupRows(const CheckInputsParams& p, const CheckRowWrites& w, int32_t g,
-                               uint32_t flags) {
-  __shared__ int32_t rows[kMaxGroupRows];
-  __shared__ int32_t count;
-  if (threadIdx.x == 0) count = 0;
-  __syncthreads();
-  if (flags == 0) {
-    for (int64_t i = threadIdx.x; i < w.rows.num_rows; i += kCheckThreads) {
-      if (w.rows.groups[i] != g) continue;
-      // At most kMaxGroupRows a group (the backend's FitsTheCheckingKernel).
-      const int32_t k = atomicAdd(&count, 1);
-      if (k < kMaxGroupRows) rows[k] = static_cast<int32_t>(i);
-    }
-  }
-  __syncthreads();
-  const int32_t n = count < kMaxGroupRows ? count : kMaxGroupRows;
-  for (int32_t j = static_cast<int32_t>(threadIdx.x / kRowLanes); j < n; j += kRowGroups) {
-    WriteRowLanes(w.rows, rows[j], static_cast<int>(threadIdx.x % kRowLanes), false);
-  }
-  if (threadIdx.x == 0) {
-    if (w.rows.flags_out != nullptr) w.rows.flags_out[g] = flags;
-    p.flags[g] = flags;  // every check of the group has ended: nothing else touches the word
-  }
-}
-
-// Ends this block's share of group g's checks (every thread calls it, after a barrier that
-// follows the block's copies): thread 0 ORs in what the block found, then adds the share to the
-// group's counter; the block whose addition completes it writes the group's rows.
-__device__ void EndShare(const CheckInputsParams& p, const CheckRowWrites& w, int32_t g,
-                         uint32_t found, uint32_t share) {
-  if (w.rows.num_rows == 0) {
-    if (found != 0 && threadIdx.x == 0) atomicOr(p.flags + g, found);
-    return;
-  }
-  __shared__ uint32_t last;  // the group's flags + 1 in the last block, else 0
-  if (threadIdx.x == 0) {
-    const uint32_t checks = static_cast<uint32_t>(w.group_checks[g]);
-    if (found != 0) atomicOr(p.flags + g, found);
-    __threadfence();  // the block's copies are visible before the count says so
-    const uint32_t before = atomicAdd(p.flags + g, share << kFlagBits);
-    const bool done = (before >> kFlagBits) + share == kBlocksPerRange * checks;
-    if (done) __threadfence();  // and the other blocks' are seen here
-    last = done ? (before & kFlagMask) + 1 : 0;
-  }
-  __syncthreads();
-  const uint32_t flags_plus_one = last;
-  if (flags_plus_one != 0) WriteGroupRows(p, w, g, flags_plus_one - 1);
-  __syncthreads();  // `last` and the row list are rewritten by the block's next share
-}
 
 // Whether any value of a 4-byte word is refused.
 __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
@@ -114,8 +57,7 @@ __device__ __forceinline__ bool CheckWords(const CheckRange& range, int64_t firs
 }
 
 // Blocks [0, range_slots * kBlocksPerRange) of the grid.
-__device__ void CheckRanges(const CheckInputsParams& p, const CheckRowWrites& w, int32_t block,
-                            int32_t range_slots) {
+__device__ void CheckRanges(const CheckInputsParams& p, int32_t block, int32_t range_slots) {
   const int64_t stride = int64_t{kBlocksPerRange} * kCheckThreads;
   const int64_t first = int64_t{block % kBlocksPerRange} * kCheckThreads + threadIdx.x;
   for (int32_t r = block / kBlocksPerRange; r < p.num_ranges; r += range_slots) {
@@ -141,15 +83,15 @@ __device__ void CheckRanges(const CheckInputsParams& p, const CheckRowWrites& w,
         bad = bad || ByteRefused(range.check, byte);
       }
     }
-    // The range is the block's alike, so every thread reaches the barriers.
-    const bool refused = __syncthreads_or(bad ? 1 : 0) != 0;
-    EndShare(p, w, range.group, refused ? kFlagInputValue : 0, 1);
+    // The range is the block's alike, so every thread reaches the barrier.
+    if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
+      atomicOr(p.flags + range.group, kFlagInputValue);
+    }
   }
 }
 
 // The blocks after the range checks: row `block` and every row_blocks-th after it.
-__device__ void TranslateRows(const CheckInputsParams& p, const CheckRowWrites& w, int32_t block,
-                              int32_t row_blocks) {
+__device__ void TranslateRows(const CheckInputsParams& p, int32_t block, int32_t row_blocks) {
   const TranslateParams& e = p.entries;
   for (int32_t r = block; r < e.num_rows; r += row_blocks) {
     const TranslateRow row = e.rows[r];
@@ -159,9 +101,9 @@ __device__ void TranslateRows(const CheckInputsParams& p, const CheckRowWrites& 
       if (row.seen != nullptr) row.seen[k] = id;
       row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
     }
-    // A range's share is one of kBlocksPerRange; a row's is whole.
-    const bool refused = __syncthreads_or(bad ? 1 : 0) != 0;
-    EndShare(p, w, row.group, refused ? kFlagChosenEntry : 0, kBlocksPerRange);
+    if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
+      atomicOr(p.flags + row.group, kFlagChosenEntry);
+    }
   }
 }
 
@@ -197,17 +139,16 @@ struct CheckGrid {
 };
 
 __global__ void __launch_bounds__(kCheckThreads)
-    CheckInputsKernel(const __grid_constant__ CheckInputsParams p,
-                      const __grid_constant__ CheckRowWrites w, CheckGrid g) {
+    CheckInputsKernel(const __grid_constant__ CheckInputsParams p, CheckGrid g) {
   EnterGrid();  // grid_order.h: before any access to memory
   auto block = static_cast<int32_t>(blockIdx.x);
   if (block < g.check_blocks()) {
-    CheckRanges(p, w, block, g.range_slots);
+    CheckRanges(p, block, g.range_slots);
     return;
   }
   block -= g.check_blocks();
   if (block < g.row_blocks) {
-    TranslateRows(p, w, block, g.row_blocks);
+    TranslateRows(p, block, g.row_blocks);
     return;
   }
   block -= g.row_blocks;
@@ -220,8 +161,7 @@ __global__ void __launch_bounds__(kCheckThreads)
 
 }  // namespace
 
-absl::Status LaunchCheckInputs(const CheckInputsParams& p, const CheckRowWrites& w,
-                               StreamHandle stream) {
+absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream) {
   CheckGrid g;
   g.range_slots = std::min(p.num_ranges, kMaxRangeSlots);
   g.row_blocks = std::min(p.entries.num_rows, kMaxRowBlocks);
@@ -231,7 +171,7 @@ absl::Status LaunchCheckInputs(const CheckInputsParams& p, const CheckRowWrites&
   g.run_blocks = std::min(p.entries.num_runs, kMaxRunBlocks);
   if (g.blocks() == 0) return absl::OkStatus();
   return ToStatus(Launch(CheckInputsKernel, dim3(static_cast<unsigned>(g.blocks())),
-                         dim3(kCheckThreads), 0, stream, p, w, g),
+                         dim3(kCheckThreads), 0, stream, p, g),
                   "check-inputs kernel launch");
 }
 

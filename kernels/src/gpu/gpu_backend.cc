@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -23,7 +22,6 @@
 #include "gpu/ipc_memory.h"
 #include "gpu/kernel_params.h"
 #include "smla/base/align.h"
-#include "smla/base/status_macros.h"
 #include "smla/kernels/backend.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/gpu/runtime.h"
@@ -194,10 +192,41 @@ class GpuBackend : public Backend {
     if (absl::Status st = ValidateWriteRows(params); !st.ok()) return st;
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
-    if (params.slots.empty()) return absl::OkStatus();
-    absl::StatusOr<gpu::WriteRowsKernelParams> k = RowKernelParams(params, *s);
-    if (!k.ok()) return k.status();
-    return gpu::LaunchWriteRows(*k, s->handle());
+    const int64_t n = static_cast<int64_t>(params.slots.size());
+    if (n == 0) return absl::OkStatus();
+    gpu::WriteRowsKernelParams k;
+    k.slots = params.arrays.Find(params.slots);
+    if (!params.groups.empty()) {
+      k.groups = params.arrays.Find(params.groups);
+      k.group_flags = params.group_flags;
+    }
+    k.flags_out = params.flags_out.data();
+    k.num_flags = static_cast<int32_t>(params.flags_out.size());
+    if (k.slots == nullptr || (!params.groups.empty() && k.groups == nullptr)) {
+      // Not in the caller's mirror: one upload, the slots, then the groups when there are any.
+      const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
+      const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
+      absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
+      if (!pinned.ok()) return pinned.status();
+      absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
+      if (!ws.ok()) return ws.status();
+      std::memcpy(*pinned, params.slots.data(), slot_bytes);
+      if (!params.groups.empty()) {
+        std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
+      }
+      if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
+      k.slots = reinterpret_cast<const int64_t*>(*ws);
+      if (!params.groups.empty()) k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
+    }
+    k.base = static_cast<uint8_t*>(params.cache.base);
+    k.rows = static_cast<const uint16_t*>(params.rows);
+    k.num_rows = n;
+    k.pitch = params.cache.pitch_bytes;
+    k.rows_per_page = params.cache.rows_per_page;
+    k.format = static_cast<int>(params.cache.format);
+    k.geometry = static_cast<int>(params.cache.geometry);
+    k.scale = params.cache.scale;
+    return gpu::LaunchWriteRows(k, s->handle());
   }
 
   absl::Status ExpandMxfp8Query(const ExpandQueryParams& params, Stream& stream) override {
@@ -219,18 +248,7 @@ class GpuBackend : public Backend {
     if (absl::Status st = ValidateCheckInputs(params); !st.ok()) return st;
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
-    const WriteRowsParams* write = params.write;
-    const bool fused = write != nullptr && FitsTheCheckingKernel(params);
-    gpu::CheckRowWrites w;
-    if (fused) {
-      absl::StatusOr<gpu::WriteRowsKernelParams> k = RowKernelParams(*write, *s);
-      if (!k.ok()) return k.status();
-      w.rows = *k;
-      w.group_checks = params.group_checks;
-      w.num_groups = params.num_groups;
-    }
-    SMLA_RETURN_IF_ERROR(gpu::LaunchCheckInputs(params, w, s->handle()));
-    return write != nullptr && !fused ? WriteRows(*write, stream) : absl::OkStatus();
+    return gpu::LaunchCheckInputs(params, s->handle());
   }
 
   absl::Status Attend(const AttendParams& params, Stream& stream) override {
@@ -291,65 +309,6 @@ class GpuBackend : public Backend {
   }
 
  private:
-  // Whether the checking kernel writes the rows itself (CheckInputsParams::write): a small
-  // launch whose rows come grouped (non-decreasing groups), at most gpu::kMaxGroupRows a group,
-  // the last block of a group's checks scanning the launch's groups for them. Larger launches
-  // (pre-fill chunks) keep the row-writing kernel, whose blocks all write rows.
-  static bool FitsTheCheckingKernel(const CheckInputsParams& p) {
-    constexpr size_t kMaxRows = 2048;
-    // A group's counter counts its checks' shares in the flag word's high 24 bits.
-    constexpr int64_t kMaxChecks = int64_t{1} << 20;
-    const std::span<const int32_t> groups = p.write->groups;
-    if (groups.size() > kMaxRows || int64_t{p.num_ranges} + p.entries.num_rows >= kMaxChecks) {
-      return false;
-    }
-    size_t run = 0;
-    for (size_t i = 0; i < groups.size(); ++i) {
-      run = i > 0 && groups[i] == groups[i - 1] ? run + 1 : 1;
-      if ((i > 0 && groups[i] < groups[i - 1]) || run > size_t{gpu::kMaxGroupRows}) return false;
-    }
-    return true;
-  }
-
-  // The write-rows kernel's parameters; slots and groups read from the caller's mirror, else
-  // uploaded here (one upload: the slots, then the groups when there are any).
-  static absl::StatusOr<gpu::WriteRowsKernelParams> RowKernelParams(const WriteRowsParams& params,
-                                                                    GpuStream& s) {
-    const int64_t n = static_cast<int64_t>(params.slots.size());
-    gpu::WriteRowsKernelParams k;
-    k.slots = params.arrays.Find(params.slots);
-    if (!params.groups.empty()) {
-      k.groups = params.arrays.Find(params.groups);
-      k.group_flags = params.group_flags;
-    }
-    k.flags_out = params.flags_out.data();
-    k.num_flags = static_cast<int32_t>(params.flags_out.size());
-    if (k.slots == nullptr || (!params.groups.empty() && k.groups == nullptr)) {
-      const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
-      const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
-      absl::StatusOr<uint8_t*> pinned = s.Pinned(bytes);
-      if (!pinned.ok()) return pinned.status();
-      absl::StatusOr<uint8_t*> ws = s.Workspace(bytes);
-      if (!ws.ok()) return ws.status();
-      std::memcpy(*pinned, params.slots.data(), slot_bytes);
-      if (!params.groups.empty()) {
-        std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
-      }
-      if (absl::Status st = s.Upload(bytes); !st.ok()) return st;
-      k.slots = reinterpret_cast<const int64_t*>(*ws);
-      if (!params.groups.empty()) k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
-    }
-    k.base = static_cast<uint8_t*>(params.cache.base);
-    k.rows = static_cast<const uint16_t*>(params.rows);
-    k.num_rows = n;
-    k.pitch = params.cache.pitch_bytes;
-    k.rows_per_page = params.cache.rows_per_page;
-    k.format = static_cast<int>(params.cache.format);
-    k.geometry = static_cast<int>(params.cache.geometry);
-    k.scale = params.cache.scale;
-    return k;
-  }
-
   // Within the device, one copy kernel. Else one batch call where the runtime has it; one copy
   // each where it refused a batch (once refused, the backend stops trying).
   absl::Status Copies(std::span<const CopyOp> copies, CopyDirection direction,

@@ -120,20 +120,6 @@ struct WriteRowsKernelParams {
   float scale = 1;
 };
 
-// The rows the checking kernel writes itself (CheckInputsParams::write): each group's by the
-// block that ends the group's checks. A group's counter rides in the high bits of its flag word
-// (the flags use the low byte), so the counting needs no memory of its own: every block adds
-// its share as it ends a range or an entry row of the group, and the block whose addition
-// completes the count for group_checks[g] checks writes the group's rows, hands the flag to the
-// host and clears the counter.
-inline constexpr int kFlagBits = 8;       // the low bits of a flag word: the flags themselves
-inline constexpr int kMaxGroupRows = 64;  // rows of one group that its last block writes at most
-struct CheckRowWrites {
-  WriteRowsKernelParams rows;             // num_rows 0: the kernel writes no rows
-  const int32_t* group_checks = nullptr;  // [num_groups] device
-  int32_t num_groups = 0;
-};
-
 // MXFP8 query expansion: `lanes` = vectors * width lanes (even, as width is a multiple of 32);
 // codes are read two at a time, so `codes` is 2-byte aligned and `out` 4-byte aligned.
 struct ExpandQueryKernelParams {
@@ -197,8 +183,7 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
 absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);
-absl::Status LaunchCheckInputs(const CheckInputsParams& p, const CheckRowWrites& w,
-                               StreamHandle stream);
+absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream);
 // Copies of at most kMaxDeviceCopies ops at a time, as many launches as that takes.
 absl::Status LaunchDeviceCopies(std::span<const CopyOp> copies, StreamHandle stream);
 

@@ -209,10 +209,9 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
 
 // The device checks' arrays at the start of the arena, before the slot lists and segments: the
 // spans' lists of table blocks, the stale blocks and their writes into the table heap, the
-// TranslateRows, the PositionRuns and their window pages, the CheckRanges, one zeroed flag per
-// step and each step's count of checks (CheckInputsParams::group_checks). All of them go up in the
-// one copy of the arena's arrays (so the flags need no clearing of their own); the segments the
-// device writes follow that copy in arrays_.
+// TranslateRows, the PositionRuns and their window pages, the CheckRanges and one zeroed flag per
+// step. All of them go up in the one copy of the arena's arrays (so the flags need no clearing of
+// their own); the segments the device writes follow that copy in arrays_.
 struct StepExecutor::CheckLayout {
   size_t stale = 0;      // the stale blocks, after the block lists
   size_t writes = 0;     // the TableBlockWrites, after the stale blocks
@@ -221,9 +220,7 @@ struct StepExecutor::CheckLayout {
   size_t run_pages = 0;  // the runs' window pages, after the runs
   size_t ranges = 0;     // the CheckRanges, after the window pages
   size_t flags = 0;      // the flags, after the ranges
-  size_t checks = 0;     // the counts of checks, after the flags
-  // [block lists | stale blocks | writes | rows | runs | pages | ranges | flags | checks]
-  size_t bytes = 0;
+  size_t bytes = 0;  // [block lists | stale blocks | writes | rows | runs | pages | ranges | flags]
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
     CheckLayout l;
@@ -236,8 +233,7 @@ struct StepExecutor::CheckLayout {
     l.run_pages = AlignUp(l.runs + static_cast<size_t>(c.runs) * sizeof(kernels::PositionRun), 64);
     l.ranges = AlignUp(l.run_pages + static_cast<size_t>(c.run_pages) * sizeof(int32_t), 64);
     l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
-    l.checks = l.flags + groups * sizeof(uint32_t);
-    l.bytes = l.checks + groups * sizeof(int32_t);
+    l.bytes = l.flags + groups * sizeof(uint32_t);
     return l;
   }
 };
@@ -399,7 +395,6 @@ struct StepExecutor::StagedArena {
   DeviceTargets targets;
   std::span<kernels::CheckRange> ranges;  // kChecksPerSpan per span
   std::span<uint32_t> flags;              // zeroed by BuildArrays, uploaded with the ranges
-  std::span<int32_t> group_checks;        // counted by BuildArrays, likewise
   float* sink = nullptr;
 };
 
@@ -677,7 +672,6 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   out.targets.stale_blocks = reinterpret_cast<const int32_t*>(dev + l.stale);
   out.targets.run_pages = reinterpret_cast<const int32_t*>(dev + l.run_pages);
   out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
-  out.group_checks = std::span<int32_t>(reinterpret_cast<int32_t*>(host + l.checks), p.groups);
   work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
   work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
   work.check.entries.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
@@ -689,8 +683,6 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   work.check.entries.runs = reinterpret_cast<const kernels::PositionRun*>(dev + l.runs);
   work.check.entries.num_runs = static_cast<int32_t>(p.counts.runs);
   work.check.flags = reinterpret_cast<uint32_t*>(dev + l.flags);
-  work.check.group_checks = reinterpret_cast<const int32_t*>(dev + l.checks);
-  work.check.num_groups = static_cast<int32_t>(p.groups);
   work.flags_host = flags_host;
 }
 
@@ -702,11 +694,6 @@ void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, p.counts, staged.targets, staged.arrays);
   std::fill(staged.flags.begin(), staged.flags.end(), 0u);
-  // Each step's checks: its spans' ranges and its chosen rows (the row writes in the checking
-  // kernel wait for all of them).
-  std::fill(staged.group_checks.begin(), staged.group_checks.end(), 0);
-  for (const SpanRef& span : work.spans) staged.group_checks[span.group] += kChecksPerSpan;
-  for (const kernels::TranslateRow& row : staged.arrays.chosen) ++staged.group_checks[row.group];
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanInput& s = *work.spans[k].input;
     const DeviceWork::SpanDevice& d = work.span_device[k];
@@ -945,15 +932,11 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   SMLA_RETURN_IF_ERROR(pinned()
                            ? backend_.CopyBatch({&c, 1}, kernels::CopyDirection::kOnDevice, stream)
                            : backend_.CopyToDevice(c.dst, c.src, c.bytes, stream));
-  // The row writes are part of the checks: a GPU backend does a small launch's in the checking
-  // kernel, one kernel fewer before the attention (docs/architecture.md, "Row writes in the
-  // checking kernel").
-  kernels::CheckInputsParams check = w.check;
-  if (!w.write.slots.empty()) check.write = &w.write;
-  SMLA_RETURN_IF_ERROR(backend_.CheckInputs(check, stream));
+  SMLA_RETURN_IF_ERROR(backend_.CheckInputs(w.check, stream));
   if (w.expand.vectors > 0 && w.expand_after_checks) {
     SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
   }
+  if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
   if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_end, stream));

@@ -251,16 +251,6 @@ struct CheckInputsParams {
   int32_t num_ranges = 0;
   TranslateParams entries;    // num_rows 0: nothing to translate
   uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
-  // Optional: the launch's row writes, done as part of this call, as WriteRows after the checks
-  // would do them (with group_flags = flags, and groups given). A GPU backend writes a small
-  // launch's rows in the checking kernel, each group's as soon as the group's checks have ended,
-  // which saves a kernel's start and end on the way to the attention (docs/architecture.md,
-  // "Row writes in the checking kernel"). It then needs, per group, how many of `ranges` and
-  // `entries.rows` carry it: group_checks[g], backend memory, [num_groups], at least one each
-  // (the CPU backend refuses counts that do not match; a GPU backend cannot read them).
-  const WriteRowsParams* write = nullptr;
-  const int32_t* group_checks = nullptr;
-  int32_t num_groups = 0;
 };
 
 // MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.
