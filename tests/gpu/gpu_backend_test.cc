@@ -939,9 +939,8 @@ TEST_F(GpuTest, MirroredArraysMatchStagedOnes) {
 // around them.
 // CheckInputs translates into the same slots and flags as the CPU backend (TranslateEntry, shared),
 // over rows of many widths and groups with bad ids sprinkled in, through a table held in blocks
-// (placed in reverse order, the last two read from staged copies and written in the same pass);
-// WriteRows then skips the rows of flagged groups.
-TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
+// (placed in reverse order, the last two read from staged copies and written in the same pass).
+TEST_F(GpuTest, TranslateMatchesCpu) {
   std::mt19937 rng(20261203);
   constexpr int kShift = 6;  // 64 rows per page
   constexpr int kBlockShift = 5, kBlock = 1 << kBlockShift;
@@ -1017,24 +1016,6 @@ TEST_F(GpuTest, TranslateAndFlaggedRowWritesMatchCpu) {
     EXPECT_TRUE(side.backend->CheckInputs(p, *side.stream).ok());
     flags = side.Download<uint32_t>(dev_flags, kGroups);
     heap_after = side.Download<int32_t>(dev_heap, heap.size());
-    // One bf16 row per group into its own slot; flagged groups leave their slot as it was.
-    std::vector<int64_t> slots(kGroups);
-    std::vector<int32_t> row_groups(kGroups);
-    for (int g = 0; g < kGroups; ++g) slots[g] = row_groups[g] = g;
-    std::vector<uint16_t> src(size_t{kGroups} * 512, 0x3f80);
-    Buffer dev_src = side.Upload(src);
-    Buffer pool = side.Zeros(size_t{kGroups} * 1024, 0);
-    WriteRowsParams wp;
-    wp.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, kGroups, 1, 1024, 1.0f};
-    wp.slots = slots;
-    wp.rows = dev_src.data();
-    wp.groups = row_groups;
-    wp.group_flags = dev_flags.as<uint32_t>();
-    EXPECT_TRUE(side.backend->WriteRows(wp, *side.stream).ok());
-    std::vector<uint8_t> written = side.Download<uint8_t>(pool, size_t{kGroups} * 1024);
-    for (int g = 0; g < kGroups; ++g) {
-      EXPECT_EQ(written[size_t{1024} * g + 1], flags[g] != 0 ? 0 : 0x3f) << "group " << g;
-    }
     return side.Download<int32_t>(dev_out, ids.size());
   };
   std::vector<uint32_t> gpu_flags, cpu_flags;
@@ -1453,10 +1434,8 @@ TEST_F(GpuTest, WriteRowsMatchesCpuBytes) {
   }
 }
 
-// Slots and groups in a caller's mirror (WriteRowsParams::arrays) are read from its device copy:
-// here that copy holds the slots in reverse, so the GPU pool must match a CPU write with the
-// reversed slots (a row of a flagged group included, which both leave unwritten). The flags are
-// handed to page-locked host memory (flags_out) by the same kernel.
+// Slots in a caller's mirror (WriteRowsParams::arrays) are read from its device copy: here that
+// copy holds the slots in reverse, so the GPU pool must match a CPU write with the reversed slots.
 TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   std::mt19937 rng(9);
   const KvFormat format = KvFormat::kFp8Dsv4;
@@ -1468,36 +1447,20 @@ TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   const int n = 40;
   std::vector<uint16_t> rows(size_t{n} * w);
   for (uint16_t& v : rows) v = RandBf16(rng, 2.0f);
-  // [slots | groups] on the host; the device copy has the slots reversed.
   std::vector<int64_t> slots(n), reversed(n);
-  std::vector<int32_t> groups(n, 0);
-  groups[7] = 1;
   for (int i = 0; i < n; ++i) slots[i] = reversed[n - 1 - i] = 3 * i;
-  std::vector<uint8_t> host(n * 8 + n * 4), device_copy(host.size());
-  std::memcpy(host.data(), slots.data(), n * 8);
-  std::memcpy(device_copy.data(), reversed.data(), n * 8);
-  std::memcpy(host.data() + n * 8, groups.data(), n * 4);
-  std::memcpy(device_copy.data() + n * 8, groups.data(), n * 4);
-  const std::vector<uint32_t> flags = {0, 1};
 
   Buffer gpu_pool = gpu_->Zeros(pitch * pages, 0xa5);
   Buffer gpu_rows = gpu_->Upload(rows);
-  Buffer mirror = gpu_->Upload(device_copy);
-  Buffer gpu_flags = gpu_->Upload(flags);
+  Buffer mirror = gpu_->Upload(reversed);
   WriteRowsParams wp;
   wp.cache = {gpu_pool.data(), format, geometry, pages, rpp, pitch, 1.0f};
-  wp.slots = std::span<const int64_t>(reinterpret_cast<const int64_t*>(host.data()), n);
-  wp.groups = std::span<const int32_t>(reinterpret_cast<const int32_t*>(host.data() + n * 8), n);
-  wp.group_flags = gpu_flags.as<uint32_t>();
+  wp.slots = slots;
   wp.rows = gpu_rows.data();
-  wp.arrays = HostMirror{host.data(), mirror.as<uint8_t>(), host.size()};
-  absl::StatusOr<Buffer> handed = gpu_->backend->AllocateHost(flags.size() * sizeof(uint32_t));
-  ASSERT_TRUE(handed.ok()) << handed.status();
-  std::fill_n(handed->as<uint32_t>(), flags.size(), 7u);
-  wp.flags_out = std::span<uint32_t>(handed->as<uint32_t>(), flags.size());
+  wp.arrays = HostMirror{reinterpret_cast<const uint8_t*>(slots.data()), mirror.as<uint8_t>(),
+                         slots.size() * sizeof(int64_t)};
   ASSERT_TRUE(gpu_->backend->WriteRows(wp, *gpu_->stream).ok());
   const std::vector<uint8_t> got = gpu_->Download<uint8_t>(gpu_pool, pitch * pages);
-  EXPECT_EQ(std::vector<uint32_t>(wp.flags_out.begin(), wp.flags_out.end()), flags);
 
   Buffer cpu_pool = cpu_->Zeros(pitch * pages, 0xa5);
   Buffer cpu_rows = cpu_->Upload(rows);
@@ -1505,12 +1468,102 @@ TEST_F(GpuTest, WriteRowsReadsMirroredSlots) {
   cp.cache.base = cpu_pool.data();
   cp.rows = cpu_rows.data();
   cp.slots = reversed;
-  cp.group_flags = flags.data();
-  cp.flags_out = {};
   cp.arrays = {};
   ASSERT_TRUE(cpu_->backend->WriteRows(cp, *cpu_->stream).ok());
   const std::vector<uint8_t> want = cpu_->Download<uint8_t>(cpu_pool, pitch * pages);
   EXPECT_TRUE(got == want) << "the GPU did not write where the mirror's slots say";
+}
+
+// The rows CheckInputs writes (RowWrites) in every pool format: the same pool bytes, copies,
+// saved old bytes and flags as the CPU backend, over more rows than a block holds, with refused
+// values sprinkled in (their rows are written too), rows read from a second buffer (copied) and
+// slots outside the pool (not written). The GPU's flags lie in page-locked host memory, which
+// the kernel writes over the bus.
+TEST_F(GpuTest, CheckedRowWritesMatchCpu) {
+  std::mt19937 rng(41);
+  for (const Combo& cb : kCombos) {
+    SCOPED_TRACE(std::string(KvFormatName(cb.format)) + "/" +
+                 std::string(GeometryName(cb.geometry)));
+    const int w = QkWidth(cb.geometry);
+    const int rpp = 16;
+    const int64_t pages = 24;
+    const int64_t pitch = ServingPitch(cb.format, cb.geometry, rpp);
+    const int n = 301, kGroups = 37;
+    const int64_t row_bytes = RowBytes(cb.format, cb.geometry);
+    std::vector<uint16_t> rows(size_t{n} * w), elsewhere(size_t{n} * w);
+    for (uint16_t& v : rows) v = RandBf16(rng, 3.0f);
+    for (uint16_t& v : elsewhere) v = RandBf16(rng, 0.5f);
+    std::vector<int64_t> slots(n);
+    std::vector<int32_t> groups(n);
+    std::vector<bool> far(n);
+    for (int i = 0; i < n; ++i) {
+      slots[i] = (int64_t{i} * 5) % (pages * rpp);
+      if (i % 50 == 49) slots[i] = pages * rpp + i;  // outside the pool
+      groups[i] = i % kGroups;
+      far[i] = i % 3 == 1;
+    }
+    // Distinct slots, as a launch's are.
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < i; ++j) ASSERT_NE(slots[i], slots[j]);
+    }
+    for (int i = 4; i < n; i += 23) {
+      uint16_t* row = (far[i] ? elsewhere.data() : rows.data()) + static_cast<size_t>(i) * w;
+      row[(i * 13) % w] = i % 2 == 0 ? 0x7fc0 : 0xff80;  // NaN, -inf
+    }
+    rows[size_t{9} * w + 100] = 0x5f80;   // 2^64: still accepted
+    rows[size_t{12} * w + 100] = 0x5f81;  // past 2^64: refused
+    std::vector<uint8_t> pools[2], olds[2];
+    std::vector<uint16_t> copies[2];
+    std::vector<uint32_t> flags[2];
+    Side* sides[2] = {cpu_, gpu_};
+    for (int k = 0; k < 2; ++k) {
+      Side& s = *sides[k];
+      Buffer pool = s.Zeros(pitch * pages, 0);
+      std::vector<uint8_t> before(pitch * pages);
+      for (size_t b = 0; b < before.size(); ++b) before[b] = static_cast<uint8_t>(b * 7 % 253);
+      ASSERT_TRUE(
+          s.backend->CopyToDevice(pool.data(), before.data(), before.size(), *s.stream).ok());
+      Buffer near = s.Upload(rows);
+      Buffer other = s.Upload(elsewhere);
+      Buffer old = s.Zeros(size_t(n) * row_bytes, 0xee);
+      std::vector<RowWrite> writes(n);
+      for (int i = 0; i < n; ++i) {
+        const uint16_t* from = (far[i] ? other : near).as<uint16_t>() + static_cast<size_t>(i) * w;
+        writes[i] = RowWrite{from, slots[i], groups[i], 0};
+      }
+      Buffer dev_writes = s.Upload(writes);
+      std::vector<uint32_t> plain_flags(kGroups, 0);
+      Buffer locked;
+      uint32_t* flag_words = plain_flags.data();
+      if (k == 1) {
+        absl::StatusOr<Buffer> host = s.backend->AllocateHost(kGroups * sizeof(uint32_t));
+        ASSERT_TRUE(host.ok()) << host.status();
+        locked = *std::move(host);
+        flag_words = locked.as<uint32_t>();
+        std::fill_n(flag_words, kGroups, 0u);
+      }
+      CheckInputsParams p;
+      p.rows.cache = {pool.data(), cb.format, cb.geometry, pages, rpp, pitch, 0.37f};
+      p.rows.rows = dev_writes.as<RowWrite>();
+      p.rows.num_rows = n;
+      p.rows.copies = near.as<uint16_t>();
+      p.rows.old = old.as<uint8_t>();
+      p.flags = flag_words;
+      ASSERT_TRUE(s.backend->CheckInputs(p, *s.stream).ok());
+      pools[k] = s.Download<uint8_t>(pool, pitch * pages);
+      olds[k] = s.Download<uint8_t>(old, size_t(n) * row_bytes);
+      copies[k] = s.Download<uint16_t>(near, size_t{n} * w);
+      flags[k].assign(flag_words, flag_words + kGroups);
+    }
+    EXPECT_EQ(flags[0], flags[1]);
+    EXPECT_TRUE(pools[0] == pools[1]) << "pool bytes differ";
+    EXPECT_TRUE(olds[0] == olds[1]) << "saved bytes differ";
+    EXPECT_TRUE(copies[0] == copies[1]) << "copies differ";
+    const auto flagged =
+        std::count_if(flags[0].begin(), flags[0].end(), [](uint32_t f) { return f != 0; });
+    EXPECT_GT(flagged, 0);
+    EXPECT_LT(flagged, kGroups);
+  }
 }
 
 // MXFP8 query expansion: every (code, scale byte) pair that is not NaN, then random groups, at

@@ -1,7 +1,7 @@
 // The checks of a step's inputs on the backend (input_checks.h, Backend::CheckInputs): chosen
-// entries into slots, values checked, both in one call, and row writes that skip
-// the groups either flagged (WriteRowsParams::groups): the semantics every backend shares, on
-// the CPU backend. smla-gpu-test checks that the GPU backend flags and writes the same.
+// entries into slots, values checked, both in one call, and the new rows written with their
+// checks (RowWrites): the semantics every backend shares, on the CPU backend. smla-gpu-test
+// checks that the GPU backend flags and writes the same.
 #include "smla/kernels/input_checks.h"
 
 #include <algorithm>
@@ -243,39 +243,71 @@ TEST_F(TranslateTest, ChecksCopyWhatTheyRead) {
   EXPECT_EQ(out, (std::vector<int32_t>{21, -1, -1}));
 }
 
-// Rows of a flagged group are not written; the others are, and groups come one per slot. The
-// flags are handed over where the caller asks (flags_out), and only with them.
-TEST_F(TranslateTest, RowWritesSkipFlaggedGroups) {
-  std::vector<uint8_t> pool(4 * 1024, 0);
-  std::vector<uint16_t> rows(3 * 512);
-  for (int i = 0; i < 3 * 512; ++i) rows[i] = static_cast<uint16_t>(0x3f80 + i / 512);
-  const std::vector<int64_t> slots = {0, 1, 2};
-  const std::vector<int32_t> groups = {0, 1, 0};
-  const std::vector<uint32_t> flags = {0, 1};
-  std::vector<uint32_t> handed(2, 7);
-  WriteRowsParams p;
-  p.cache = {pool.data(), KvFormat::kBf16, Geometry::kRopeFree, 1, 4, 4096, 1.0f};
-  p.slots = slots;
-  p.rows = rows.data();
-  p.groups = groups;
-  p.group_flags = flags.data();
-  p.flags_out = handed;
-  ASSERT_TRUE(backend_->WriteRows(p, *stream_).ok());
-  EXPECT_EQ(handed, flags);
-  uint16_t v[3];
-  for (int s = 0; s < 3; ++s) std::memcpy(&v[s], pool.data() + s * 1024, 2);
-  EXPECT_EQ(v[0], 0x3f80);
-  EXPECT_EQ(v[1], 0) << "the flagged group's row was written";
-  EXPECT_EQ(v[2], 0x3f82);
-  const std::vector<int32_t> short_groups = {0};
-  p.groups = short_groups;
-  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
-  p.groups = groups;
-  p.group_flags = nullptr;
-  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
-  p.groups = {};
-  EXPECT_EQ(backend_->WriteRows(p, *stream_).code(), absl::StatusCode::kInvalidArgument)
-      << "flags_out without group_flags";
+// The checks write their rows as WriteRows does, each checked and copied as read, whatever its
+// group's flags: a refused row is written too, after its slot's old bytes were saved. A slot
+// outside the pool is not written.
+TEST_F(TranslateTest, RowsAreCheckedCopiedSavedAndWritten) {
+  constexpr int kWidth = 512;  // rope_inside
+  constexpr int64_t kPitch = 4 * (kDsv4DataBytes + kDsv4ScaleBytes);
+  const MutableCacheView empty{nullptr, KvFormat::kFp8Dsv4, Geometry::kRopeInside, 2, 4, kPitch,
+                               1.0f};
+  std::vector<uint8_t> before(2 * kPitch);
+  for (size_t i = 0; i < before.size(); ++i) before[i] = static_cast<uint8_t>(i % 251);
+  std::vector<uint16_t> copies(4 * kWidth, 0);
+  std::vector<uint16_t> elsewhere(kWidth);
+  for (int i = 0; i < 3 * kWidth; ++i) copies[i] = static_cast<uint16_t>(0x3f80 + (i * 7) % 97);
+  for (int i = 0; i < kWidth; ++i) elsewhere[i] = static_cast<uint16_t>(0xbf00 + i % 61);
+  copies[kWidth + 9] = 0x7fc0;  // row 1: a NaN
+  const std::vector<uint16_t> rows_in = copies;
+  const RowWrite writes[] = {{copies.data(), 1, 0, 0},
+                             {copies.data() + kWidth, 6, 1, 0},
+                             {elsewhere.data(), 3, 0, 0},
+                             {copies.data() + 3 * kWidth, 100, 2, 0}};  // outside the pool
+
+  // What WriteRows writes for the same rows, on a copy of the pool.
+  std::vector<uint8_t> expected = before;
+  std::vector<uint16_t> plain(rows_in.begin(), rows_in.begin() + 2 * kWidth);
+  plain.insert(plain.end(), elsewhere.begin(), elsewhere.end());
+  const std::vector<int64_t> slots = {1, 6, 3};
+  WriteRowsParams w;
+  w.cache = empty;
+  w.cache.base = expected.data();
+  w.slots = slots;
+  w.rows = plain.data();
+  ASSERT_TRUE(backend_->WriteRows(w, *stream_).ok());
+
+  std::vector<uint8_t> pool = before;
+  std::vector<uint8_t> old(4 * RowBytes(KvFormat::kFp8Dsv4, Geometry::kRopeInside), 0xee);
+  std::vector<uint32_t> flags(3, 0);
+  CheckInputsParams p;
+  p.rows.cache = empty;
+  p.rows.cache.base = pool.data();
+  p.rows.rows = writes;
+  p.rows.num_rows = 4;
+  p.rows.copies = copies.data();
+  p.rows.old = old.data();
+  p.flags = flags.data();
+  ASSERT_TRUE(backend_->CheckInputs(p, *stream_).ok());
+  EXPECT_EQ(flags, (std::vector<uint32_t>{0, kFlagInputValue, 0}));
+  EXPECT_EQ(pool, expected) << "every row in the pool written, the refused one too";
+  EXPECT_TRUE(std::equal(elsewhere.begin(), elsewhere.end(), copies.begin() + 2 * kWidth))
+      << "a row read elsewhere is copied";
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const int64_t slot = writes[i].slot;
+    const uint8_t* saved = old.data() + i * (kDsv4DataBytes + kDsv4ScaleBytes);
+    EXPECT_EQ(0,
+              std::memcmp(saved, before.data() + (slot / 4) * kPitch + (slot % 4) * kDsv4DataBytes,
+                          kDsv4DataBytes));
+    EXPECT_EQ(0, std::memcmp(saved + kDsv4DataBytes,
+                             before.data() + (slot / 4) * kPitch + 4 * kDsv4DataBytes +
+                                 (slot % 4) * kDsv4ScaleBytes,
+                             kDsv4ScaleBytes));
+  }
+  EXPECT_EQ(old[3 * (kDsv4DataBytes + kDsv4ScaleBytes)], 0xee) << "nothing saved for no slot";
+
+  p.rows.copies = nullptr;
+  EXPECT_EQ(backend_->CheckInputs(p, *stream_).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

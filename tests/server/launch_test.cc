@@ -131,6 +131,14 @@ class PinningBackend : public testing::ControlledBackend {
           checked_copies_.push_back({t.seen, t.ids, t.width * sizeof(int32_t)});
         }
       }
+      const kernels::RowWrites& w = p.rows;
+      const int width = kernels::QkWidth(w.cache.geometry);
+      for (int32_t r = 0; r < w.num_rows; ++r) {
+        uint16_t* copy = w.copies + int64_t{r} * width;
+        if (w.rows[r].from != copy) {
+          checked_copies_.push_back({copy, w.rows[r].from, size_t{2} * width});
+        }
+      }
     }
     return ControlledBackend::CheckInputs(p, s);
   }
@@ -139,8 +147,8 @@ class PinningBackend : public testing::ControlledBackend {
     absl::MutexLock lock(&mu_);
     after_checks_ = std::move(f);
   }
-  // Every copy the checks made as they read (CheckRange::copy_to, TranslateRow::seen) since the
-  // last call.
+  // Every copy the checks made as they read (CheckRange::copy_to, TranslateRow::seen, the rows
+  // RowWrites reads elsewhere) since the last call.
   std::vector<kernels::CopyOp> take_checked_copies() {
     absl::MutexLock lock(&mu_);
     return std::exchange(checked_copies_, {});
@@ -459,7 +467,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     EXPECT_TRUE(plain == in_place);
     // A GPU region's inputs are copied by the checks that read them (every byte, and none by a
     // copy of its own); the one step's outputs there are written by the attention, and the
-    // checks' flags come back with the row writes: nothing is copied within the device.
+    // checks write their flags where the host reads them: nothing is copied within the device.
     size_t to_outputs = 0, others = 0;
     for (const kernels::CopyOp& c : backend.take_on_device()) {
       const auto* dst = static_cast<const uint8_t*>(c.dst);
@@ -490,7 +498,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
 // every destination the device can write (a GPU region here, 16-byte aligned): nothing is copied
 // after it, and the bytes are those of a launch that copies them. Two steps in a launch, or a
 // destination the kernels' 16-byte stores cannot reach, are copied as before; a step the checks
-// flag still fails alone with its message (the flags come back with the row writes).
+// flag still fails alone with its message (the checks write the flags where the host reads them).
 TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
   Direct d;
   ASSERT_NO_FATAL_FAILURE(StartDirect(d, /*region_on_device=*/true));

@@ -488,9 +488,9 @@ TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
   }
   // The failed sequences go on from where they were.
   for (int i : {1, 2}) StepAndCheck(*core, model, kLayer, {&decode[i]});
-  // A rewrite of committed positions (137..142 of s0, stored up to 146) with a NaN is refused
-  // before any row is written: the next step, which sees those positions in its window, gets
-  // the reference answer.
+  // A rewrite of committed positions (137..142 of s0, stored up to 146) with an inf is refused,
+  // and the stored rows it overwrote are put back: the next step, which sees those positions in
+  // its window, gets the reference answer.
   SpanData rewrite = Span(model, kLayer, "s0", 137, 6);
   rewrite.kv[4 * 512 + 1] = 0x7f80;  // +inf
   absl::StatusOr<StepResult> refused = testing::RunStep(*core, Request(model, kLayer, {&rewrite}));

@@ -222,24 +222,6 @@ absl::Status ValidateWriteRows(const WriteRowsParams& p) {
           absl::StrFormat("slots[%d] = %d out of range (pool has %d slots)", i, p.slots[i], n));
     }
   }
-  if (!p.groups.empty() && p.groups.size() != p.slots.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("groups has %d entries for %d slots", p.groups.size(), p.slots.size()));
-  }
-  if (p.groups.empty() != (p.group_flags == nullptr)) {
-    return absl::InvalidArgumentError("groups and group_flags come together");
-  }
-  if (!p.flags_out.empty() && p.group_flags == nullptr) {
-    return absl::InvalidArgumentError("flags_out without group_flags");
-  }
-  if (p.flags_out.size() > static_cast<size_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError("flags_out: too many groups");
-  }
-  for (size_t i = 0; i < p.groups.size(); ++i) {
-    if (p.groups[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat("groups[%d] = %d", i, p.groups[i]));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -268,7 +250,18 @@ absl::Status ValidateCheckInputs(const CheckInputsParams& p) {
     return absl::InvalidArgumentError(
         "ranges, entries.rows, entries.block_writes or entries.runs is null");
   }
-  if ((p.num_ranges > 0 || e.num_rows > 0) && p.flags == nullptr) {
+  const RowWrites& w = p.rows;
+  if (w.num_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rows.num_rows %d must not be negative", w.num_rows));
+  }
+  if (w.num_rows > 0) {
+    SMLA_RETURN_IF_ERROR(ValidateCacheView(w.cache.view(), "rows.cache"));
+    if (w.rows == nullptr || w.copies == nullptr) {
+      return absl::InvalidArgumentError("rows.rows or rows.copies is null");
+    }
+  }
+  if ((p.num_ranges > 0 || e.num_rows > 0 || w.num_rows > 0) && p.flags == nullptr) {
     return absl::InvalidArgumentError("flags is null");
   }
   return absl::OkStatus();

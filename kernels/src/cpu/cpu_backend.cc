@@ -99,19 +99,8 @@ class CpuBackend final : public Backend {
     if (absl::Status s = ValidateWriteRows(p); !s.ok()) return s;
     const MutableCacheView& c = p.cache;
     const int width = QkWidth(c.geometry);
-    uint8_t* base = static_cast<uint8_t*>(c.base);
     const uint16_t* rows = static_cast<const uint16_t*>(p.rows);
-    auto write = [&](int64_t i, int) {
-      if (!p.groups.empty() && p.group_flags[p.groups[i]] != 0) return;
-      const int64_t slot = p.slots[i];
-      uint8_t* scales = c.format == KvFormat::kFp8Dsv4
-                            ? base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes)
-                            : nullptr;
-      EncodeRow(c.format, c.geometry, rows + i * width,
-                base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
-                scales, c.scale);
-    };
-    std::copy_n(p.group_flags, p.flags_out.size(), p.flags_out.data());
+    auto write = [&](int64_t i, int) { EncodeInto(c, p.slots[i], rows + i * width); };
     const int64_t n = static_cast<int64_t>(p.slots.size());
     // A slot named twice keeps its last row, which only a sequential write guarantees.
     if (p.slots.size() >= kParallelWriteRows && SlotsDistinct(p.slots)) {
@@ -160,7 +149,7 @@ class CpuBackend final : public Backend {
           bad = bad || ByteRefused(range.check, data[i]);
         }
       }
-      if (bad) p.flags[range.group] |= kFlagInputValue;
+      if (bad) SetFlag(p.flags, range.group, kFlagInputValue);
     }
     const TranslateParams& e = p.entries;
     for (int32_t r = 0; r < e.num_rows; ++r) {
@@ -172,8 +161,9 @@ class CpuBackend final : public Backend {
         if (row.seen != nullptr) row.seen[k] = id;
         row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
       }
-      if (bad) p.flags[row.group] |= kFlagChosenEntry;
+      if (bad) SetFlag(p.flags, row.group, kFlagChosenEntry);
     }
+    WriteNewRows(p);
     const size_t block = size_t{1} << e.block_shift;
     for (int32_t b = 0; b < e.num_block_writes; ++b) {
       std::memcpy(e.block_writes[b].to, e.block_writes[b].from, block * sizeof(int32_t));
@@ -194,6 +184,63 @@ class CpuBackend final : public Backend {
   absl::Status Synchronize(Stream&) override { return absl::OkStatus(); }
 
  private:
+  // Row `in` quantised into `slot` of pool c.
+  static void EncodeInto(const MutableCacheView& c, int64_t slot, const uint16_t* in) {
+    auto* base = static_cast<uint8_t*>(c.base);
+    uint8_t* scales = c.format == KvFormat::kFp8Dsv4
+                          ? base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes)
+                          : nullptr;
+    EncodeRow(c.format, c.geometry, in,
+              base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
+              scales, c.scale);
+  }
+
+  // CheckInputsParams::rows, as the device does them: each row read once (into its copy, which
+  // is then checked and written), its slot's old bytes saved where asked (`old`), every row
+  // written.
+  void WriteNewRows(const CheckInputsParams& p) {
+    const RowWrites& w = p.rows;
+    const MutableCacheView& c = w.cache;
+    const int width = QkWidth(c.geometry);
+    const int64_t row_bytes = RowBytes(c.format, c.geometry);
+    const int64_t data_bytes = SlotDataBytes(c.format, c.geometry);
+    auto* base = static_cast<uint8_t*>(c.base);
+    auto one = [&](int64_t i, int) {
+      const RowWrite& row = w.rows[i];
+      uint16_t* copy = w.copies + i * width;
+      if (copy != row.from) std::memcpy(copy, row.from, size_t{2} * width);
+      bool bad = false;
+      for (int k = 0; k < width; ++k) bad = bad || Bf16OutOfBounds(copy[k]);
+      if (bad) SetFlag(p.flags, row.group, kFlagInputValue);
+      if (row.slot < 0 || row.slot >= c.num_slots()) return;
+      if (w.old != nullptr) {
+        uint8_t* old = w.old + i * row_bytes;
+        std::memcpy(
+            old,
+            base + SlotDataOffset(c.format, c.geometry, row.slot, c.rows_per_page, c.pitch_bytes),
+            static_cast<size_t>(data_bytes));
+        if (c.format == KvFormat::kFp8Dsv4) {
+          std::memcpy(old + data_bytes,
+                      base + SlotScaleOffset(row.slot, c.rows_per_page, c.pitch_bytes),
+                      kDsv4ScaleBytes);
+        }
+      }
+      EncodeInto(c, row.slot, copy);
+    };
+    const int64_t n = w.num_rows;
+    bool parallel = n >= static_cast<int64_t>(kParallelWriteRows);
+    if (parallel) {
+      std::vector<int64_t> slots(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) slots[i] = w.rows[i].slot;
+      parallel = SlotsDistinct(slots);
+    }
+    if (parallel) {
+      pool_.ParallelFor(n, one);
+    } else {
+      for (int64_t i = 0; i < n; ++i) one(i, 0);
+    }
+  }
+
   static bool SlotsDistinct(std::span<const int64_t> slots) {
     std::vector<int64_t> sorted(slots.begin(), slots.end());
     std::sort(sorted.begin(), sorted.end());

@@ -1,30 +1,35 @@
 // A launch's inputs checked on the device in one kernel (Backend::CheckInputs), with the rules of
 // input_checks.h that the CPU backend uses. The grid's parts, in block order:
+// - the new rows (RowWrites), kRowsPerBlock to a block: each read once, checked, copied where
+//   read elsewhere, its slot's old bytes saved where asked (`old`), and written into the pool;
 // - value ranges, kBlocksPerRange to a range, each thread testing (and copying, where the range
 //   has a copy) every stride-th word;
 // - chosen entries translated, one row per block;
 // - changed table blocks written, one page id per thread;
 // - the rows' windows (PositionRuns) written, one run per block.
-// A block that found something refused sets its group's flag with one atomic OR. One kernel: on
-// a small launch each kernel boundary costs about as much as the work (docs/architecture.md,
-// "Input checks on the device").
+// Something refused sets its group's flag (SetFlag: a byte store, the flags may lie in host
+// memory). One kernel: on a small launch each kernel boundary costs about as much as the work
+// (docs/architecture.md, "Input checks on the device").
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
+#include "gpu/row_encoder.cuh"
 #include "smla/kernels/input_checks.h"
 
 namespace smla::kernels::gpu {
 namespace {
 
 constexpr int kCheckThreads = 256;
+constexpr int kRowsPerBlock = kCheckThreads / kRowLanes;
 constexpr int kBlocksPerRange = 8;
-constexpr int32_t kMaxRangeSlots = 1 << 13;   // ranges checked at once (then strided)
-constexpr int32_t kMaxRowBlocks = 1 << 16;    // translate blocks (then strided)
-constexpr int32_t kMaxWriteBlocks = 1 << 10;  // table-block writing blocks (then strided)
-constexpr int32_t kMaxRunBlocks = 1 << 16;    // window-writing blocks (then strided)
+constexpr int32_t kMaxRangeSlots = 1 << 13;    // ranges checked at once (then strided)
+constexpr int32_t kMaxRowBlocks = 1 << 16;     // translate blocks (then strided)
+constexpr int32_t kMaxWriteBlocks = 1 << 10;   // table-block writing blocks (then strided)
+constexpr int32_t kMaxRunBlocks = 1 << 16;     // window-writing blocks (then strided)
+constexpr int32_t kMaxNewRowBlocks = 1 << 16;  // row-writing blocks (then strided)
 
 // Whether any value of a 4-byte word is refused.
 __device__ __forceinline__ bool WordRefused(InputCheck check, uint32_t w) {
@@ -56,6 +61,62 @@ __device__ __forceinline__ bool CheckWords(const CheckRange& range, int64_t firs
   return bad;
 }
 
+// Lane t's share of saving slot `slot`'s bytes to row i's place in w.old: 8 bytes at a time (data
+// rows are 16-byte aligned and 8-byte multiples, as are RowBytes and the scale record).
+__device__ void SaveOldBytes(const RowWrites& w, int64_t slot, int32_t i, int t) {
+  const MutableCacheView& c = w.cache;
+  const auto* base = static_cast<const uint8_t*>(c.base);
+  const auto* data = reinterpret_cast<const uint2*>(
+      base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes));
+  auto* to = reinterpret_cast<uint2*>(w.old + int64_t{i} * RowBytes(c.format, c.geometry));
+  const int64_t words = SlotDataBytes(c.format, c.geometry) / 8;
+  for (int64_t k = t; k < words; k += kRowLanes) to[k] = data[k];
+  if (c.format == KvFormat::kFp8Dsv4 && t == 0) {
+    to[words] = *reinterpret_cast<const uint2*>(
+        base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes));
+  }
+}
+
+// The first blocks of the grid: rows [block * kRowsPerBlock, + kRowsPerBlock) and every
+// row_blocks-th group of rows after them, kRowLanes threads to a row. Nothing waits for the other
+// checks (params.h, RowWrites, says why that is safe).
+__device__ void WriteNewRows(const CheckInputsParams& p, int32_t block, int32_t row_blocks) {
+  __shared__ RowScratch amax_s[kRowsPerBlock];
+  const RowWrites& w = p.rows;
+  const int sub = static_cast<int>(threadIdx.x) / kRowLanes;
+  const int t = static_cast<int>(threadIdx.x) % kRowLanes;
+  const int width = QkWidth(w.cache.geometry);
+  const int64_t num_slots = w.cache.num_pages * w.cache.rows_per_page;
+  // `first` is the block's alike, so every thread reaches the encoder's barriers equally often.
+  for (int32_t first = block * kRowsPerBlock; first < w.num_rows;
+       first += row_blocks * kRowsPerBlock) {
+    const int32_t i = first + sub;
+    const bool here = i < w.num_rows;
+    RowWrite row;
+    uint16_t x[kRowChunks] = {};
+    if (here) {
+      row = w.rows[i];
+      LoadRowValues(row.from, width, t, x);
+    }
+    const bool in_pool = here && row.slot >= 0 && row.slot < num_slots;
+    if (in_pool && w.old != nullptr) SaveOldBytes(w, row.slot, i, t);
+    if (here) {
+      uint16_t* copy = w.copies + int64_t{i} * width;
+      const bool copying = copy != row.from;
+      bool bad = false;
+#pragma unroll
+      for (int k = 0; k < kRowChunks; ++k) {
+        if (k * kRowLanes >= width) continue;
+        bad = bad || Bf16OutOfBounds(x[k]);
+        if (copying) copy[k * kRowLanes + t] = x[k];
+      }
+      if (bad) SetFlag(p.flags, row.group, kFlagInputValue);
+    }
+    __syncthreads();  // every lane's saved bytes are read before any lane writes the slot
+    EncodeRowValues(w.cache, row.slot, x, t, amax_s[sub], in_pool);
+  }
+}
+
 // Blocks [0, range_slots * kBlocksPerRange) of the grid.
 __device__ void CheckRanges(const CheckInputsParams& p, int32_t block, int32_t range_slots) {
   const int64_t stride = int64_t{kBlocksPerRange} * kCheckThreads;
@@ -85,7 +146,7 @@ __device__ void CheckRanges(const CheckInputsParams& p, int32_t block, int32_t r
     }
     // The range is the block's alike, so every thread reaches the barrier.
     if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
-      atomicOr(p.flags + range.group, kFlagInputValue);
+      SetFlag(p.flags, range.group, kFlagInputValue);
     }
   }
 }
@@ -102,7 +163,7 @@ __device__ void TranslateRows(const CheckInputsParams& p, int32_t block, int32_t
       row.out[k] = TranslateEntry(id, row.blocks, e.page_shift, e.block_shift, row.limit, bad);
     }
     if (__syncthreads_or(bad ? 1 : 0) != 0 && threadIdx.x == 0) {
-      atomicOr(p.flags + row.group, kFlagChosenEntry);
+      SetFlag(p.flags, row.group, kFlagChosenEntry);
     }
   }
 }
@@ -131,10 +192,10 @@ __device__ void WriteRuns(const TranslateParams& e, int32_t block, int32_t run_b
 
 // The grid's parts, in block order.
 struct CheckGrid {
-  int32_t range_slots = 0, row_blocks = 0, write_blocks = 0, run_blocks = 0;
+  int32_t new_row_blocks = 0, range_slots = 0, row_blocks = 0, write_blocks = 0, run_blocks = 0;
   __host__ __device__ int32_t check_blocks() const { return range_slots * kBlocksPerRange; }
   __host__ __device__ int32_t blocks() const {
-    return check_blocks() + row_blocks + write_blocks + run_blocks;
+    return new_row_blocks + check_blocks() + row_blocks + write_blocks + run_blocks;
   }
 };
 
@@ -142,6 +203,12 @@ __global__ void __launch_bounds__(kCheckThreads)
     CheckInputsKernel(const __grid_constant__ CheckInputsParams p, CheckGrid g) {
   EnterGrid();  // grid_order.h: before any access to memory
   auto block = static_cast<int32_t>(blockIdx.x);
+  // The rows first: theirs is the longest chain of dependent accesses (entry, row, maxima, slot).
+  if (block < g.new_row_blocks) {
+    WriteNewRows(p, block, g.new_row_blocks);
+    return;
+  }
+  block -= g.new_row_blocks;
   if (block < g.check_blocks()) {
     CheckRanges(p, block, g.range_slots);
     return;
@@ -163,6 +230,8 @@ __global__ void __launch_bounds__(kCheckThreads)
 
 absl::Status LaunchCheckInputs(const CheckInputsParams& p, StreamHandle stream) {
   CheckGrid g;
+  g.new_row_blocks =
+      std::min((p.rows.num_rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxNewRowBlocks);
   g.range_slots = std::min(p.num_ranges, kMaxRangeSlots);
   g.row_blocks = std::min(p.entries.num_rows, kMaxRowBlocks);
   const int64_t write_ids = int64_t{p.entries.num_block_writes} << p.entries.block_shift;

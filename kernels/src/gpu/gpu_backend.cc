@@ -196,36 +196,20 @@ class GpuBackend : public Backend {
     if (n == 0) return absl::OkStatus();
     gpu::WriteRowsKernelParams k;
     k.slots = params.arrays.Find(params.slots);
-    if (!params.groups.empty()) {
-      k.groups = params.arrays.Find(params.groups);
-      k.group_flags = params.group_flags;
-    }
-    k.flags_out = params.flags_out.data();
-    k.num_flags = static_cast<int32_t>(params.flags_out.size());
-    if (k.slots == nullptr || (!params.groups.empty() && k.groups == nullptr)) {
-      // Not in the caller's mirror: one upload, the slots, then the groups when there are any.
-      const int64_t slot_bytes = n * static_cast<int64_t>(sizeof(int64_t));
-      const int64_t bytes = slot_bytes + static_cast<int64_t>(params.groups.size_bytes());
+    if (k.slots == nullptr) {
+      // Not in the caller's mirror: uploaded here.
+      const int64_t bytes = n * static_cast<int64_t>(sizeof(int64_t));
       absl::StatusOr<uint8_t*> pinned = s->Pinned(bytes);
       if (!pinned.ok()) return pinned.status();
       absl::StatusOr<uint8_t*> ws = s->Workspace(bytes);
       if (!ws.ok()) return ws.status();
-      std::memcpy(*pinned, params.slots.data(), slot_bytes);
-      if (!params.groups.empty()) {
-        std::memcpy(*pinned + slot_bytes, params.groups.data(), params.groups.size_bytes());
-      }
+      std::memcpy(*pinned, params.slots.data(), bytes);
       if (absl::Status st = s->Upload(bytes); !st.ok()) return st;
       k.slots = reinterpret_cast<const int64_t*>(*ws);
-      if (!params.groups.empty()) k.groups = reinterpret_cast<const int32_t*>(*ws + slot_bytes);
     }
-    k.base = static_cast<uint8_t*>(params.cache.base);
+    k.cache = params.cache;
     k.rows = static_cast<const uint16_t*>(params.rows);
     k.num_rows = n;
-    k.pitch = params.cache.pitch_bytes;
-    k.rows_per_page = params.cache.rows_per_page;
-    k.format = static_cast<int>(params.cache.format);
-    k.geometry = static_cast<int>(params.cache.geometry);
-    k.scale = params.cache.scale;
     return gpu::LaunchWriteRows(k, s->handle());
   }
 
@@ -248,6 +232,9 @@ class GpuBackend : public Backend {
     if (absl::Status st = ValidateCheckInputs(params); !st.ok()) return st;
     auto* s = Cast(stream);
     if (s == nullptr) return NotOurs();
+    if (!IsAligned(params.rows.old, 8)) {
+      return absl::InvalidArgumentError("rows.old must be 8-byte aligned");
+    }
     return gpu::LaunchCheckInputs(params, s->handle());
   }
 

@@ -104,20 +104,10 @@ struct CombineKernelParams {
 };
 
 struct WriteRowsKernelParams {
-  uint8_t* base = nullptr;         // pool, device
+  MutableCacheView cache;
   const int64_t* slots = nullptr;  // [n] device
-  // Optional (WriteRowsParams::groups): row i is skipped when group_flags[groups[i]] != 0.
-  const int32_t* groups = nullptr;  // [n] device
-  const uint32_t* group_flags = nullptr;
-  uint32_t* flags_out = nullptr;  // [num_flags] page-locked host memory: group_flags copied there
-  int32_t num_flags = 0;
   const uint16_t* rows = nullptr;  // [n, QkWidth] bf16, device
   int64_t num_rows = 0;
-  int64_t pitch = 0;
-  int32_t rows_per_page = 1;
-  int32_t format = 0;
-  int32_t geometry = 0;
-  float scale = 1;
 };
 
 // MXFP8 query expansion: `lanes` = vectors * width lanes (even, as width is a multiple of 32);

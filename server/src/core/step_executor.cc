@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
+#include "smla/kernels/codec/row_codec.h"
 #include "smla/server/segment_builder.h"
 #include "smla/server/step_validation.h"
 #include "spdlog/spdlog.h"
@@ -34,9 +35,10 @@ void AddCopy(std::vector<kernels::CopyOp>& copies, uint8_t* dst, const void* src
   copies.push_back(kernels::CopyOp{dst, src, bytes});
 }
 
-// Input ranges of one span that CheckInputs reads: KV rows, compressed rows, MXFP8 codes and
-// scales.
-constexpr size_t kChecksPerSpan = 4;
+// Input ranges of one span that CheckInputs reads: the queries (MXFP8 codes, or bf16 ones read
+// from a GPU region) and MXFP8 scales. The KV and compressed rows are checked as they are
+// written (RowWrites).
+constexpr size_t kChecksPerSpan = 2;
 
 }  // namespace
 
@@ -209,9 +211,9 @@ std::vector<absl::StatusOr<StepResult>> StepExecutor::RunBatch(
 
 // The device checks' arrays at the start of the arena, before the slot lists and segments: the
 // spans' lists of table blocks, the stale blocks and their writes into the table heap, the
-// TranslateRows, the PositionRuns and their window pages, the CheckRanges and one zeroed flag per
-// step. All of them go up in the one copy of the arena's arrays (so the flags need no clearing of
-// their own); the segments the device writes follow that copy in arrays_.
+// TranslateRows, the PositionRuns and their window pages, the CheckRanges and the RowWrites. All
+// of them go up in the one copy of the arena's arrays; the segments the device writes follow
+// that copy in arrays_.
 struct StepExecutor::CheckLayout {
   size_t stale = 0;      // the stale blocks, after the block lists
   size_t writes = 0;     // the TableBlockWrites, after the stale blocks
@@ -219,10 +221,11 @@ struct StepExecutor::CheckLayout {
   size_t runs = 0;       // the PositionRuns, after the rows
   size_t run_pages = 0;  // the runs' window pages, after the runs
   size_t ranges = 0;     // the CheckRanges, after the window pages
-  size_t flags = 0;      // the flags, after the ranges
-  size_t bytes = 0;  // [block lists | stale blocks | writes | rows | runs | pages | ranges | flags]
+  size_t new_rows = 0;   // the RowWrites, after the ranges
+  size_t bytes =
+      0;  // [block lists | stale blocks | writes | rows | runs | pages | ranges | new rows]
 
-  static CheckLayout Of(const SegmentCounts& c, size_t spans, size_t groups) {
+  static CheckLayout Of(const SegmentCounts& c, size_t spans) {
     CheckLayout l;
     const auto stale = static_cast<size_t>(c.stale_blocks);
     l.stale = AlignUp(static_cast<size_t>(c.table_blocks) * sizeof(const int32_t*), 64);
@@ -232,8 +235,8 @@ struct StepExecutor::CheckLayout {
         AlignUp(l.rows + static_cast<size_t>(c.chosen_rows) * sizeof(kernels::TranslateRow), 64);
     l.run_pages = AlignUp(l.runs + static_cast<size_t>(c.runs) * sizeof(kernels::PositionRun), 64);
     l.ranges = AlignUp(l.run_pages + static_cast<size_t>(c.run_pages) * sizeof(int32_t), 64);
-    l.flags = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
-    l.bytes = l.flags + groups * sizeof(uint32_t);
+    l.new_rows = AlignUp(l.ranges + spans * kChecksPerSpan * sizeof(kernels::CheckRange), 64);
+    l.bytes = l.new_rows + static_cast<size_t>(c.slots()) * sizeof(kernels::RowWrite);
     return l;
   }
 };
@@ -264,16 +267,18 @@ struct StepExecutor::DeviceWork {
   bool copies_first = false;
   bool phases = false;            // the attention's and the output copies' events are recorded
   bool outputs_in_place = false;  // the attention writes the one step's outputs (OutputsInPlace)
-  kernels::WriteRowsParams write;
-  // The arena's arrays (slot lists, segments, the checks' arrays), copied up in one copy once
-  // built; WriteRows and Attend read their arrays there too (`mirror`).
+  // The arena's arrays (segments, the checks' arrays), copied up in one copy once built; Attend
+  // reads its arrays there too (`mirror`).
   kernels::CopyOp arrays_upload;
   kernels::HostMirror mirror;
-  // The checks on the device: the inputs' values checked and the chosen entries translated; the
-  // flags (one per step of the launch, in the upload) come back to flags_host with the row
-  // writes (WriteRowsParams::flags_out), or with the outputs in a launch without rows.
+  // The checks on the device: the inputs' values checked, the chosen entries translated and the
+  // new rows written (RowWrites, their slots' bytes saved in old_rows_ first); the device writes
+  // the flags, one per step of the launch, into flags_host in the arena, which the host zeroed.
   kernels::CheckInputsParams check;
   uint32_t* flags_host = nullptr;
+  // The new rows' slots and steps (host; the order of check.rows), for RestoreFlagged.
+  std::span<const int64_t> slots;
+  std::span<const int32_t> slot_groups;
   kernels::AttendParams attend;
   std::vector<SpanRef> spans;
   std::vector<size_t> span_step;  // the step (index into the batch) of each span
@@ -313,8 +318,9 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(EnqueueOutputs(work));
   const absl::Time enqueued_at = absl::Now();
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
-  // Steps the device flagged (a value or a chosen entry their checks refuse) wrote no rows; their
-  // outputs were copied like the others' and are not answered.
+  // Steps the device flagged (a value or a chosen entry their checks refuse) get their slots'
+  // bytes back; their outputs were copied like the others' and are not answered.
+  SMLA_RETURN_IF_ERROR(RestoreFlagged(work));
   for (size_t g = 0; g < included.size(); ++g) {
     if (work.flags_host[g] == 0) continue;
     absl::StatusOr<absl::Status> why = ExplainFlagged(included[g], model, layer, work);
@@ -373,7 +379,8 @@ struct StepExecutor::LaunchPlan {
   const LayerSpec* spec = nullptr;
   int32_t heads = 0;
   int qk = 0;
-  size_t row_bytes = 0;  // one bf16 KV row
+  size_t row_bytes = 0;       // one bf16 KV row
+  size_t pool_row_bytes = 0;  // one row as the pool stores it (RowBytes)
   OutputFormat format = OutputFormat::kBf16;
   bool inverse_rope = false;
   bool mx_q = false;  // the scheduler batches one q format
@@ -394,7 +401,8 @@ struct StepExecutor::StagedArena {
   SegmentArrays arrays;
   DeviceTargets targets;
   std::span<kernels::CheckRange> ranges;  // kChecksPerSpan per span
-  std::span<uint32_t> flags;              // zeroed by BuildArrays, uploaded with the ranges
+  std::span<kernels::RowWrite> new_rows;  // one per slot, in its order
+  std::span<uint32_t> flags;              // in the arena, zeroed by BuildArrays
   float* sink = nullptr;
 };
 
@@ -429,6 +437,8 @@ StepExecutor::LaunchPlan StepExecutor::PlanLaunch(const LaunchArgs& args, Device
   p.heads = args.model.config().heads_per_rank;
   p.qk = kernels::QkWidth(profile.geometry);
   p.row_bytes = size_t{2} * p.qk;
+  const kernels::MutableCacheView& pool = args.model.store().cache();
+  p.pool_row_bytes = static_cast<size_t>(kernels::RowBytes(pool.format, pool.geometry));
   p.format = head.output_format;
   p.inverse_rope = head.inverse_rope;
   p.mx_q = head.q_format == QFormat::kMxfp8;
@@ -466,6 +476,7 @@ absl::Status StepExecutor::SizeBuffers(const LaunchPlan& p) {
     SMLA_RETURN_IF_ERROR(Ensure(q_scales_, p.q_scale_bytes));
   }
   SMLA_RETURN_IF_ERROR(Ensure(rows_, static_cast<size_t>(p.counts.slots()) * p.row_bytes));
+  SMLA_RETURN_IF_ERROR(Ensure(old_rows_, static_cast<size_t>(p.counts.slots()) * p.pool_row_bytes));
   SMLA_RETURN_IF_ERROR(Ensure(ids_, static_cast<size_t>(p.counts.chosen_ids) * sizeof(int32_t)));
   return absl::OkStatus();
 }
@@ -534,21 +545,23 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
   };
   // The arrays that go up in one copy: the checks' arrays first (CheckLayout), then the slot
   // lists and segments, positions and the sink.
-  const CheckLayout cl = CheckLayout::Of(p.counts, p.spans, p.groups);
+  const CheckLayout cl = CheckLayout::Of(p.counts, p.spans);
   take(cl.bytes);
   // The main segment (windows or chosen entries), and the extra one of top-k layers, are written
   // into arrays_ on the device: the arena holds none of them.
   const bool device_extra = p.spec->kind == LayerKind::kSwaTopK;
   const auto extra_n = static_cast<size_t>(device_extra ? 0 : p.counts.extra_indices);
-  const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
   const size_t o_main_indptr = take((T + 1) * sizeof(int32_t));
   const size_t extra_rows = compressed ? T + 1 : 0;
   const size_t o_extra_indptr = take(extra_rows * sizeof(int32_t));
   const size_t o_extra = take(extra_n * sizeof(int32_t));
   const size_t o_positions = take(p.inverse_rope ? T * sizeof(int32_t) : 0);
   const size_t o_sink = take(p.sink.size() * sizeof(float));
-  const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
   const size_t uploaded = total;
+  // Host only: the slots and their steps (the RowWrites carry them up), the flags the device
+  // writes, the gathered inputs.
+  const size_t o_slots = take(static_cast<size_t>(p.counts.slots()) * sizeof(int64_t));
+  const size_t o_groups = take(static_cast<size_t>(p.counts.slots()) * sizeof(int32_t));
   const size_t o_flags = take(p.groups * sizeof(uint32_t));
   size_t o_stage[kKinds];
   for (int k = 0; k < kKinds; ++k) o_stage[k] = take(staged[k]);
@@ -664,6 +677,9 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
                                         static_cast<size_t>(p.counts.run_pages));
   out.ranges = std::span<kernels::CheckRange>(
       reinterpret_cast<kernels::CheckRange*>(host + l.ranges), p.spans * kChecksPerSpan);
+  out.new_rows =
+      std::span<kernels::RowWrite>(reinterpret_cast<kernels::RowWrite*>(host + l.new_rows),
+                                   static_cast<size_t>(p.counts.slots()));
   uint8_t* const dev = arrays_.as<uint8_t>();
   out.targets.ids = ids_.as<int32_t>();
   out.targets.main = reinterpret_cast<int32_t*>(dev + main_at);
@@ -671,7 +687,7 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
   out.targets.table_blocks = reinterpret_cast<const int32_t* const*>(dev);
   out.targets.stale_blocks = reinterpret_cast<const int32_t*>(dev + l.stale);
   out.targets.run_pages = reinterpret_cast<const int32_t*>(dev + l.run_pages);
-  out.flags = std::span<uint32_t>(reinterpret_cast<uint32_t*>(host + l.flags), p.groups);
+  out.flags = std::span<uint32_t>(flags_host, p.groups);
   work.check.ranges = reinterpret_cast<const kernels::CheckRange*>(dev + l.ranges);
   work.check.num_ranges = static_cast<int32_t>(out.ranges.size());
   work.check.entries.rows = reinterpret_cast<const kernels::TranslateRow*>(dev + l.rows);
@@ -682,18 +698,42 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
       reinterpret_cast<const kernels::TableBlockWrite*>(dev + l.writes);
   work.check.entries.runs = reinterpret_cast<const kernels::PositionRun*>(dev + l.runs);
   work.check.entries.num_runs = static_cast<int32_t>(p.counts.runs);
-  work.check.flags = reinterpret_cast<uint32_t*>(dev + l.flags);
+  work.check.rows.rows = reinterpret_cast<const kernels::RowWrite*>(dev + l.new_rows);
+  work.check.rows.num_rows = static_cast<int32_t>(out.new_rows.size());
+  work.check.flags = flags_host;
   work.flags_host = flags_host;
 }
 
-// While the device copies the inputs: the slot lists and segments, and each span's input ranges
-// for the device's checks (KV and compressed rows bounded, MXFP8 codes and scales not NaN; bf16
-// queries only feed their own rows and are not checked). Inputs in a GPU region are read there
-// by their checks, which copy them (bf16 queries in a range that only copies).
+// While the device copies the inputs: the slot lists and segments, each span's input ranges for
+// the device's checks (MXFP8 codes and scales not NaN; bf16 queries only feed their own rows and
+// are not checked) and the rows to write (KV and compressed rows bounded: RowWrites). Inputs in a
+// GPU region are read there by their checks, which copy them (bf16 queries in a range that only
+// copies).
 void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, p.counts, staged.targets, staged.arrays);
   std::fill(staged.flags.begin(), staged.flags.end(), 0u);
+  // The rows in the order of `slots`: every span's KV rows, then every span's compressed rows,
+  // each read where its span's lie (a GPU region, else their copy in rows_).
+  size_t row = 0;
+  auto rows_of = [&](const uint8_t* from, const uint8_t* copied, size_t bytes) {
+    const uint8_t* at = from != nullptr ? from : copied;
+    for (size_t off = 0; off < bytes; off += p.row_bytes, ++row) {
+      SMLA_CHECK(row < staged.new_rows.size(), "rows counted");
+      staged.new_rows[row] =
+          kernels::RowWrite{reinterpret_cast<const uint16_t*>(at + off), staged.arrays.slots[row],
+                            staged.arrays.slot_groups[row], 0};
+    }
+  };
+  for (size_t k = 0; k < work.spans.size(); ++k) {
+    const DeviceWork::SpanDevice& d = work.span_device[k];
+    rows_of(d.kv_from, d.kv, work.spans[k].input->kv_rows.size());
+  }
+  for (size_t k = 0; k < work.spans.size(); ++k) {
+    const DeviceWork::SpanDevice& d = work.span_device[k];
+    rows_of(d.compressed_from, d.compressed, work.spans[k].input->compressed_rows.size());
+  }
+  SMLA_CHECK(row == staged.new_rows.size(), "rows counted");
   for (size_t k = 0; k < work.spans.size(); ++k) {
     const SpanInput& s = *work.spans[k].input;
     const DeviceWork::SpanDevice& d = work.span_device[k];
@@ -706,9 +746,6 @@ void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
     };
     const bool copy_q = d.q_from != nullptr;
     const kernels::CheckRange ranges[kChecksPerSpan] = {
-        range(d.kv, d.kv_from, s.kv_rows.size(), kernels::InputCheck::kKvRows),
-        range(d.compressed, d.compressed_from, s.compressed_rows.size(),
-              kernels::InputCheck::kKvRows),
         range(d.q, d.q_from, p.mx_q || copy_q ? s.q.size() : 0,
               p.mx_q ? kernels::InputCheck::kE4m3Codes : kernels::InputCheck::kNone),
         range(d.q_scales, d.q_scales_from, s.q_scales.size(), kernels::InputCheck::kE8m0Scales)};
@@ -725,17 +762,11 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
     sink_view = std::span<const float>(staged.sink, p.sink.size());
   }
   ModelRuntime& model = args.model;
-  work.write.cache = model.store().cache();
-  work.write.slots = arrays.slots;
-  work.write.rows = rows_.data();
-  if (!arrays.slots.empty()) {
-    work.write.groups = arrays.slot_groups;
-    work.write.group_flags = work.check.flags;
-    // The row writes run after the checks and read the flags anyway: they hand them to the host,
-    // so that nothing has to follow the attention for them.
-    work.write.flags_out = std::span<uint32_t>(work.flags_host, p.groups);
-  }
-  work.write.arrays = work.mirror;
+  work.check.rows.cache = model.store().cache();
+  work.check.rows.copies = rows_.as<uint16_t>();
+  work.check.rows.old = old_rows_.as<uint8_t>();
+  work.slots = arrays.slots;
+  work.slot_groups = arrays.slot_groups;
   work.check.entries.page_shift =
       std::countr_zero(static_cast<uint32_t>(model.store().cache().rows_per_page));
 
@@ -795,8 +826,7 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
 }
 
 // Each step's rows go back to its own destination when it named one, else to its result (none
-// to copy where the attention wrote them in place); the checks' flags come back with them where
-// no row writes hand them over.
+// to copy where the attention wrote them in place).
 void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, DeviceWork& work,
                                std::vector<absl::StatusOr<StepResult>>& results, CopyStats& stats) {
   size_t row0 = 0;
@@ -841,12 +871,6 @@ void StepExecutor::PlanOutputs(const LaunchArgs& args, const LaunchPlan& p, Devi
     if (r.want_lse) output(dst.lse, res.lse, lse_.as<uint8_t>() + row0 * p.lse_row, n * p.lse_row);
     row0 += n;
   }
-  // Without row writes to hand them over, the checks' flags come back with the outputs: in the
-  // copy kernel when some outputs go to a GPU region (the device writes the page-locked arena
-  // directly, one stream operation fewer), else in the batch to the host.
-  if (!work.write.flags_out.empty()) return;
-  const kernels::CopyOp flags{work.flags_host, work.check.flags, p.groups * sizeof(uint32_t)};
-  (pinned() && !work.out_on_device.empty() ? work.out_on_device : work.to_host).push_back(flags);
 }
 
 void StepExecutor::NoteCopies(const CopyStats& s) {
@@ -908,6 +932,35 @@ absl::StatusOr<absl::Status> StepExecutor::ExplainFlagged(size_t step, const Mod
   return absl::InternalError("the device flagged a step whose inputs all check out");
 }
 
+// The checks wrote every row whatever they found (RowWrites): a flagged step's slots get back the
+// bytes saved before the writes, so that it changes nothing, also where it rewrote stored
+// positions (a step restarting back). Its slots past the stored length would never be read
+// before being written again; they are put back too, which costs nothing extra to get right.
+absl::Status StepExecutor::RestoreFlagged(const DeviceWork& w) {
+  const kernels::RowWrites& r = w.check.rows;
+  const kernels::MutableCacheView& c = r.cache;
+  const int64_t row_bytes = kernels::RowBytes(c.format, c.geometry);
+  const int64_t data_bytes = kernels::SlotDataBytes(c.format, c.geometry);
+  auto* base = static_cast<uint8_t*>(c.base);
+  std::vector<kernels::CopyOp> back;
+  for (size_t i = 0; i < w.slots.size(); ++i) {
+    if (w.flags_host[w.slot_groups[i]] == 0) continue;
+    const int64_t slot = w.slots[i];
+    const uint8_t* saved = r.old + static_cast<int64_t>(i) * row_bytes;
+    back.push_back(kernels::CopyOp{
+        base + kernels::SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
+        saved, static_cast<size_t>(data_bytes)});
+    if (c.format == kernels::KvFormat::kFp8Dsv4) {
+      back.push_back(
+          kernels::CopyOp{base + kernels::SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes),
+                          saved + data_bytes, kernels::kDsv4ScaleBytes});
+    }
+  }
+  if (back.empty()) return absl::OkStatus();
+  SMLA_RETURN_IF_ERROR(backend_.CopyBatch(back, kernels::CopyDirection::kOnDevice, *stream_));
+  return backend_.Synchronize(*stream_);
+}
+
 absl::Status StepExecutor::EnqueueInputs(const DeviceWork& w) {
   if (!w.copies_first) return absl::OkStatus();
   kernels::Stream& stream = *stream_;
@@ -936,7 +989,6 @@ absl::Status StepExecutor::EnqueueCompute(const DeviceWork& w) {
   if (w.expand.vectors > 0 && w.expand_after_checks) {
     SMLA_RETURN_IF_ERROR(backend_.ExpandMxfp8Query(w.expand, stream));
   }
-  if (!w.write.slots.empty()) SMLA_RETURN_IF_ERROR(backend_.WriteRows(w.write, stream));
   if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_begin, stream));
   SMLA_RETURN_IF_ERROR(backend_.Attend(w.attend, stream));
   if (w.phases) SMLA_RETURN_IF_ERROR(backend_.RecordEvent(*events_.attend_end, stream));

@@ -26,6 +26,21 @@ SMLA_HD_INLINE bool ByteRefused(InputCheck check, uint8_t byte) {
   return check == InputCheck::kE4m3Codes ? E4m3IsNaN(byte) : E8m0IsNaN(byte);
 }
 
+// Sets `flag` (kFlag* in params.h) in flags[group] by storing its byte: idempotent, so no
+// read-modify-write is needed, and any number of writers may set it at once.
+SMLA_HD_INLINE void SetFlag(uint32_t* flags, int32_t group, uint32_t flag) {
+  auto* bytes = reinterpret_cast<uint8_t*>(flags + group);
+  for (int b = 0; b < 4; ++b) {
+    const auto v = static_cast<uint8_t>(flag >> (8 * b));
+    if (v == 0) continue;
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    bytes[b] = v;
+#else
+    __atomic_store_n(bytes + b, v, __ATOMIC_RELAXED);
+#endif
+  }
+}
+
 // The slot of entry `e` of a row that sees entries [0, limit) of a table held in `blocks` of
 // 2^block_shift pages of 2^shift rows (TranslateRow), or -1 for -1 and for an id outside
 // [-1, limit), which sets `bad`. A bad id is refused before any page is read, so it reads

@@ -152,16 +152,7 @@ struct WriteRowsParams {
   MutableCacheView cache;
   std::span<const int64_t> slots;  // [n] host, each in [0, num_slots)
   const void* rows = nullptr;      // [n, QkWidth] bf16, backend memory
-  // Optional: row i belongs to group groups[i] (host, [n]), and is not written when
-  // group_flags[groups[i]] (backend memory, set by earlier work on the stream such as
-  // CheckInputs) is non-zero: a step whose inputs failed a check on the device writes nothing.
-  std::span<const int32_t> groups;
-  const uint32_t* group_flags = nullptr;
-  // Optional, with group_flags: group_flags[0, size) copied here, memory the host reads after the
-  // stream (page-locked memory from AllocateHost on a GPU backend), so that a caller that needs the
-  // flags after the launch pays no copy of its own after the last kernel.
-  std::span<uint32_t> flags_out;
-  // Slots and groups the caller has copied to backend memory (read there by a GPU backend).
+  // Slots the caller has copied to backend memory (read there by a GPU backend).
   HostMirror arrays;
 };
 
@@ -203,9 +194,11 @@ struct PositionRun {
   int32_t count = 0;
 };
 
-// Bits of the per-group flags that CheckInputs sets.
-inline constexpr uint32_t kFlagChosenEntry = 1;  // an entry outside what its row may see
-inline constexpr uint32_t kFlagInputValue = 2;   // a value its InputCheck refuses
+// What CheckInputs sets in a group's flag word, each in a byte of its own: a refusal stores its
+// byte (SetFlag, input_checks.h), so no read-modify-write is needed and the flags may lie in
+// page-locked host memory the device writes over the bus, where atomics are not available.
+inline constexpr uint32_t kFlagChosenEntry = 1u;      // an entry outside what its row may see
+inline constexpr uint32_t kFlagInputValue = 1u << 8;  // a value its InputCheck refuses
 
 // Each id is read once. An id outside [-1, limit) becomes -1 (nothing outside the table is read)
 // and sets kFlagChosenEntry in its row's group's flags.
@@ -243,14 +236,41 @@ struct CheckRange {
   uint8_t* copy_to = nullptr;
 };
 
+// One row that CheckInputs writes into a pool (RowWrites).
+struct RowWrite {
+  const uint16_t* from = nullptr;  // [QkWidth] bf16, backend memory: read once, here
+  int64_t slot = 0;                // a slot outside [0, num_slots) is not written
+  int32_t group = 0;               // index into CheckInputsParams::flags
+  int32_t unused = 0;
+};
+
+// Rows written into a pool by the checks themselves, as WriteRows would write them: row i is read
+// once at rows[i].from, its values checked as InputCheck::kKvRows (a refusal sets
+// kFlagInputValue in its group), copied to copies + i * QkWidth where it was read elsewhere, and
+// written to its slot whatever the checks of its group find, so that no write waits for them.
+// Where `old` is given, each slot's bytes are saved there first, row i's at
+// old + i * RowBytes(format, geometry) (the data row, then fp8_dsv4's scale record), so that
+// the caller can put back the slots of a group the checks refused (docs/architecture.md, "Rows
+// written with their checks").
+struct RowWrites {
+  MutableCacheView cache;
+  const RowWrite* rows = nullptr;  // [num_rows] backend memory
+  int32_t num_rows = 0;
+  uint16_t* copies = nullptr;  // [num_rows, QkWidth] bf16, backend memory
+  uint8_t* old = nullptr;      // [num_rows, RowBytes] backend memory, 8-byte aligned; or null
+};
+
 // A launch's inputs checked in one pass (one kernel on a GPU): a range holding a value its check
-// refuses sets kFlagInputValue in flags[group], and the chosen entries are translated (above).
-// The caller zeroes the flags before and reads them after.
+// refuses sets kFlagInputValue in flags[group], the chosen entries are translated (above), and
+// the new rows written (RowWrites). The caller zeroes the flags before and reads them after.
 struct CheckInputsParams {
   const CheckRange* ranges = nullptr;  // [num_ranges] backend memory
   int32_t num_ranges = 0;
-  TranslateParams entries;    // num_rows 0: nothing to translate
-  uint32_t* flags = nullptr;  // [groups] backend memory, ORed into
+  TranslateParams entries;  // num_rows 0: nothing to translate
+  RowWrites rows;           // num_rows 0: no rows
+  // [groups]: backend memory, or page-locked host memory where the backend has it (the device
+  // writes it; the host reads it once the stream is synchronised).
+  uint32_t* flags = nullptr;
 };
 
 // MXFP8 query vectors (codec/mxfp8_query.h) expanded into the bf16 Q that Attend reads.

@@ -140,15 +140,17 @@ class StepExecutor : public BatchRunner {
   // The start event, the input copies (and the MXFP8 expansion) and the event after them, where
   // any copy comes before the build; else nothing.
   absl::Status EnqueueInputs(const DeviceWork& work);
+  // Puts back the slots the flagged steps' rows were written to (RowWrites::old), and waits.
+  absl::Status RestoreFlagged(const DeviceWork& work);
   // The error of a step the device flagged, from its inputs as the device read them.
   absl::StatusOr<absl::Status> ExplainFlagged(size_t step, const ModelRuntime& model, int32_t layer,
                                               const DeviceWork& work);
   // Keeps the launch's copy paths (last_copy_stats) and logs them.
   void NoteCopies(const CopyStats& stats);
-  // Enqueues the upload, the checks, the row writes and the attention (between its timing
+  // Enqueues the upload, the checks (which write the rows) and the attention (between its timing
   // events on sampled launches).
   absl::Status EnqueueCompute(const DeviceWork& work);
-  // Enqueues the copies back, the flags' among them, and the end event.
+  // Enqueues the copies back and the end event.
   absl::Status EnqueueOutputs(const DeviceWork& work);
 
   kernels::Backend& backend_;
@@ -163,8 +165,9 @@ class StepExecutor : public BatchRunner {
   kernels::Buffer q_, rows_, out_, scales_, lse_;
   kernels::Buffer q_codes_, q_scales_;  // MXFP8 queries as copied in, before their expansion
   kernels::Buffer ids_;                 // top-k ids as copied in
-  // The arena's arrays as uploaded (slot lists, segments, the checks' arrays and flags), then the
-  // chosen slots the checks write.
+  kernels::Buffer old_rows_;            // the bytes of the slots the checks write, saved first
+  // The arena's arrays as uploaded (segments, the checks' arrays), then the chosen slots the
+  // checks write.
   kernels::Buffer arrays_;
   kernels::Buffer host_pinned_;
   std::vector<uint64_t> host_plain_;  // where the backend has no page-locked memory

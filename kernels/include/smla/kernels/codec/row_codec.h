@@ -11,13 +11,17 @@
 
 namespace smla::kernels {
 
+// Bytes of a slot's data row: the whole row, but for fp8_dsv4, whose scale record lies apart.
+SMLA_HD_INLINE constexpr int64_t SlotDataBytes(KvFormat f, Geometry g) {
+  return f == KvFormat::kFp8Dsv4 ? kDsv4DataBytes : RowBytes(f, g);
+}
+
 // Byte offset of slot s's data row inside the pool.
 SMLA_HD_INLINE int64_t SlotDataOffset(KvFormat f, Geometry g, int64_t slot, int32_t rows_per_page,
                                       int64_t pitch) {
   const int64_t page = slot / rows_per_page;
   const int64_t row = slot % rows_per_page;
-  const int64_t stride = f == KvFormat::kFp8Dsv4 ? kDsv4DataBytes : RowBytes(f, g);
-  return page * pitch + row * stride;
+  return page * pitch + row * SlotDataBytes(f, g);
 }
 
 // Byte offset of slot s's fp8_dsv4 scale record (the page trailer after the B data rows).
