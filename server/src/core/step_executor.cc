@@ -222,8 +222,8 @@ struct StepExecutor::CheckLayout {
   size_t run_pages = 0;  // the runs' window pages, after the runs
   size_t ranges = 0;     // the CheckRanges, after the window pages
   size_t new_rows = 0;   // the RowWrites, after the ranges
-  size_t bytes =
-      0;  // [block lists | stale blocks | writes | rows | runs | pages | ranges | new rows]
+  // [block lists | stale blocks | writes | rows | runs | pages | ranges | new rows]
+  size_t bytes = 0;
 
   static CheckLayout Of(const SegmentCounts& c, size_t spans) {
     CheckLayout l;
