@@ -168,7 +168,7 @@ TEST_F(GpuRegionTest, RingStepsLetGoOfWhatTheyRead) {
 
 // Contents of a GPU region are checked on the device (the host never reads them): a top-k id
 // its row may not see, a NaN KV row or a NaN MXFP8 query code fails the step with the message
-// the inline path gives, writes nothing, and the next valid step gets the reference answer.
+// the inline path gives, changes nothing, and the next valid step gets the reference answer.
 TEST_F(GpuRegionTest, BadContentsFailWithTheInlineMessage) {
   DeviceBuffer device(kRegionBytes);
   auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);

@@ -120,7 +120,7 @@ TEST(QueryFormatTest, NaNCodesAndScalesAreRejectedAndChangeNothing) {
     ExpectError(h.client->Step(r), "spans[0].q[1][2][9]: e4m3 code 0x7f is NaN");
   }
   {
-    // Rewriting stored rows (checked before any row is written): 0xFF, then scale byte 255.
+    // Rewriting stored rows (put back when the checks refuse): 0xFF, then scale byte 255.
     v1::StepRequest r = AsMxfp8(h.Make(2, {{"s", 38, 2, 0}}));
     Poke(r.mutable_spans(0)->mutable_q(), (0 * H + 1) * W + 500, 0xff);
     ExpectError(h.client->Step(r), "spans[0].q[0][1][500]: e4m3 code 0xff");

@@ -582,7 +582,7 @@ TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
         << k;
   }
   ASSERT_NO_FATAL_FAILURE(rewind());
-  // A refused id: the step fails with its message and writes no rows; then it runs.
+  // A refused id: the step fails with its message and changes nothing; then it runs.
   const std::vector<uint8_t> valid = region_;
   const int32_t far = 1 << 30;
   std::memcpy(region_.data() + region_.size() - sizeof(int32_t), &far, sizeof(int32_t));
