@@ -502,8 +502,8 @@ TEST_F(CoreTest, BadContentsFailOnlyTheirStepInABatch) {
 
 // KV values are accepted up to |x| <= 2^64 (kernels::kKvMaxLog2): past it a finite bf16 value
 // could decode to inf in an fp8 pool (3.3e38 rounds to 2^128 in fp8_dsv4) or sum past f32, so
-// a row with one is refused naming the tensor, row, column, value and bound, with nothing
-// written; values at the bound are served like any other.
+// a row with one is refused naming the tensor, row, column, value and bound, and the step
+// changes nothing; values at the bound are served like any other.
 TEST_F(CoreTest, KvValuesPastTheAcceptedMagnitudeAreRefused) {
   const std::string model = "dsv4.1-flash";
   auto core = Start({"dsv4.1-flash:tp=8:page_rows=16:pool_pages=64"});
