@@ -320,7 +320,10 @@ absl::Status StepExecutor::Launch(ModelRuntime& model, int32_t layer,
   SMLA_RETURN_IF_ERROR(backend_.Synchronize(*stream_));
   // Steps the device flagged (a value or a chosen entry their checks refuse) get their slots'
   // bytes back; their outputs were copied like the others' and are not answered.
-  SMLA_RETURN_IF_ERROR(RestoreFlagged(work));
+  if (std::any_of(work.flags_host, work.flags_host + included.size(),
+                  [](uint32_t f) { return f != 0; })) {
+    SMLA_RETURN_IF_ERROR(RestoreFlagged(work));
+  }
   for (size_t g = 0; g < included.size(); ++g) {
     if (work.flags_host[g] == 0) continue;
     absl::StatusOr<absl::Status> why = ExplainFlagged(included[g], model, layer, work);
