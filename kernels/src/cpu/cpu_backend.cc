@@ -203,8 +203,7 @@ class CpuBackend final : public Backend {
     const MutableCacheView& c = w.cache;
     const int width = QkWidth(c.geometry);
     const int64_t row_bytes = RowBytes(c.format, c.geometry);
-    const int64_t data_bytes = SlotDataBytes(c.format, c.geometry);
-    auto* base = static_cast<uint8_t*>(c.base);
+    const auto* base = static_cast<const uint8_t*>(c.base);
     auto one = [&](int64_t i, int) {
       const RowWrite& row = w.rows[i];
       uint16_t* copy = w.copies + i * width;
@@ -215,14 +214,12 @@ class CpuBackend final : public Backend {
       if (row.slot < 0 || row.slot >= c.num_slots()) return;
       if (w.old != nullptr) {
         uint8_t* old = w.old + i * row_bytes;
-        std::memcpy(
-            old,
-            base + SlotDataOffset(c.format, c.geometry, row.slot, c.rows_per_page, c.pitch_bytes),
-            static_cast<size_t>(data_bytes));
-        if (c.format == KvFormat::kFp8Dsv4) {
-          std::memcpy(old + data_bytes,
-                      base + SlotScaleOffset(row.slot, c.rows_per_page, c.pitch_bytes),
-                      kDsv4ScaleBytes);
+        SlotPart parts[2];
+        const int n =
+            SlotParts(c.format, c.geometry, row.slot, c.rows_per_page, c.pitch_bytes, parts);
+        for (int part = 0; part < n; ++part) {
+          std::memcpy(old, base + parts[part].offset, static_cast<size_t>(parts[part].bytes));
+          old += parts[part].bytes;
         }
       }
       EncodeInto(c, row.slot, copy);

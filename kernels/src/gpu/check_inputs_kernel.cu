@@ -61,19 +61,20 @@ __device__ __forceinline__ bool CheckWords(const CheckRange& range, int64_t firs
   return bad;
 }
 
-// Lane t's share of saving slot `slot`'s bytes to row i's place in w.old: 8 bytes at a time (data
-// rows are 16-byte aligned and 8-byte multiples, as are RowBytes and the scale record).
+// Lane t's share of saving slot `slot`'s bytes to row i's place in w.old (SlotParts), 8 bytes at
+// a time: data rows are 16-byte aligned and 8-byte multiples, as are RowBytes and scale records.
 __device__ void SaveOldBytes(const RowWrites& w, int64_t slot, int32_t i, int t) {
   const MutableCacheView& c = w.cache;
-  const auto* base = static_cast<const uint8_t*>(c.base);
-  const auto* data = reinterpret_cast<const uint2*>(
-      base + SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes));
-  auto* to = reinterpret_cast<uint2*>(w.old + int64_t{i} * RowBytes(c.format, c.geometry));
-  const int64_t words = SlotDataBytes(c.format, c.geometry) / 8;
-  for (int64_t k = t; k < words; k += kRowLanes) to[k] = data[k];
-  if (c.format == KvFormat::kFp8Dsv4 && t == 0) {
-    to[words] = *reinterpret_cast<const uint2*>(
-        base + SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes));
+  SlotPart parts[2];
+  const int n = SlotParts(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes, parts);
+  uint8_t* to = w.old + int64_t{i} * RowBytes(c.format, c.geometry);
+  for (int part = 0; part < n; ++part) {
+    const auto* from =
+        reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(c.base) + parts[part].offset);
+    for (int64_t k = t; k < parts[part].bytes / 8; k += kRowLanes) {
+      reinterpret_cast<uint2*>(to)[k] = from[k];
+    }
+    to += parts[part].bytes;
   }
 }
 

@@ -276,9 +276,9 @@ struct StepExecutor::DeviceWork {
   // the flags, one per step of the launch, into flags_host in the arena, which the host zeroed.
   kernels::CheckInputsParams check;
   uint32_t* flags_host = nullptr;
-  // The new rows' slots and steps (host; the order of check.rows), for RestoreFlagged.
-  std::span<const int64_t> slots;
-  std::span<const int32_t> slot_groups;
+  // The rows the checks write, as built on the host (the order of check.rows), for
+  // RestoreFlagged.
+  std::span<const kernels::RowWrite> new_rows;
   kernels::AttendParams attend;
   std::vector<SpanRef> spans;
   std::vector<size_t> span_step;  // the step (index into the batch) of each span
@@ -768,8 +768,7 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   work.check.rows.cache = model.store().cache();
   work.check.rows.copies = rows_.as<uint16_t>();
   work.check.rows.old = old_rows_.as<uint8_t>();
-  work.slots = arrays.slots;
-  work.slot_groups = arrays.slot_groups;
+  work.new_rows = staged.new_rows;
   work.check.entries.page_shift =
       std::countr_zero(static_cast<uint32_t>(model.store().cache().rows_per_page));
 
@@ -943,20 +942,19 @@ absl::Status StepExecutor::RestoreFlagged(const DeviceWork& w) {
   const kernels::RowWrites& r = w.check.rows;
   const kernels::MutableCacheView& c = r.cache;
   const int64_t row_bytes = kernels::RowBytes(c.format, c.geometry);
-  const int64_t data_bytes = kernels::SlotDataBytes(c.format, c.geometry);
   auto* base = static_cast<uint8_t*>(c.base);
   std::vector<kernels::CopyOp> back;
-  for (size_t i = 0; i < w.slots.size(); ++i) {
-    if (w.flags_host[w.slot_groups[i]] == 0) continue;
-    const int64_t slot = w.slots[i];
+  for (size_t i = 0; i < w.new_rows.size(); ++i) {
+    const kernels::RowWrite& row = w.new_rows[i];
+    if (w.flags_host[row.group] == 0) continue;
     const uint8_t* saved = r.old + static_cast<int64_t>(i) * row_bytes;
-    back.push_back(kernels::CopyOp{
-        base + kernels::SlotDataOffset(c.format, c.geometry, slot, c.rows_per_page, c.pitch_bytes),
-        saved, static_cast<size_t>(data_bytes)});
-    if (c.format == kernels::KvFormat::kFp8Dsv4) {
-      back.push_back(
-          kernels::CopyOp{base + kernels::SlotScaleOffset(slot, c.rows_per_page, c.pitch_bytes),
-                          saved + data_bytes, kernels::kDsv4ScaleBytes});
+    kernels::SlotPart parts[2];
+    const int n =
+        kernels::SlotParts(c.format, c.geometry, row.slot, c.rows_per_page, c.pitch_bytes, parts);
+    for (int part = 0; part < n; ++part) {
+      back.push_back(kernels::CopyOp{base + parts[part].offset, saved,
+                                     static_cast<size_t>(parts[part].bytes)});
+      saved += parts[part].bytes;
     }
   }
   if (back.empty()) return absl::OkStatus();

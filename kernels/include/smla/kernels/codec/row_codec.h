@@ -31,6 +31,20 @@ SMLA_HD_INLINE int64_t SlotScaleOffset(int64_t slot, int32_t rows_per_page, int6
   return page * pitch + int64_t{rows_per_page} * kDsv4DataBytes + row * kDsv4ScaleBytes;
 }
 
+// Where slot s's bytes lie in a pool: its data row, then, for fp8_dsv4, its scale record apart
+// (RowBytes in all, in the order RowWrites::old keeps them). Returns how many parts: 1 or 2.
+struct SlotPart {
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+SMLA_HD_INLINE int SlotParts(KvFormat f, Geometry g, int64_t slot, int32_t rows_per_page,
+                             int64_t pitch, SlotPart (&parts)[2]) {
+  parts[0] = {SlotDataOffset(f, g, slot, rows_per_page, pitch), SlotDataBytes(f, g)};
+  if (f != KvFormat::kFp8Dsv4) return 1;
+  parts[1] = {SlotScaleOffset(slot, rows_per_page, pitch), kDsv4ScaleBytes};
+  return 2;
+}
+
 SMLA_HD_INLINE float AbsF(float x) { return x < 0 ? -x : x; }
 
 // Quantises one row of QkWidth(g) bf16 values. `scale_record` is only used by fp8_dsv4;
