@@ -56,6 +56,8 @@ ABSL_FLAG(int, head_block, 0, "force the head block (0: the plan's)");
 ABSL_FLAG(bool, gemm, true, "measure the bf16 GEMM ceiling (--nogemm skips it)");
 ABSL_FLAG(bool, tile_kernel, false,
           "run the tile kernel even on fp8_dsv4 / fp8_per_tensor pools (A/B)");
+ABSL_FLAG(bool, wgmma, false,
+          "run 64-head programs on fp8 pools of width 512 as the sm_90a warpgroup program (A/B)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -83,6 +85,7 @@ struct Options {
   int force_splits = 0;
   int force_head_block = 0;
   bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
+  bool wgmma = false;                                  // AttendParams::force_wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
@@ -357,6 +360,7 @@ class Runner {
       p.force_splits = opt_.force_splits;
       p.force_head_block = opt_.force_head_block;
       p.force_tile_kernel = opt_.tile_kernel;
+      p.force_wgmma = opt_.wgmma;
       p.no_scale_fold = opt_.no_fold;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
       p.rows_per_group = c.rows_per_request();
@@ -464,6 +468,7 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   o.force_head_block = absl::GetFlag(FLAGS_head_block);
   o.gemm = absl::GetFlag(FLAGS_gemm);
   o.tile_kernel = absl::GetFlag(FLAGS_tile_kernel);
+  o.wgmma = absl::GetFlag(FLAGS_wgmma);
   o.no_fold = !absl::GetFlag(FLAGS_fold);
   const std::string pairs = absl::GetFlag(FLAGS_pairs);
   if (pairs == "auto") {
