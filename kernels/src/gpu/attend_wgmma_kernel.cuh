@@ -115,54 +115,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
   uint8_t* stages = smem + S::kStages;
 
-  // Work order: head block fastest, then split, then row (as the tile kernel's).
-  const int64_t pid = blockIdx.x;
-  const int hb = static_cast<int>(pid % p.head_blocks);
-  const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
-  const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  const auto [row, hb, split] = ProgramOf(p);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int group = warp / 4;  // warpgroup
   const int gw = warp % 4;     // warp within it
   const int head0 = hb * C::kHeadBlock;
 
-  // Stage Q in the canonical layout (heads past H are zero and never stored).
-  {
-    constexpr int kUnits = C::kQkWidth / 8;
-    for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
-      const int h = u / kUnits;
-      const int e0 = (u % kUnits) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (head0 + h < p.num_heads) {
-        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + e0;
-        if (p.q_fp8) {
-          const uint2 c8 = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + off);
-          uint32_t w[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t word = i < 2 ? c8.x : c8.y;
-            const float2 f = E4m3x2ToFloat2(static_cast<uint16_t>(word >> (16 * (i & 1))));
-            w[i] = PackBf16(f.x, f.y);
-          }
-          v = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-          v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + off);
-        }
-      }
-      *reinterpret_cast<uint4*>(q_s + wgmma::TileOffset(h, e0, C::kQkWidth)) = v;
-    }
-  }
+  // Q in the canonical layout.
+  StageQueries<C>(p, row, head0, q_s,
+                  [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); });
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.
-  const int begin0 = p.seg[0].indptr[row];
-  const int len0 = p.seg[0].indptr[row + 1] - begin0;
-  int begin1 = 0, len1 = 0;
-  if (p.num_segments > 1) {
-    begin1 = p.seg[1].indptr[row];
-    len1 = p.seg[1].indptr[row + 1] - begin1;
-  }
-  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
-  const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+  const auto [begin0, len0, begin1, len1, tiles0, tiles1] = RowKeysOf(p, row);
   const int u_begin = split * p.tiles_per_split;
   const int u_end = min(u_begin + p.tiles_per_split, tiles0 + tiles1);
   auto seg_of = [&](int u) { return u < tiles0 ? 0 : 1; };
@@ -188,6 +153,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float m_run[2] = {-INFINITY, -INFINITY};  // base 2
   float l_lane[2] = {0.0f, 0.0f};           // this lane's share of the row sums
 
+  // Gather stages as in the tile kernel: tiles u+1 .. u+n-1 in flight while tile u is used.
   const int n_stages = p.num_stages;
   int32_t next_slot = load_slot(u_begin);
   for (int v = u_begin; v < u_begin + n_stages - 1; ++v) {
@@ -206,13 +172,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       next_slot = load_slot(v + 1);
     }
     AsyncCommit();
-    if (n_stages == 3) {
-      AsyncWait<2>();
-    } else if (n_stages == 2) {
-      AsyncWait<1>();
-    } else {
-      AsyncWait<0>();
-    }
+    WaitForOldestStage(n_stages);
     __syncthreads();  // the stage has landed (and, the first time, Q is staged)
     const SegmentArgs& s = seg_of(u) == 0 ? p.seg[0] : p.seg[1];
     if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
@@ -334,16 +294,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   for (int r = 0; r < 2; ++r) {
     const int head = head0 + 16 * gw + lane / 4 + 8 * r;
     const bool live = head < p.num_heads;
-    const bool has_sink = p.sink != nullptr;
-    const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
-    const float m = fmaxf(m_run[r], sink2);
-    float w = 0.0f, inv = 0.0f, lse = -INFINITY;
-    if (m != -INFINITY) {
-      w = exp2f(m_run[r] - m);
-      const float z = l_run[r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
-      inv = 1.0f / z;
-      lse = (m + log2f(z)) * kLn2;
-    }
+    const auto [w, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
     const int64_t out_row = int64_t{row} * p.num_heads + head;
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
@@ -355,14 +306,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
         for (int k = 0; k < 2; ++k) x[2 * j + k] = RoundToBf16Fast((o[cb][i + k] * w) * inv + 0.0f);
         const int col = col_base + 64 * cb + wgmma::AccCol(lane, i);
-        if (cs != nullptr && col >= kNopeWidth) {
-          const int k = (col - kNopeWidth) / 2;
-          const float c = cs[k], sn = cs[32 + k];
-          const float e = x[2 * j], od = x[2 * j + 1];
-          // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
-          x[2 * j] = (e * c + od * sn) + 0.0f;
-          x[2 * j + 1] = (od * c - e * sn) + 0.0f;
-        }
+        if (cs != nullptr && col >= kNopeWidth) InverseRopePair(cs, col, x[2 * j], x[2 * j + 1]);
       }
       const int64_t at = out_row * kValueWidth + col_base + 64 * cb;
       if (!p.out_mxfp8) {
