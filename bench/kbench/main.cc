@@ -189,6 +189,7 @@ struct Result {
   std::string plan;
   int head_block = 0, splits = 0;
   bool paired = false;  // rows 2i, 2i+1 in one program (AttendParams::row_pairs)
+  std::string program;  // the attention program that ran: direct, tile or wgmma
   double median_us = 0, min_us = 0;
   int runs = 0;
   int64_t attended = 0, unique_main = 0, unique_extra = 0;
@@ -400,6 +401,7 @@ class Runner {
     r.name = c.Name();
     r.cell = c;
     r.paired = calls[0].launch.paired != gpu::PairMode::kNone;
+    r.program = calls[0].launch.wgmma ? "wgmma" : calls[0].launch.direct ? "direct" : "tile";
     r.plan = calls[0].launch.plan.ToString() + (r.paired ? " paired" : "");
     r.head_block = calls[0].launch.plan.head_block;
     r.splits = calls[0].launch.plan.splits;
@@ -525,6 +527,7 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     c["head_block"] = r.head_block;
     c["splits"] = r.splits;
     c["paired"] = r.paired;
+    c["program"] = r.program;
     c["median_us"] = Round(r.median_us, 2);
     c["min_us"] = Round(r.min_us, 2);
     c["runs"] = r.runs;
@@ -620,9 +623,9 @@ void PrintResults(const std::vector<Result>& results) {
       bar_fail += ok ? 0 : 1;
       mark = ok ? "  [bar: pass]" : "  [bar: FAIL]";
     }
-    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s%s\n", r.name.c_str(),
-                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block, r.splits,
-                r.paired ? " paired" : "", mark.c_str());
+    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  %s hb=%d splits=%d%s%s\n", r.name.c_str(),
+                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.program.c_str(),
+                r.head_block, r.splits, r.paired ? " paired" : "", mark.c_str());
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);
