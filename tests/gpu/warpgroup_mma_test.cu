@@ -105,6 +105,24 @@ TEST(WarpgroupMmaTest, FragmentMapsCoverTheirTilesOnce) {
   for (int v : a) ASSERT_EQ(v, 1);
 }
 
+// The scores of an m64n64 product feed P.V's A fragments in place: for every k-step and
+// register, AccumulatorOfA names the accumulator of the same lane at the fragment's (row,
+// column), and the one after it holds the next column.
+TEST(WarpgroupMmaTest, ScoresBecomeAFragmentsInPlace) {
+  for (int t = 0; t < 128; ++t) {
+    const int warp = t / 32, lane = t % 32;
+    for (int ks = 0; ks < kN / 16; ++ks) {
+      for (int j = 0; j < 4; ++j) {
+        const int i = AccumulatorOfA(ks, j);
+        ASSERT_EQ(AccRow(warp, lane, i), ARow(warp, lane, j)) << t << " " << ks << " " << j;
+        ASSERT_EQ(AccRow(warp, lane, i + 1), ARow(warp, lane, j));
+        ASSERT_EQ(AccCol(lane, i), 16 * ks + ACol(lane, j));
+        ASSERT_EQ(AccCol(lane, i + 1), 16 * ks + ACol(lane, j) + 1);
+      }
+    }
+  }
+}
+
 std::vector<uint16_t> RandomBf16(std::mt19937& rng, size_t n) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> v(n);

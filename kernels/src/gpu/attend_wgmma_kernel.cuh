@@ -222,14 +222,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
     }
-    // P as the A fragments of P.V's k-steps: k-step ks holds keys 16 ks .. 16 ks + 15, which are
-    // accumulators 4 (2 ks + j / 2) + 2 (j % 2) and the one after (warpgroup_mma.h's maps).
+    // P as the A fragments of P.V's k-steps: k-step ks holds keys 16 ks .. 16 ks + 15
+    // (wgmma::AccumulatorOfA).
     uint32_t pf[C::kPvSteps][4];
 #pragma unroll
     for (int ks = 0; ks < C::kPvSteps; ++ks) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int i0 = 4 * (2 * ks + j / 2) + 2 * (j % 2);
+        const int i0 = wgmma::AccumulatorOfA(ks, j);
         const float p0 = exp2f(sc[i0] - m_use[j % 2]);
         const float p1 = exp2f(sc[i0 + 1] - m_use[j % 2]);
         l_lane[j % 2] += p0 + p1;

@@ -55,6 +55,12 @@ SMLA_HD constexpr int AccRow(int warp, int lane, int i) {
 }
 SMLA_HD constexpr int AccCol(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
 
+// The accumulator of an m64nN product (N a multiple of 16) that holds the first value of A
+// fragment register j of k-step ks when the product's columns become the next product's k
+// (P.V's A from Q.K^T's scores): column 16 ks + ACol(lane, j) of row ARow(warp, lane, j) is
+// accumulator 4 (2 ks + j / 2) + 2 (j % 2) of the same lane, the next column the one after.
+SMLA_HD constexpr int AccumulatorOfA(int ks, int j) { return 4 * (2 * ks + j / 2) + 2 * (j % 2); }
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // The descriptor of a no-swizzle operand at shared address `smem` (16-byte aligned) whose cores
