@@ -36,7 +36,6 @@ struct WgmmaConfig {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kMinBlocks = 1;
   static constexpr int kGatherKeysPerWarp = kKeys / kWarps;
-  static constexpr int kSub = kTileKeys / kKeys;
   static constexpr int kKSteps = kQkWidth / 16;       // of Q.K^T
   static constexpr int kGroupCols = kValueWidth / 2;  // output columns of a warpgroup
   static constexpr int kColBlocks = kGroupCols / 64;  // its m64n64 accumulators
