@@ -1806,7 +1806,7 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
 }
 
 // AttendParams::force_wgmma takes the 64-head warpgroup program where the plan runs 64-head
-// programs on fp8 segments of width 512 (two gather stages fit 227 KB at fp8_dsv4's rows), and
+// programs on fp8 segments of width 512 (its shared memory, about 202 KB, fits 227 KB), and
 // nowhere else.
 TEST(GpuPlanTest, WgmmaProgramWhereAsked) {
   const DeviceInfo device = PlanDevice();

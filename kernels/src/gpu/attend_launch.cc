@@ -189,24 +189,16 @@ class AttendPlanner {
   }
 
   // AttendParams::force_wgmma: a 64-head tile plan on fp8_dsv4 / fp8_per_tensor segments of
-  // width 512 runs the warpgroup program, with as many gather stages as fit (2 or 3).
+  // width 512 runs the warpgroup program where its shared memory fits.
   void ChooseWgmmaProgram() {
     if (!params_.force_wgmma || l_.direct || l_.plan.head_block != 64 || l_.qk_width != 512 ||
         !WgmmaProgramSupported() || !DirectFormat(params_.main.cache.format) ||
-        (mixed() && !DirectFormat(params_.extra.cache.format))) {
+        (mixed() && !DirectFormat(params_.extra.cache.format)) ||
+        WgmmaSharedBytes() > device_.shared_memory_per_block) {
       return;
     }
-    int32_t stage = WgmmaStageBytes(params_.main.cache.format);
-    if (mixed()) stage = std::max(stage, WgmmaStageBytes(params_.extra.cache.format));
-    for (int n : {3, 2}) {
-      if (WgmmaSharedBytes(stage, n) <= device_.shared_memory_per_block) {
-        l_.wgmma = true;
-        stage_ = stage;
-        num_stages_ = n;
-        l_.shared_bytes = WgmmaSharedBytes(stage, n);
-        return;
-      }
-    }
+    l_.wgmma = true;
+    l_.shared_bytes = WgmmaSharedBytes();
   }
 
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant

@@ -167,14 +167,7 @@ bool WgmmaProgramSupported() {
 #endif
 }
 
-int32_t WgmmaStageBytes(KvFormat format) {
-  const int32_t rows = kTileKeys * WgmmaStride(static_cast<int>(format));
-  return format == KvFormat::kFp8Dsv4 ? rows + kTileKeys * kDsv4ScaleBytes : rows;
-}
-
-int64_t WgmmaSharedBytes(int stage_bytes, int num_stages) {
-  return int64_t{WgmmaSmem<WgmmaConfig<512>>::kStages} + int64_t{num_stages} * stage_bytes;
-}
+int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512>>::kBytes; }
 
 absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
                                StreamHandle stream) {

@@ -182,11 +182,10 @@ absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_bl
                           int64_t shared_bytes, StreamHandle stream);
 
 // The 64-head warpgroup program (attend_wgmma_kernel.cuh; sm_90a builds, QK width 512,
-// fp8_dsv4 and fp8_per_tensor segments): whether this build has it, one gather stage's bytes for
-// a segment format, its shared memory, its launch.
+// fp8_dsv4 and fp8_per_tensor segments): whether this build has it, its shared memory (fixed:
+// Q, two dequantised tiles, P), its launch.
 bool WgmmaProgramSupported();
-int32_t WgmmaStageBytes(KvFormat format);
-int64_t WgmmaSharedBytes(int stage_bytes, int num_stages);
+int64_t WgmmaSharedBytes();
 absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
                                StreamHandle stream);
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
