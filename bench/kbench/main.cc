@@ -56,6 +56,8 @@ ABSL_FLAG(int, head_block, 0, "force the head block (0: the plan's)");
 ABSL_FLAG(bool, gemm, true, "measure the bf16 GEMM ceiling (--nogemm skips it)");
 ABSL_FLAG(bool, tile_kernel, false,
           "run the tile kernel even on fp8_dsv4 / fp8_per_tensor pools (A/B)");
+ABSL_FLAG(bool, wgmma, false,
+          "run 64-head programs on fp8 pools of width 512 as the sm_90a warpgroup program (A/B)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -83,6 +85,7 @@ struct Options {
   int force_splits = 0;
   int force_head_block = 0;
   bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
+  bool wgmma = false;                                  // AttendParams::force_wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
@@ -186,6 +189,7 @@ struct Result {
   std::string plan;
   int head_block = 0, splits = 0;
   bool paired = false;  // rows 2i, 2i+1 in one program (AttendParams::row_pairs)
+  std::string program;  // the attention program that ran: direct, tile or wgmma
   double median_us = 0, min_us = 0;
   int runs = 0;
   int64_t attended = 0, unique_main = 0, unique_extra = 0;
@@ -357,6 +361,7 @@ class Runner {
       p.force_splits = opt_.force_splits;
       p.force_head_block = opt_.force_head_block;
       p.force_tile_kernel = opt_.tile_kernel;
+      p.force_wgmma = opt_.wgmma;
       p.no_scale_fold = opt_.no_fold;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
       p.rows_per_group = c.rows_per_request();
@@ -396,6 +401,7 @@ class Runner {
     r.name = c.Name();
     r.cell = c;
     r.paired = calls[0].launch.paired != gpu::PairMode::kNone;
+    r.program = calls[0].launch.wgmma ? "wgmma" : calls[0].launch.direct ? "direct" : "tile";
     r.plan = calls[0].launch.plan.ToString() + (r.paired ? " paired" : "");
     r.head_block = calls[0].launch.plan.head_block;
     r.splits = calls[0].launch.plan.splits;
@@ -464,6 +470,7 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   o.force_head_block = absl::GetFlag(FLAGS_head_block);
   o.gemm = absl::GetFlag(FLAGS_gemm);
   o.tile_kernel = absl::GetFlag(FLAGS_tile_kernel);
+  o.wgmma = absl::GetFlag(FLAGS_wgmma);
   o.no_fold = !absl::GetFlag(FLAGS_fold);
   const std::string pairs = absl::GetFlag(FLAGS_pairs);
   if (pairs == "auto") {
@@ -520,6 +527,7 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     c["head_block"] = r.head_block;
     c["splits"] = r.splits;
     c["paired"] = r.paired;
+    c["program"] = r.program;
     c["median_us"] = Round(r.median_us, 2);
     c["min_us"] = Round(r.min_us, 2);
     c["runs"] = r.runs;
@@ -615,9 +623,9 @@ void PrintResults(const std::vector<Result>& results) {
       bar_fail += ok ? 0 : 1;
       mark = ok ? "  [bar: pass]" : "  [bar: FAIL]";
     }
-    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  hb=%d splits=%d%s%s\n", r.name.c_str(),
-                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.head_block, r.splits,
-                r.paired ? " paired" : "", mark.c_str());
+    std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  %s hb=%d splits=%d%s%s\n", r.name.c_str(),
+                r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.program.c_str(),
+                r.head_block, r.splits, r.paired ? " paired" : "", mark.c_str());
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);

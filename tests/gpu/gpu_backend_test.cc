@@ -395,6 +395,7 @@ struct RunConfig {
   // anyway would give other bits.
   bool mirrored_arrays = false;
   bool tile_kernel = false;  // AttendParams::force_tile_kernel
+  bool wgmma = false;        // AttendParams::force_wgmma
 };
 
 struct Outputs {
@@ -445,6 +446,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.rows_per_group = c.rows_per_group;
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   p.force_tile_kernel = rc.tile_kernel;
+  p.force_wgmma = rc.wgmma;
   std::vector<uint8_t> host;
   Buffer mirror;
   if (rc.mirrored_arrays) {
@@ -681,6 +683,48 @@ TEST_P(GpuMatrixTest, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(All, GpuMatrixTest,
                          ::testing::Combine(::testing::Range(0, 8),
                                             ::testing::Values(8, 16, 32, 64, 128)));
+
+// The 64-head warpgroup program (AttendParams::force_wgmma) on the fp8 formats of width 512,
+// 64 and 128 heads (one and two head blocks), both segments, sentinels, empty rows, sink, RoPE,
+// an fp8 query, split-K on and off, bf16 and MXFP8 outputs.
+TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
+  for (const KvFormat format : {KvFormat::kFp8Dsv4, KvFormat::kFp8PerTensor}) {
+    for (const int heads : {64, 128}) {
+      CaseSpec c;
+      c.format = format;
+      c.extra_format = format;
+      c.geometry = Geometry::kRopeInside;
+      c.heads = heads;
+      c.rows = 9;
+      c.max_main = 300;
+      c.max_extra = 190;
+      c.sink = heads == 64;
+      c.positions = true;
+      c.fp8_q = heads == 128;
+      c.empty_every = 4;
+      c.seed = static_cast<uint32_t>(900 + heads + static_cast<int>(format));
+      std::vector<RunConfig> configs;
+      for (const int splits : {1, 3}) {
+        RunConfig rc{OutputFormat::kBf16, true, true, splits, 64};
+        rc.wgmma = true;
+        configs.push_back(rc);
+      }
+      CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
+      // Its MXFP8 outputs encode its bf16 ones (as CheckCase's check of the plan's kernels).
+      const Inputs in = MakeInputs(*cpu_, c);
+      for (const int splits : {1, 3}) {
+        RunConfig a{OutputFormat::kBf16, false, true, splits, 64};
+        RunConfig b{OutputFormat::kMxfp8, true, false, splits, 64};
+        a.wgmma = b.wgmma = true;
+        const Outputs plain = RunAttend(*gpu_, in, a);
+        const Outputs mx = RunAttend(*gpu_, in, b);
+        ASSERT_TRUE(plain.status.ok()) << plain.status;
+        ASSERT_TRUE(mx.status.ok()) << mx.status;
+        ExpectMxfp8Matches(in, plain, mx, absl::StrCat("wgmma mxfp8 splits=", splits));
+      }
+    }
+  }
+}
 
 TEST_F(GpuTest, OneSegmentNoSinkSmallPages) {
   for (int combo = 0; combo < 8; ++combo) {
@@ -1812,6 +1856,30 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto, 16), PairMode::kNone);
   EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
   EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
+}
+
+// AttendParams::force_wgmma takes the 64-head warpgroup program where the plan runs 64-head
+// programs on fp8 segments of width 512 (its shared memory, about 202 KB, fits 227 KB), and
+// nowhere else.
+TEST(GpuPlanTest, WgmmaProgramWhereAsked) {
+  const DeviceInfo device = PlanDevice();
+  std::vector<int32_t> indptr, indices;
+  auto plan = [&](KvFormat format, Geometry geometry, int heads, int force_hb, bool wgmma) {
+    AttendParams p = PlanParams(format, geometry, heads, 384, indptr, indices);
+    p.force_head_block = force_hb;
+    p.force_wgmma = wgmma;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() && l->wgmma;
+  };
+  const bool on = gpu::WgmmaProgramSupported();
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, true), on);
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 128, 64, true), on);
+  EXPECT_EQ(plan(KvFormat::kFp8PerTensor, Geometry::kRopeInside, 64, 64, true), on);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, false));
+  EXPECT_FALSE(plan(KvFormat::kBf16, Geometry::kRopeInside, 64, 64, true));
+  EXPECT_FALSE(plan(KvFormat::kFp8DsMla, Geometry::kRopeAppended, 64, 64, true));
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 32, true));
 }
 
 // Where the plan asks for 64-head programs (TP1, many rows), fp8_per_tensor runs the direct

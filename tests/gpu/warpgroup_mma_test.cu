@@ -1,8 +1,8 @@
 // The warpgroup product of sm_90a (smla/kernels/gpu/warpgroup_mma.h) against a host reference:
 // one warpgroup multiplies 64 x 64 bf16 tiles, four k-steps of 16, as the attention's two
-// products do: S = Q K^T (both operands K-major in shared memory) and O = P V (P from registers,
-// V MN-major in shared memory); every accumulator lands where AccRow / AccCol say. Skipped
-// without an sm_90 device.
+// products do: S = Q K^T (both operands K-major in shared memory) and O = P V (P from registers
+// or shared memory, V MN-major in shared memory); every accumulator lands where AccRow / AccCol
+// say. Skipped without an sm_90 device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -43,16 +43,20 @@ __global__ void ProductKernel(const uint16_t* a, const uint16_t* b, float* c) {
 #endif
 }
 
-// O = P V: P [64 rows x 64 keys] from registers, V [64 keys x 64 values] in shared memory either
-// in a tile of its own (TileOffsetMn) or as the key tile of Q.K^T lies (TileOffset, keys as rows).
-template <bool kSharedKv>
+// O = P V: P [64 rows x 64 keys] from registers or (kSharedP, as the attention's second
+// consumer reads it) from a K-major tile in shared memory; V [64 keys x 64 values] in shared
+// memory either in a tile of its own (TileOffsetMn) or as the key tile of Q.K^T lies
+// (TileOffset, keys as rows).
+template <bool kSharedKv, bool kSharedP = false>
 __global__ void PvKernel(const uint16_t* p, const uint16_t* v, float* o) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(128) uint8_t v_s[kK * kN * 2];
+  __shared__ __align__(128) uint8_t p_s[kM * kK * 2];
   for (int i = threadIdx.x; i < kK * kN; i += blockDim.x) {
     const int key = i / kN, value = i % kN;
     const uint32_t at = kSharedKv ? TileOffset(key, value, kN) : TileOffsetMn(key, value, kK);
     *reinterpret_cast<uint16_t*>(v_s + at) = v[i];
+    *reinterpret_cast<uint16_t*>(p_s + TileOffset(i / kK, i % kK, kK)) = p[i];
   }
   __syncthreads();
   FenceOperands();
@@ -74,7 +78,11 @@ __global__ void PvKernel(const uint16_t* p, const uint16_t* v, float* o) {
     // shared tile.
     const uint64_t b = kSharedKv ? SharedKvDescriptor(v_s + s * 2 * (kN / 8) * 128, kN)
                                  : KMajorDescriptor(v_s + 256 * s, kK);
-    Mma64x64x16RegA(d, a[s], b, s > 0);
+    if constexpr (kSharedP) {
+      Mma64x64x16<true>(d, KMajorDescriptor(p_s + 256 * s, kK), b, s > 0);
+    } else {
+      Mma64x64x16RegA(d, a[s], b, s > 0);
+    }
   }
   Commit();
   Wait<0>();
@@ -103,6 +111,24 @@ TEST(WarpgroupMmaTest, FragmentMapsCoverTheirTilesOnce) {
   }
   for (int v : acc) ASSERT_EQ(v, 1);
   for (int v : a) ASSERT_EQ(v, 1);
+}
+
+// The scores of an m64n64 product feed P.V's A fragments in place: for every k-step and
+// register, AccumulatorOfA names the accumulator of the same lane at the fragment's (row,
+// column), and the one after it holds the next column.
+TEST(WarpgroupMmaTest, ScoresBecomeAFragmentsInPlace) {
+  for (int t = 0; t < 128; ++t) {
+    const int warp = t / 32, lane = t % 32;
+    for (int ks = 0; ks < kN / 16; ++ks) {
+      for (int j = 0; j < 4; ++j) {
+        const int i = AccumulatorOfA(ks, j);
+        ASSERT_EQ(AccRow(warp, lane, i), ARow(warp, lane, j)) << t << " " << ks << " " << j;
+        ASSERT_EQ(AccRow(warp, lane, i + 1), ARow(warp, lane, j));
+        ASSERT_EQ(AccCol(lane, i), 16 * ks + ACol(lane, j));
+        ASSERT_EQ(AccCol(lane, i + 1), 16 * ks + ACol(lane, j) + 1);
+      }
+    }
+  }
 }
 
 std::vector<uint16_t> RandomBf16(std::mt19937& rng, size_t n) {
@@ -178,15 +204,22 @@ TEST(WarpgroupMmaTest, QueryTimesKeysMatchesTheHost) {
       [&](int k, int n) { return Bf16ToF32(b[n * kK + k]); });
 }
 
-// Both ways of holding V. Were the offsets of a transposed operand the other way round from what
-// warpgroup_mma.h says, each would read the other's layout and both would fail.
+// Both ways of holding V, and P from shared memory. Were the offsets of a transposed operand the
+// other way round from what warpgroup_mma.h says, each would read the other's layout and both
+// would fail.
 TEST(WarpgroupMmaTest, WeightsTimesValuesMatchesTheHost) {
   if (!HaveSm90()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   std::mt19937 rng(6);
   const std::vector<uint16_t> p = RandomBf16(rng, kM * kK), v = RandomBf16(rng, kK * kN);
-  for (const bool shared_kv : {false, true}) {
-    SCOPED_TRACE(shared_kv ? "V as the key tile lies" : "V in a tile of its own");
-    const std::vector<float> o = RunProduct(shared_kv ? PvKernel<true> : PvKernel<false>, p, v);
+  struct Way {
+    const char* name;
+    void (*kernel)(const uint16_t*, const uint16_t*, float*);
+  };
+  for (const Way& way : {Way{"V in a tile of its own", PvKernel<false>},
+                         Way{"V as the key tile lies", PvKernel<true>},
+                         Way{"V as the key tile lies, P in shared memory", PvKernel<true, true>}}) {
+    SCOPED_TRACE(way.name);
+    const std::vector<float> o = RunProduct(way.kernel, p, v);
     ExpectProduct(
         o, [&](int m, int k) { return Bf16ToF32(p[m * kK + k]); },
         [&](int k, int n) { return Bf16ToF32(v[k * kN + n]); });

@@ -289,6 +289,109 @@ __device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, ui
   }
 }
 
+// A program's row, head block and split: head block fastest, then split, then row (plan.h,
+// WorkOrder::kRowMajor).
+struct ProgramIndex {
+  int row = 0, hb = 0, split = 0;
+};
+__device__ __forceinline__ ProgramIndex ProgramOf(const AttendKernelParams& p) {
+  const int64_t pid = blockIdx.x;
+  ProgramIndex w;
+  w.hb = static_cast<int>(pid % p.head_blocks);
+  w.split = static_cast<int>((pid / p.head_blocks) % p.splits);
+  w.row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  return w;
+}
+
+// A row's keys: its range of each segment, and their 64-key tiles (main tiles, then extra).
+struct RowKeys {
+  int begin0 = 0, len0 = 0, begin1 = 0, len1 = 0, tiles0 = 0, tiles1 = 0;
+};
+__device__ __forceinline__ RowKeys RowKeysOf(const AttendKernelParams& p, int row) {
+  RowKeys k;
+  k.begin0 = p.seg[0].indptr[row];
+  k.len0 = p.seg[0].indptr[row + 1] - k.begin0;
+  if (p.num_segments > 1) {
+    k.begin1 = p.seg[1].indptr[row];
+    k.len1 = p.seg[1].indptr[row + 1] - k.begin1;
+  }
+  k.tiles0 = (k.len0 + kTileKeys - 1) / kTileKeys;
+  k.tiles1 = (k.len1 + kTileKeys - 1) / kTileKeys;
+  return k;
+}
+
+// Values e0 .. e0 + 7 of a head's query as bf16 (fp8 queries converted exactly), zero past H.
+__device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int qk_width, int row,
+                                               int head, int e0) {
+  if (head >= p.num_heads) return make_uint4(0, 0, 0, 0);
+  const int64_t off = (int64_t{row} * p.num_heads + head) * qk_width + e0;
+  if (!p.q_fp8) return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + off);
+  const uint2 c8 = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + off);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? c8.x : c8.y;
+    const float2 f = E4m3x2ToFloat2(static_cast<uint16_t>(word >> (16 * (i & 1))));
+    w[i] = PackBf16(f.x, f.y);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head h at byte
+// at(h, e0) of q_s (heads past H are zero and never stored).
+template <class C, class At>
+__device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int row, int head0,
+                                             uint8_t* q_s, At at) {
+  constexpr int kUnits = C::kQkWidth / 8;
+  for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
+    const int h = u / kUnits;
+    const int e0 = (u % kUnits) * 8;
+    *reinterpret_cast<uint4*>(q_s + at(h, e0)) = LoadQueryUnit(p, C::kQkWidth, row, head0 + h, e0);
+  }
+}
+
+// Waits for the oldest of n gather stages in flight (one commit group per tile).
+__device__ __forceinline__ void WaitForOldestStage(int n) {
+  if (n == 3) {
+    AsyncWait<2>();
+  } else if (n == 2) {
+    AsyncWait<1>();
+  } else {
+    AsyncWait<0>();
+  }
+}
+
+// How a row's unnormalised accumulator becomes its output (the sink joins here, as in
+// CombinePartials): multiply by w, then by inv; and its LSE. An empty row gives w = inv = 0.
+struct RowScale {
+  float w = 0.0f, inv = 0.0f, lse = -INFINITY;
+};
+__device__ __forceinline__ RowScale FinalRowScale(const AttendKernelParams& p, float m_run,
+                                                  float l_run, int head, bool live) {
+  const bool has_sink = p.sink != nullptr;
+  const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
+  const float m = fmaxf(m_run, sink2);
+  RowScale r;
+  if (m != -INFINITY) {
+    r.w = exp2f(m_run - m);
+    const float z = l_run * r.w + (has_sink ? exp2f(sink2 - m) : 0.0f);
+    r.inv = 1.0f / z;
+    r.lse = (m + log2f(z)) * kLn2;
+  }
+  return r;
+}
+
+// The inverse RoPE of output columns col (even, at least kNopeWidth) and col + 1, whose bf16
+// values are e and o, with cos_sin row cs.
+__device__ __forceinline__ void InverseRopePair(const float* cs, int col, float& e, float& o) {
+  const int k = (col - kNopeWidth) / 2;
+  const float c = cs[k], sn = cs[32 + k];
+  const float e0 = e, o0 = o;
+  // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
+  e = (e0 * c + o0 * sn) + 0.0f;
+  o = (o0 * c - e0 * sn) + 0.0f;
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendKernel(const __grid_constant__ AttendKernelParams p) {
@@ -303,54 +406,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* stages = smem + S::kStages;
   uint16_t* tile = reinterpret_cast<uint16_t*>(stages + p.num_stages * p.stage_bytes);
 
-  // Work order: head block fastest, then split, then row (plan.h, WorkOrder::kRowMajor).
-  const int64_t pid = blockIdx.x;
-  const int hb = static_cast<int>(pid % p.head_blocks);
-  const int split = static_cast<int>((pid / p.head_blocks) % p.splits);
-  const int row = static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+  const auto [row, hb, split] = ProgramOf(p);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int group = warp / C::kW;
   const int wg = warp % C::kW;
   const int head0 = hb * C::kHeadBlock;
 
-  // Stage Q (heads past H are zero and never stored).
-  {
-    constexpr int kUnits = C::kQkWidth / 8;
-    for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
-      const int h = u / kUnits;
-      const int e0 = (u % kUnits) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (head0 + h < p.num_heads) {
-        const int64_t off = (int64_t{row} * p.num_heads + head0 + h) * C::kQkWidth + e0;
-        if (p.q_fp8) {
-          const uint2 c8 = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + off);
-          uint32_t w[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t word = i < 2 ? c8.x : c8.y;
-            const float2 f = E4m3x2ToFloat2(static_cast<uint16_t>(word >> (16 * (i & 1))));
-            w[i] = PackBf16(f.x, f.y);
-          }
-          v = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-          v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + off);
-        }
-      }
-      *reinterpret_cast<uint4*>(q_s + h * C::kQStride + e0) = v;
-    }
-  }
+  StageQueries<C>(p, row, head0, reinterpret_cast<uint8_t*>(q_s),
+                  [](int h, int e0) { return 2 * (h * C::kQStride + e0); });
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.
-  const int begin0 = p.seg[0].indptr[row];
-  const int len0 = p.seg[0].indptr[row + 1] - begin0;
-  int begin1 = 0, len1 = 0;
-  if (p.num_segments > 1) {
-    begin1 = p.seg[1].indptr[row];
-    len1 = p.seg[1].indptr[row + 1] - begin1;
-  }
-  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
-  const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+  const auto [begin0, len0, begin1, len1, tiles0, tiles1] = RowKeysOf(p, row);
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(t_begin + p.tiles_per_split, tiles0 + tiles1);
 
@@ -413,13 +480,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       next_slot = load_slot(v + 1);
     }
     AsyncCommit();
-    if (n_stages == 3) {
-      AsyncWait<2>();
-    } else if (n_stages == 2) {
-      AsyncWait<1>();
-    } else {
-      AsyncWait<0>();
-    }
+    WaitForOldestStage(n_stages);
     __syncthreads();
     const SegmentArgs& s = seg_of(u) == 0 ? p.seg[0] : p.seg[1];
     const uint16_t* kv = reinterpret_cast<const uint16_t*>(stages + stage * p.stage_bytes);
@@ -615,16 +676,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   for (int r = 0; r < kRows; ++r) {
     const int head = T::Row(head0 + e_qrow, e_lane, r);
     const bool live = head < p.num_heads;
-    const bool has_sink = p.sink != nullptr;
-    const float sink2 = has_sink && live ? p.sink[head] * kLog2e : -INFINITY;
-    const float m = fmaxf(m_run[r], sink2);
-    float w = 0.0f, inv = 0.0f, lse = -INFINITY;
-    if (m != -INFINITY) {
-      w = exp2f(m_run[r] - m);
-      const float z = l_run[r] * w + (has_sink ? exp2f(sink2 - m) : 0.0f);
-      inv = 1.0f / z;
-      lse = (m + log2f(z)) * kLn2;
-    }
+    const auto [w, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
     float x[kValues];
 #pragma unroll
     for (int f = 0; f < kValues; f += 2) {
@@ -634,14 +686,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         x[f + i] = RoundToBf16Fast((a * w) * inv + 0.0f);
       }
       const int col = col_base + T::OutCol(0, f);
-      if (cs != nullptr && col >= kNopeWidth) {
-        const int k = (col - kNopeWidth) / 2;
-        const float c = cs[k], sn = cs[32 + k];
-        const float e = x[f], o = x[f + 1];
-        // + 0 turns the -0 a rotation of zeros can give into +0 (empty rows are exactly +0).
-        x[f] = (e * c + o * sn) + 0.0f;
-        x[f + 1] = (o * c - e * sn) + 0.0f;
-      }
+      if (cs != nullptr && col >= kNopeWidth) InverseRopePair(cs, col, x[f], x[f + 1]);
     }
     const int64_t out_row = int64_t{row} * p.num_heads + head;
     if (!p.out_mxfp8) {

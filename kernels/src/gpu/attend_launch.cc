@@ -81,6 +81,7 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
 //   PlanHeads            the launch plan (plan.h) and whether the formats take the direct kernel
 //   FitTileProgram       the tile kernel's head block, stages and shared memory
 //   ChooseDirectProgram  the direct kernel's head block and splits, where the formats take it
+//   ChooseWgmmaProgram   the 64-head warpgroup program, where asked and it fits
 //   ChooseRowPairs       paired rows over their keys' union, where that pays
 //   LayOutWorkspace      the workspace offsets of the staged arrays and split-K partials
 //   FillKernelParams     the kernels' parameters (device pointers come from BindAttend)
@@ -101,6 +102,7 @@ class AttendPlanner {
     PlanHeads();
     if (absl::Status st = FitTileProgram(); !st.ok()) return st;
     ChooseDirectProgram();
+    ChooseWgmmaProgram();
     ChooseRowPairs();
     LayOutWorkspace();
     FillKernelParams();
@@ -128,8 +130,9 @@ class AttendPlanner {
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
     const bool direct_for_64 = per_tensor(params_.main.cache.format) &&
                                (!params_.has_extra || per_tensor(params_.extra.cache.format));
+    const bool wgmma_64 = params_.force_wgmma && l_.plan.head_block == 64;
     direct_formats_ =
-        !tile_only && DirectFormat(params_.main.cache.format) &&
+        !tile_only && !wgmma_64 && DirectFormat(params_.main.cache.format) &&
         (!params_.has_extra || DirectFormat(params_.extra.cache.format)) &&
         (params_.force_head_block == 16 || params_.force_head_block == 32 ||
          (params_.force_head_block == 0 && (l_.plan.head_block <= 32 || direct_for_64)));
@@ -183,6 +186,19 @@ class AttendPlanner {
     l_.shared_bytes =
         AttendSharedBytes(l_.qk_width, l_.plan.head_block, stage_, num_stages_, use_tile_, keys);
     return absl::OkStatus();
+  }
+
+  // AttendParams::force_wgmma: a 64-head tile plan on fp8_dsv4 / fp8_per_tensor segments of
+  // width 512 runs the warpgroup program where its shared memory fits.
+  void ChooseWgmmaProgram() {
+    if (!params_.force_wgmma || l_.direct || l_.plan.head_block != 64 || l_.qk_width != 512 ||
+        !WgmmaProgramSupported() || !DirectFormat(params_.main.cache.format) ||
+        (mixed() && !DirectFormat(params_.extra.cache.format)) ||
+        WgmmaSharedBytes() > device_.shared_memory_per_block) {
+      return;
+    }
+    l_.wgmma = true;
+    l_.shared_bytes = WgmmaSharedBytes();
   }
 
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
@@ -459,10 +475,11 @@ absl::Status RunAttend(const AttendLaunch& l, StreamHandle stream) {
   if (l.paired != PairMode::kNone) {
     if (absl::Status st = LaunchRowUnion(l.kernel, stream); !st.ok()) return st;
   }
-  if (absl::Status st =
-          l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.program_head_block, l.shared_bytes,
-                                        stream)
-                   : LaunchAttend(l.kernel, l.qk_width, l.plan.head_block, l.shared_bytes, stream);
+  if (absl::Status st = l.wgmma    ? LaunchAttendWgmma(l.kernel, l.shared_bytes, stream)
+                        : l.direct ? LaunchAttendDirect(l.kernel, l.qk_width, l.program_head_block,
+                                                        l.shared_bytes, stream)
+                                   : LaunchAttend(l.kernel, l.qk_width, l.plan.head_block,
+                                                  l.shared_bytes, stream);
       !st.ok()) {
     return st;
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu/attend_direct_kernel.cuh"
 #include "gpu/attend_kernel.cuh"
+#include "gpu/attend_wgmma_kernel.cuh"
 #include "gpu/kernel_params.h"
 
 namespace smla::kernels::gpu {
@@ -158,11 +159,40 @@ bool AttendVariantExists(int qk_width, int head_block) {
   return Find(qk_width, head_block) != nullptr;
 }
 
+bool WgmmaProgramSupported() {
+#if defined(SMLA_GPU_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512>>::kBytes; }
+
+absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
+                               StreamHandle stream) {
+#if defined(SMLA_GPU_CUDA)
+  using C = WgmmaConfig<512>;
+  const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
+  if (programs == 0) return absl::OkStatus();
+  return ToStatus(Launch(&SparseMlaAttendWgmmaKernel<C>, dim3(static_cast<unsigned>(programs)),
+                         dim3(C::kThreads), static_cast<size_t>(shared_bytes), stream, p),
+                  "warpgroup attention kernel launch");
+#else
+  return absl::UnimplementedError("no warpgroup attention program in this build");
+#endif
+}
+
 absl::Status PrepareAttendVariants(int64_t max_bytes) {
   for (const Variant& v : kVariants) {
     SMLA_GPU_RETURN_IF_ERROR(
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
+#if defined(SMLA_GPU_CUDA)
+  SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(
+      reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaConfig<512>>),
+      static_cast<int>(max_bytes)));
+#endif
   for (const DirectVariant& v : kDirectVariants) {
     SMLA_GPU_RETURN_IF_ERROR(
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));

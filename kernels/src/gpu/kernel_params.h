@@ -170,6 +170,14 @@ bool AttendVariantExists(int qk_width, int head_block);
 absl::Status PrepareAttendVariants(int64_t max_bytes);
 absl::Status LaunchAttend(const AttendKernelParams& p, int qk_width, int head_block,
                           int64_t shared_bytes, StreamHandle stream);
+
+// The 64-head warpgroup program (attend_wgmma_kernel.cuh; sm_90a builds, QK width 512,
+// fp8_dsv4 and fp8_per_tensor segments): whether this build has it, its shared memory (fixed:
+// Q, two dequantised tiles, P), its launch.
+bool WgmmaProgramSupported();
+int64_t WgmmaSharedBytes();
+absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
+                               StreamHandle stream);
 absl::Status LaunchCombine(const CombineKernelParams& p, StreamHandle stream);
 absl::Status LaunchWriteRows(const WriteRowsKernelParams& p, StreamHandle stream);
 absl::Status LaunchExpandQuery(const ExpandQueryKernelParams& p, StreamHandle stream);

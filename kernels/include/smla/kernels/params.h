@@ -127,6 +127,9 @@ struct AttendParams {
   // rebias (the gfx950 path; CUDA's f16 operands have no fold).
   bool force_tile_kernel = false;
   bool no_scale_fold = false;
+  // Where the plan runs 64-head programs on fp8 segments of QK width 512, the sm_90a warpgroup
+  // program instead (an A/B switch until it is measured; ignored where the build lacks it).
+  bool force_wgmma = false;
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;

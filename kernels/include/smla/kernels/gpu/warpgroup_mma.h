@@ -55,6 +55,12 @@ SMLA_HD constexpr int AccRow(int warp, int lane, int i) {
 }
 SMLA_HD constexpr int AccCol(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
 
+// The accumulator of an m64nN product (N a multiple of 16) that holds the first value of A
+// fragment register j of k-step ks when the product's columns become the next product's k
+// (P.V's A from Q.K^T's scores): column 16 ks + ACol(lane, j) of row ARow(warp, lane, j) is
+// accumulator 4 (2 ks + j / 2) + 2 (j % 2) of the same lane, the next column the one after.
+SMLA_HD constexpr int AccumulatorOfA(int ks, int j) { return 4 * (2 * ks + j / 2) + 2 * (j % 2); }
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // The descriptor of a no-swizzle operand at shared address `smem` (16-byte aligned) whose cores
@@ -95,6 +101,14 @@ __device__ __forceinline__ void Wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Pins accumulator registers here: after Wait, so that no read of them moves above it (the
+// products' asm statements name them as outputs at issue, not at completion).
+template <int N>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 // The 32 f32 accumulators of an m64n64 product as the asm's first operands (%0..%31), read and
 // written; both products below name them so.
 #define SMLA_WGMMA_ACCUMULATORS                                                       \
@@ -108,7 +122,9 @@ __device__ __forceinline__ void Wait() {
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
 // d (+)= A (64 x 16, descriptor a) * B (64 x 16, descriptor b)^T: m64n64k16, bf16 in, f32
-// accumulate; `accumulate` false overwrites d.
+// accumulate; `accumulate` false overwrites d. kTransB: B is 16 x 64 MN-major instead (the
+// value operand of P.V with P in shared memory).
+template <bool kTransB = false>
 __device__ __forceinline__ void Mma64x64x16(float (&d)[32], uint64_t a, uint64_t b,
                                             bool accumulate) {
   asm volatile(
@@ -116,9 +132,27 @@ __device__ __forceinline__ void Mma64x64x16(float (&d)[32], uint64_t a, uint64_t
       ".reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SMLA_WGMMA_ACCUMULATORS
-      "%32, %33, p, 1, 1, 0, 0;\n"
+      "%32, %33, p, 1, 1, 0, %35;\n"
       "}\n"
       : SMLA_WGMMA_ACCUMULATOR_OPERANDS(d)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
+}
+
+// d (+)= A (64 x 16, descriptor a) * B (32 x 16, descriptor b)^T: m64n32k16 (16 accumulators,
+// columns 8j + .. as AccCol for j < 4), bf16 in, f32 accumulate.
+__device__ __forceinline__ void Mma64x32x16(float (&d)[16], uint64_t a, uint64_t b,
+                                            bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 

@@ -1,0 +1,559 @@
+// The 64-head sparse MLA attention program on sm_90a's warpgroup products (docs/operator.md
+// 4-6; docs/gpu.md, "Tensor cores"). One program of three warpgroups owns (row, 64-head block,
+// split); each key of its tiles is read and dequantised once for all 64 heads.
+//
+// The warpgroups specialise (warpgroup_sync.h):
+// - the loader (warpgroup 2) reads each 64-key tile's fp8 rows from the pool into registers,
+//   waits until one of the two bf16 tile buffers is free, dequantises into it in the products'
+//   layout and marks it ready: the next tile is read while the products run on this one;
+// - the scorer (warpgroup 0) computes S = Q.K^T for 64 heads x 64 keys (32 k-steps of
+//   m64n64k16, Q and K from shared memory), the online softmax, writes P and the rows' rescale
+//   factors to shared memory for its partner, then O[:, 0:256] += P.V with P from registers;
+// - the partner (warpgroup 1) rescales its accumulators and computes O[:, 256:512] += P.V with
+//   P from shared memory.
+// A buffer is free again when both consumers' products on it have completed. Registers move
+// from the loader to the scorer, which holds scores, P and half of O at once. The epilogue is
+// the tile kernel's (shared helpers), each consumer over its 256 columns.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/attend_kernel.cuh"
+#include "gpu/grid_order.h"
+#include "gpu/kernel_params.h"
+#include "smla/kernels/codec/mxfp8.h"
+#include "smla/kernels/epilogue.h"
+#include "smla/kernels/formats.h"
+#include "smla/kernels/gpu/primitives.h"
+#include "smla/kernels/gpu/warpgroup_mma.h"
+#include "smla/kernels/gpu/warpgroup_sync.h"
+
+namespace smla::kernels::gpu {
+
+template <int kQkWidth_>
+struct WgmmaConfig {
+  static constexpr int kQkWidth = kQkWidth_;
+  static constexpr int kHeadBlock = 64;  // one m64 product's rows
+  static constexpr int kKeys = 64;
+  static constexpr int kGroupThreads = 128;
+  static constexpr int kThreads = 3 * kGroupThreads;  // scorer, partner, loader
+  static constexpr int kConsumerThreads = 2 * kGroupThreads;
+  static constexpr int kMinBlocks = 1;
+  static constexpr int kKSteps = kQkWidth / 16;       // of Q.K^T
+  static constexpr int kGroupCols = kValueWidth / 2;  // output columns of a consumer
+  static constexpr int kColBlocks = kGroupCols / 64;  // its m64n64 accumulators
+  static constexpr int kPvSteps = kKeys / 16;         // k-steps of P.V
+  static constexpr int kBuffers = 2;                  // bf16 tile buffers
+  // Registers per thread after the split (the launch gives each 65536 / 384 = 168, rounded
+  // down to 8): the scorer holds 32 scores, 16 P fragments and 128 accumulators.
+  static constexpr int kScorerRegs = 208;
+  static constexpr int kPartnerRegs = 160;
+  static constexpr int kLoaderRegs = 136;
+  // Each loader thread reads two keys of a tile, 16-byte chunks lane / 8 + 4 j of their rows.
+  static constexpr int kKeysPerLoader = kKeys * 4 / kGroupThreads;
+
+  static_assert(kQkWidth == 512, "Q and two dequantised tiles take 192 KB at width 512");
+  static_assert(kScorerRegs + kPartnerRegs + kLoaderRegs <= 3 * 168, "the block's registers");
+  static_assert(kKeysPerLoader == 2, "the loader's mapping below");
+};
+
+// Named barriers between the consumers (0 is __syncthreads').
+enum WgmmaBarrier : int {
+  kPReady = 1,    // the scorer wrote P and the rescale factors of a tile
+  kPFree = 2,     // the partner's product on them has completed
+  kRowsDone = 3,  // the scorer wrote the rows' final maxima and sums
+};
+
+// Shared-memory layout, in bytes from the dynamic base.
+template <class C>
+struct WgmmaSmem {
+  static constexpr int kTileBytes = C::kKeys * C::kQkWidth * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kTiles = kQ + C::kHeadBlock * C::kQkWidth * 2;
+  static constexpr int kP = kTiles + C::kBuffers * kTileBytes;  // 64 heads x 64 keys bf16
+  static constexpr int kAlpha = kP + C::kHeadBlock * C::kKeys * 2;
+  static constexpr int kRowMax = kAlpha + C::kHeadBlock * 4;
+  static constexpr int kRowSum = kRowMax + C::kHeadBlock * 4;
+  static constexpr int kValid = kRowSum + C::kHeadBlock * 4;
+  static constexpr int kReady = kValid + C::kBuffers * C::kKeys * 4;  // mbarriers
+  static constexpr int kFree = kReady + C::kBuffers * 8;
+  static constexpr int kBytes = kFree + C::kBuffers * 8;
+  static_assert(kTiles % 128 == 0 && kP % 128 == 0 && kReady % 8 == 0, "operands aligned");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// What the three roles share: the row's tiles and where things lie in shared memory.
+struct WgmmaProgram {
+  int row = 0, head0 = 0, split = 0;
+  int u_begin = 0, u_end = 0;  // this split's tiles: main tiles, then extra
+  int tiles0 = 0;
+  int begin0 = 0, len0 = 0, begin1 = 0, len1 = 0;  // the row's range of each segment
+  uint8_t* q = nullptr;
+  uint8_t* tiles = nullptr;
+  uint8_t* p = nullptr;
+  float* alpha = nullptr;
+  float* row_max = nullptr;
+  float* row_sum = nullptr;
+  int32_t* valid = nullptr;
+  uint64_t* ready = nullptr;
+  uint64_t* free = nullptr;
+
+  // Tile u's segment (selected, not indexed: a run-time index into the parameter or this struct
+  // goes through local memory).
+  __device__ const SegmentArgs& SegmentOf(const AttendKernelParams& p, int u) const {
+    return u < tiles0 ? p.seg[0] : p.seg[1];
+  }
+};
+
+// Tile u's slot of key `key` of the tile, or -1 past the row's keys.
+__device__ __forceinline__ int32_t LoaderSlot(const AttendKernelParams& p, const WgmmaProgram& w,
+                                              int u, int key) {
+  if (u >= w.u_end) return -1;
+  const bool main = u < w.tiles0;
+  const int k = (main ? u : u - w.tiles0) * kTileKeys + key;
+  if (k >= (main ? w.len0 : w.len1)) return -1;
+  return __ldg(w.SegmentOf(p, u).indices + (main ? w.begin0 : w.begin1) + k);
+}
+
+// The loader: keys k0 = 8 (warp) + lane % 8 and k0 + 32 of each tile; of each key's row the
+// 16-byte chunks lane / 8 + 4 j (the 8 lanes of one chunk then store one 128-byte core, and a
+// key's fp8_dsv4 chunk j takes scale j). Invalid keys (sentinels, out of range, past the row)
+// are zero and marked invalid.
+template <class C, int kFormat>
+__device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&slot)[2],
+                                         const WgmmaProgram& w, int buf, int t) {
+  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  constexpr int kCodeChunks = (kDsv4 ? kNopeWidth : C::kQkWidth) / 64;  // per thread: 7 or 8
+  constexpr int kRowBytes = kDsv4 ? kDsv4DataBytes : C::kQkWidth;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int k0 = 8 * ((static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize) + lane % 8;
+  const int q = lane / 8;
+
+  uint4 codes[2][kCodeChunks];
+  uint4 rope[2][2];
+  uint2 scales[2];
+  bool ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    ok[i] = slot[i] >= 0 && slot[i] < s.num_slots;
+    const uint8_t* page = s.base;
+    int r = 0;
+    if (ok[i]) {
+      page = s.base + (int64_t{slot[i]} >> s.rows_per_page_log2) * s.pitch;
+      r = slot[i] & (s.rows_per_page - 1);
+    }
+    const uint8_t* src = page + r * kRowBytes + 16 * q;
+#pragma unroll
+    for (int j = 0; j < kCodeChunks; ++j) {
+      codes[i][j] =
+          ok[i] ? __ldg(reinterpret_cast<const uint4*>(src + 64 * j)) : make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (kDsv4) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        rope[i][j] = ok[i] ? __ldg(reinterpret_cast<const uint4*>(src + kNopeWidth + 64 * j))
+                           : make_uint4(0, 0, 0, 0);
+      }
+      const uint8_t* rec = page + s.rows_per_page * kDsv4DataBytes + r * kDsv4ScaleBytes;
+      scales[i] = ok[i] ? __ldg(reinterpret_cast<const uint2*>(rec)) : make_uint2(0, 0);
+    }
+  }
+
+  // The buffer held tile t - 2: wait until both consumers' products on it have completed.
+  if (t >= C::kBuffers) {
+    wgsync::Wait(w.free + buf, static_cast<uint32_t>((t / C::kBuffers - 1) & 1));
+  }
+
+  uint8_t* tile = w.tiles + buf * WgmmaSmem<C>::kTileBytes;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = k0 + 32 * i;
+#pragma unroll
+    for (int j = 0; j < kCodeChunks; ++j) {
+      KvScale sc = UnitKvScale();
+      if constexpr (kDsv4) {
+        sc = E8m0ToBf16x2(((j < 4 ? scales[i].x : scales[i].y) >> (8 * (j % 4))) & 0xff);
+      }
+      const int e0 = 16 * q + 64 * j;
+      const uint2 a = E4m3x4ToBf16Scaled(codes[i][j].x, sc);
+      const uint2 b = E4m3x4ToBf16Scaled(codes[i][j].y, sc);
+      const uint2 c = E4m3x4ToBf16Scaled(codes[i][j].z, sc);
+      const uint2 d = E4m3x4ToBf16Scaled(codes[i][j].w, sc);
+      *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0, C::kQkWidth)) =
+          make_uint4(a.x, a.y, b.x, b.y);
+      *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0 + 8, C::kQkWidth)) =
+          make_uint4(c.x, c.y, d.x, d.y);
+    }
+    if constexpr (kDsv4) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        *reinterpret_cast<uint4*>(
+            tile + wgmma::TileOffset(key, kNopeWidth + 8 * q + 32 * j, C::kQkWidth)) = rope[i][j];
+      }
+    }
+    if (q == 0) w.valid[buf * C::kKeys + key] = ok[i] ? 1 : 0;
+  }
+  wgmma::FenceOperands();  // the tile's stores, before the products read it
+  wgsync::Arrive(w.ready + buf);
+}
+
+template <class C>
+__device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const WgmmaProgram& w) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int k0 = 8 * ((static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize) + lane % 8;
+  int32_t next[2] = {LoaderSlot(p, w, w.u_begin, k0), LoaderSlot(p, w, w.u_begin, k0 + 32)};
+  for (int u = w.u_begin; u < w.u_end; ++u) {
+    const int32_t slot[2] = {next[0], next[1]};
+    next[0] = LoaderSlot(p, w, u + 1, k0);  // the next tile's ids, read while this one loads
+    next[1] = LoaderSlot(p, w, u + 1, k0 + 32);
+    const int t = u - w.u_begin;
+    const SegmentArgs& s = w.SegmentOf(p, u);
+    if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
+      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot, w, t % C::kBuffers, t);
+    } else {
+      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot, w, t % C::kBuffers, t);
+    }
+  }
+}
+
+// O (+)= P.V over one consumer's 256 value columns (from col0) of tile buffer `tile`:
+// mma(o[cb], ks, v) issues k-step ks of column block cb with value descriptor v, P coming from
+// the scorer's registers or from shared memory.
+template <class C, class Mma>
+__device__ __forceinline__ void WeighValues(float (&o)[C::kColBlocks][32], const uint8_t* tile,
+                                            int col0, Mma mma) {
+  wgmma::Arrive();
+#pragma unroll
+  for (int ks = 0; ks < C::kPvSteps; ++ks) {
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      mma(o[cb], ks,
+          wgmma::SharedKvDescriptor(tile + wgmma::TileOffset(16 * ks, col0 + 64 * cb, C::kQkWidth),
+                                    C::kQkWidth));
+    }
+  }
+  wgmma::Commit();
+  wgmma::Wait<0>();
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) wgmma::FenceAccumulators(o[cb]);
+}
+
+// The scorer: per tile S = Q.K^T, the online softmax (maxima in m_run, this lane's share of the
+// sums in l_lane), P and the rescale factors to shared memory, then its half of P.V.
+template <class C>
+__device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const WgmmaProgram& w,
+                                          float (&o)[C::kColBlocks][32], float (&m_run)[2],
+                                          float (&l_lane)[2]) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  for (int u = w.u_begin; u < w.u_end; ++u) {
+    const int t = u - w.u_begin;
+    const int buf = t % C::kBuffers;
+    const uint8_t* tile = w.tiles + buf * WgmmaSmem<C>::kTileBytes;
+    const SegmentArgs& s = w.SegmentOf(p, u);
+    wgsync::Wait(w.ready + buf, static_cast<uint32_t>((t / C::kBuffers) & 1));
+
+    float sc[32];
+    wgmma::Arrive();
+#pragma unroll
+    for (int ks = 0; ks < C::kKSteps; ++ks) {
+      wgmma::Mma64x64x16(sc, wgmma::KMajorDescriptor(w.q + 256 * ks, C::kQkWidth),
+                         wgmma::KMajorDescriptor(tile + 256 * ks, C::kQkWidth), ks > 0);
+    }
+    wgmma::Commit();
+    wgmma::Wait<0>();
+    wgmma::FenceAccumulators(sc);
+
+    // Scale and mask; row maxima over the 4 lanes that hold a row's 64 columns.
+    const int32_t* valid = w.valid + buf * C::kKeys;
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float x = valid[wgmma::AccCol(lane, i)] ? sc[i] * s.score_scale2 : -INFINITY;
+      sc[i] = x;
+      tmax[(i % 4) / 2] = fmaxf(tmax[(i % 4) / 2], x);
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tmax[r] = RowGroupMax<4>(tmax[r]);
+      const float m_new = fmaxf(m_run[r], tmax[r]);
+      // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[r] - m_use[r]);
+      m_run[r] = m_new;
+      l_lane[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
+    }
+    // P as the A fragments of P.V's k-steps (wgmma::AccumulatorOfA): k-step ks holds keys
+    // 16 ks .. 16 ks + 15.
+    uint32_t pf[C::kPvSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < C::kPvSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i0 = wgmma::AccumulatorOfA(ks, j);
+        const float p0 = exp2f(sc[i0] - m_use[j % 2]);
+        const float p1 = exp2f(sc[i0 + 1] - m_use[j % 2]);
+        l_lane[j % 2] += p0 + p1;
+        pf[ks][j] = PackBf16(p0 * s.p_scale, p1 * s.p_scale);
+      }
+    }
+
+    // The partner's copy: wait until its product on the last tile's P has completed.
+    if (t > 0) wgsync::NamedSync(kPFree, C::kConsumerThreads);
+#pragma unroll
+    for (int ks = 0; ks < C::kPvSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t at =
+            wgmma::TileOffset(wgmma::ARow(gw, lane, j), 16 * ks + wgmma::ACol(lane, j), C::kKeys);
+        *reinterpret_cast<uint32_t*>(w.p + at) = pf[ks][j];
+      }
+    }
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) w.alpha[16 * gw + lane / 4 + 8 * r] = alpha[r];
+    }
+    wgmma::FenceOperands();  // P's stores, before the partner's products read them
+    wgsync::NamedArrive(kPReady, C::kConsumerThreads);
+
+    WeighValues<C>(o, tile, 0, [&](float(&d)[32], int ks, uint64_t v) {
+      wgmma::Mma64x64x16RegA(d, pf[ks], v, true);
+    });
+    wgsync::Arrive(w.free + buf);
+  }
+}
+
+// The partner: per tile, rescale by the scorer's factors, then O[:, 256:512] += P.V.
+template <class C>
+__device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::kColBlocks][32]) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  for (int u = w.u_begin; u < w.u_end; ++u) {
+    const int t = u - w.u_begin;
+    const int buf = t % C::kBuffers;
+    wgsync::NamedSync(kPReady, C::kConsumerThreads);
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) alpha[r] = w.alpha[16 * gw + lane / 4 + 8 * r];
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
+    }
+    WeighValues<C>(o, w.tiles + buf * WgmmaSmem<C>::kTileBytes, C::kGroupCols,
+                   [&](float(&d)[32], int ks, uint64_t v) {
+                     wgmma::Mma64x64x16<true>(d, wgmma::KMajorDescriptor(w.p + 256 * ks, C::kKeys),
+                                              v, true);
+                   });
+    wgsync::Arrive(w.free + buf);
+    if (u + 1 < w.u_end) wgsync::NamedArrive(kPFree, C::kConsumerThreads);
+  }
+}
+
+// A consumer's epilogue over its 256 columns: split-K partials, or the final outputs (the sink,
+// bf16 rounding, inverse RoPE, bf16 or MXFP8) and, by the scorer, the LSE.
+template <class C>
+__device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const WgmmaProgram& w,
+                                          const float (&o)[C::kColBlocks][32],
+                                          const float (&m_run)[2], const float (&l_run)[2],
+                                          int group) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
+  const int col_base = C::kGroupCols * group;
+  if (p.splits > 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = w.head0 + 16 * gw + lane / 4 + 8 * r;
+      if (head >= p.num_heads) continue;
+      const int64_t ph = (int64_t{w.row} * p.num_heads + head) * p.splits + w.split;
+      float* dst = p.part_acc + ph * kValueWidth + col_base;
+#pragma unroll
+      for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int i = 4 * j + 2 * r;
+          *reinterpret_cast<float2*>(dst + 64 * cb + wgmma::AccCol(lane, i)) =
+              make_float2(o[cb][i], o[cb][i + 1]);
+        }
+      }
+      if (group == 0 && lane % 4 == 0) {
+        p.part_ml[2 * ph] = m_run[r];
+        p.part_ml[2 * ph + 1] = l_run[r];
+      }
+    }
+    return;
+  }
+
+  // Final store: normalise with the sink (as CombinePartials), then the epilogue.
+  const float* cs = nullptr;
+  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[w.row]} * 64;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = w.head0 + 16 * gw + lane / 4 + 8 * r;
+    const bool live = head < p.num_heads;
+    const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
+    const int64_t out_row = int64_t{w.row} * p.num_heads + head;
+#pragma unroll
+    for (int cb = 0; cb < C::kColBlocks; ++cb) {
+      // The block's 64 columns: 8 pairs of this lane, x[2 j + 0..1] at 8 j + 2 (lane % 4).
+      float x[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = 4 * j + 2 * r;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          x[2 * j + k] = RoundToBf16Fast((o[cb][i + k] * scale) * inv + 0.0f);
+        }
+        const int col = col_base + 64 * cb + wgmma::AccCol(lane, i);
+        if (cs != nullptr && col >= kNopeWidth) InverseRopePair(cs, col, x[2 * j], x[2 * j + 1]);
+      }
+      const int64_t at = out_row * kValueWidth + col_base + 64 * cb;
+      if (!p.out_mxfp8) {
+        if (live) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<uint32_t*>(p.out_bf16 + at + wgmma::AccCol(lane, 4 * j)) =
+                PackBf16(x[2 * j], x[2 * j + 1]);
+          }
+        }
+      } else {
+        // A 32-column MXFP8 group is 4 pairs of each of the 4 lanes of a row.
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float amax = 0.0f;
+#pragma unroll
+          for (int f = 8 * g; f < 8 * g + 8; ++f) amax = fmaxf(amax, fabsf(x[f]));
+          amax = RowGroupMax<4>(amax);
+          const uint8_t sb = MxScaleByte(amax);
+          const float inv_scale = Pow2(127 - static_cast<int>(sb));
+          if (live) {
+#pragma unroll
+            for (int j = 4 * g; j < 4 * g + 4; ++j) {
+              *reinterpret_cast<uint16_t*>(p.mx_data + at + wgmma::AccCol(lane, 4 * j)) =
+                  MxEncodePair(x[2 * j], x[2 * j + 1], inv_scale);
+            }
+            if (lane % 4 == 0) {
+              p.mx_scales[out_row * kMxGroupsPerHead + (col_base + 64 * cb) / kMxGroup + g] = sb;
+            }
+          }
+        }
+      }
+    }
+    if (live && p.lse != nullptr && group == 0 && lane % 4 == 0) p.lse[out_row] = lse;
+  }
+}
+
+// The consumers' whole programs, each within its own register budget: accumulators, the tile
+// loop, the rows' maxima and sums handed from the scorer to the partner, the epilogue. This
+// lane's accumulator rows: r = 0 is row 16 gw + lane / 4, r = 1 eight rows down.
+template <class C>
+__device__ __forceinline__ void RunScorerProgram(const AttendKernelParams& p,
+                                                 const WgmmaProgram& w) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  float o[C::kColBlocks][32] = {};
+  float m_run[2] = {-INFINITY, -INFINITY};  // base 2
+  float l_lane[2] = {0.0f, 0.0f};           // this lane's share of the row sums
+  RunScorer<C>(p, w, o, m_run, l_lane);
+  float l_run[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] = RowGroupSum<4>(l_lane[r]);
+    if (lane % 4 == 0) {
+      w.row_max[16 * gw + lane / 4 + 8 * r] = m_run[r];
+      w.row_sum[16 * gw + lane / 4 + 8 * r] = l_run[r];
+    }
+  }
+  wgsync::NamedArrive(kRowsDone, C::kConsumerThreads);
+  StoreRows<C>(p, w, o, m_run, l_run, 0);
+}
+
+template <class C>
+__device__ __forceinline__ void RunPartnerProgram(const AttendKernelParams& p,
+                                                  const WgmmaProgram& w) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  float o[C::kColBlocks][32] = {};
+  RunPartner<C>(w, o);
+  wgsync::NamedSync(kRowsDone, C::kConsumerThreads);
+  float m_run[2], l_run[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m_run[r] = w.row_max[16 * gw + lane / 4 + 8 * r];
+    l_run[r] = w.row_sum[16 * gw + lane / 4 + 8 * r];
+  }
+  StoreRows<C>(p, w, o, m_run, l_run, 1);
+}
+
+#endif
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    SparseMlaAttendWgmmaKernel(const __grid_constant__ AttendKernelParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  EnterGrid();  // grid_order.h: before any access to memory
+  using S = WgmmaSmem<C>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  WgmmaProgram w;
+  w.q = smem + S::kQ;
+  w.tiles = smem + S::kTiles;
+  w.p = smem + S::kP;
+  w.alpha = reinterpret_cast<float*>(smem + S::kAlpha);
+  w.row_max = reinterpret_cast<float*>(smem + S::kRowMax);
+  w.row_sum = reinterpret_cast<float*>(smem + S::kRowSum);
+  w.valid = reinterpret_cast<int32_t*>(smem + S::kValid);
+  w.ready = reinterpret_cast<uint64_t*>(smem + S::kReady);
+  w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
+
+  const auto [row, hb, split] = ProgramOf(p);
+  w.row = row;
+  w.split = split;
+  w.head0 = hb * C::kHeadBlock;
+  const RowKeys keys = RowKeysOf(p, row);
+  w.begin0 = keys.begin0;
+  w.len0 = keys.len0;
+  w.begin1 = keys.begin1;
+  w.len1 = keys.len1;
+  w.tiles0 = keys.tiles0;
+  w.u_begin = split * p.tiles_per_split;
+  w.u_end = min(w.u_begin + p.tiles_per_split, keys.tiles0 + keys.tiles1);
+
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < C::kBuffers; ++b) {
+      wgsync::InitBarrier(w.ready + b, C::kGroupThreads);  // the loader's threads
+      wgsync::InitBarrier(w.free + b, C::kConsumerThreads);
+    }
+  }
+  // Q in the canonical layout, by every thread.
+  StageQueries<C>(p, row, w.head0, w.q,
+                  [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); });
+  wgmma::FenceOperands();
+  __syncthreads();
+
+  // Warp-uniform for the compiler: the role branches hold setmaxnreg.
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / C::kGroupThreads, 0);
+  if (group == 2) {
+    wgsync::LowerRegisters<C::kLoaderRegs>();
+    RunLoader<C>(p, w);
+    return;
+  }
+
+  if (group == 0) {
+    wgsync::RaiseRegisters<C::kScorerRegs>();
+    RunScorerProgram<C>(p, w);
+  } else {
+    wgsync::LowerRegisters<C::kPartnerRegs>();
+    RunPartnerProgram<C>(p, w);
+  }
+#endif
+}
+
+}  // namespace smla::kernels::gpu
