@@ -30,10 +30,12 @@ void TableHeap::Fit(TableMirror& table, int64_t pages) {
   while (table.blocks.size() > need) {
     free_.push_back(table.blocks.back());
     table.blocks.pop_back();
+    table.where.pop_back();
   }
   while (table.blocks.size() < need) {
     SMLA_CHECK(!free_.empty(), "the table heap ran out of blocks");
     table.blocks.push_back(free_.back());
+    table.where.push_back(block(free_.back()));
     free_.pop_back();
   }
   table.synced = std::min(table.synced, pages);

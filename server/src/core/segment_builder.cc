@@ -148,12 +148,10 @@ class Builder {
                    table_ + blocks <= static_cast<int64_t>(out_.table_blocks.size()) &&
                    stale_ + stale.size() <= static_cast<int64_t>(out_.block_writes.size()),
                "table blocks counted");
-    for (int64_t b = 0; b < blocks; ++b) {
+    // Every block where the heap keeps it, then the stale ones where the upload has them.
+    std::copy_n(mirror.where.begin(), blocks, out_.table_blocks.begin() + table_);
+    for (int64_t b = stale.first; b < std::min(stale.end, blocks); ++b) {
       int32_t* const kept = heap.block(mirror.blocks[b]);
-      if (b < stale.first || b >= stale.end) {
-        out_.table_blocks[table_ + b] = kept;
-        continue;
-      }
       int32_t* const staged = out_.stale_blocks.data() + stale_ * kTableBlock;
       if (main) {
         CopyBlock(pages.main, b, staged);

@@ -32,7 +32,10 @@ inline constexpr int64_t TableBlocksOf(int64_t pages) { return CeilDiv(pages, kT
 // One table's copy on the device.
 struct TableMirror {
   std::vector<int32_t> blocks;  // heap block b holds pages [b, b + 1) * kTableBlock
-  int64_t synced = 0;           // pages [0, synced) on the device equal the host table's
+  // Where each block lies (TableHeap::block), kept beside the ids so that a launch lists a
+  // table's blocks with one copy rather than an address computed per block.
+  std::vector<const int32_t*> where;
+  int64_t synced = 0;  // pages [0, synced) on the device equal the host table's
 };
 
 // Blocks [first, end) of a table: those a launch uploads (TableHeap::Stale).
