@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "child_process.h"
 #include "harness.h"
 #include "heavy_step.h"
 #include "smla/client/shm.h"
@@ -27,38 +28,6 @@ namespace {
 using std::chrono::milliseconds;
 
 std::string Seq(int i) { return absl::StrCat("s", i); }
-
-// A child test's connection to the parent's server (SMLA_FAULT_CHILD_TARGET), with the served
-// model's info; `client` stays null when the variable is unset (no parent started the test).
-struct ChildClient {
-  std::unique_ptr<client::Client> client;
-  v1::ModelInfo model;
-};
-void ConnectChild(ChildClient* out) {
-  const char* target = std::getenv("SMLA_FAULT_CHILD_TARGET");
-  if (target == nullptr) return;
-  client::ClientOptions o;
-  o.target = target;
-  auto c = client::Client::Connect(o);
-  ASSERT_TRUE(c.ok());
-  auto info = (*c)->Info();
-  ASSERT_TRUE(info.ok());
-  out->model = info->models(0);
-  out->client = *std::move(c);
-}
-
-// Runs the child test `name` of this binary in a new process against `target`.
-pid_t StartChild(const std::string& target, const std::string& name) {
-  // Built before the fork: the child of a threaded process must not allocate before exec.
-  const std::string filter = "--gtest_filter=FaultChild." + name;
-  const pid_t child = fork();
-  if (child == 0) {
-    setenv("SMLA_FAULT_CHILD_TARGET", target.c_str(), 1);
-    execl("/proc/self/exe", "fault_child", filter.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return child;
-}
 
 // The child side of KilledClientMidStream: steps its own sequence through a stream until
 // killed. Skipped unless the parent test started it.
@@ -108,7 +77,7 @@ TEST(FaultTest, RegionOwnerKilledMidStep) {
       h.Start({kGlm53, "--allow_shm", "--inject_attend_delay_ms=1500"}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
   const int64_t pages_before = PagesUsed(h);
-  const pid_t child = StartChild(h.server->target(), "RegionStepUntilKilled");
+  const pid_t child = StartChild(h.server->target(), "FaultChild.RegionStepUntilKilled");
   ASSERT_GT(child, 0);
   ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
   kill(child, SIGKILL);
@@ -129,7 +98,7 @@ TEST(FaultTest, KilledClientMidStream) {
   Harness h;
   ASSERT_NO_FATAL_FAILURE(h.Start({kGlm53}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const pid_t child = StartChild(h.server->target(), "StreamUntilKilled");
+  const pid_t child = StartChild(h.server->target(), "FaultChild.StreamUntilKilled");
   ASSERT_GT(child, 0);
   int64_t pos = 0;
   // Step alongside the child until it has written something, then kill it mid-stream.

@@ -1,15 +1,24 @@
 // GPU regions on the real smla-server with a GPU backend (run on a GPU host with
 // SMLA_TEST_BACKEND=cuda): steps whose inputs and outputs lie in this process's device memory
-// return exactly the inline results, and misuse is refused with a clear error.
+// return exactly the inline results, misuse is refused with a clear error, and a region whose
+// owner dies mid-step fails nobody else.
 #include "smla/client/gpu_region.h"
 
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <random>
 #include <span>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "child_process.h"
 #include "harness.h"
+#include "heavy_step.h"
 #include "smla/client/shm.h"
 #include "smla/client/step_ring.h"
 
@@ -45,13 +54,15 @@ class DeviceBuffer {
   cudaIpcMemHandle_t handle_{};
 };
 
+bool GpuServer() {
+  const char* backend = std::getenv("SMLA_TEST_BACKEND");
+  return backend != nullptr && std::string(backend) != "cpu";
+}
+
 class GpuRegionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* backend = std::getenv("SMLA_TEST_BACKEND");
-    if (backend == nullptr || std::string(backend) == "cpu") {
-      GTEST_SKIP() << "GPU regions need a GPU server: set SMLA_TEST_BACKEND=cuda";
-    }
+    if (!GpuServer()) GTEST_SKIP() << "GPU regions need a GPU server: set SMLA_TEST_BACKEND=cuda";
     ASSERT_NO_FATAL_FAILURE(h_.Start({kDsv41, "--allow_shm"}, "dsv4.1-flash"));
     ASSERT_NO_FATAL_FAILURE(h_.UploadTables(1024));
   }
@@ -251,6 +262,57 @@ TEST_F(GpuRegionTest, MisuseIsRefused) {
   auto length = h_.client->Length(*seq, kLayer);
   ASSERT_TRUE(length.ok());
   EXPECT_EQ(*length, 64);
+}
+
+// The child side of KilledMidStep: registers a GPU region of its own device memory, places one
+// step in it (inputs and outputs) and sends it; the parent kills it while the step runs.
+TEST(GpuRegionChild, StepUntilKilled) {
+  ChildClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectChild(&c));
+  if (c.client == nullptr) GTEST_SKIP() << "run by GpuRegionOwnerTest.KilledMidStep";
+  const v1::ModelInfo& m = c.model;
+  ASSERT_TRUE(c.client->CreateSequence(m.profile(), "owner").ok());
+  DeviceBuffer device(kRegionBytes);
+  auto region = client::GpuRegion::Register(c.client.get(), device.handle(), kRegionBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::mt19937_64 rng(11);
+  v1::StepRequest step =
+      client::MakeStep(m, 0, {{"owner", 0, 2 * m.pool().page_rows(), 0}}, {}, rng);
+  std::vector<uint8_t> mirror(kRegionBytes);
+  auto end = client::ShmRegion::PlaceInto(mirror.data(), kRegionBytes, (*region)->name(), &step, 0,
+                                          client::ShmRegion::Layout::kPerSpan);
+  ASSERT_TRUE(end.ok()) << end.status();
+  device.Upload(mirror, kRegionBytes);
+  static_cast<void>(c.client->Step(step));  // killed before the answer
+  for (;;) pause();
+}
+
+// A client that dies while its step, whose tensors lie in its GPU region, runs (the server holds
+// every attention for 1.5 s): the step, launched, completes whole, the region ends with its
+// owner's connection, and the server goes on serving the other clients, healthy.
+TEST(GpuRegionOwnerTest, KilledMidStep) {
+  if (!GpuServer()) GTEST_SKIP() << "GPU regions need a GPU server: set SMLA_TEST_BACKEND=cuda";
+  Harness h;
+  ASSERT_NO_FATAL_FAILURE(
+      h.Start({kDsv41, "--allow_shm", "--inject_attend_delay_ms=1500"}, "dsv4.1-flash"));
+  ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
+  ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
+  const int64_t pages_before = PagesUsed(h);
+  const pid_t child = StartChild(h.server->target(), "GpuRegionChild.StepUntilKilled");
+  ASSERT_GT(child, 0);
+  ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const int32_t rows = 2 * h.model_.pool().page_rows();
+  int64_t owner = -1;
+  for (int i = 0; i < 100 && owner != rows; ++i) {
+    auto len = h.client->Length({h.ModelName(), "owner"}, 0);
+    owner = len.ok() ? *len : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(owner, rows) << "the launched step was not committed whole";
+  h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
+  EXPECT_TRUE(h.client->Health().value_or(false));
 }
 
 }  // namespace

@@ -1,0 +1,28 @@
+// A child process of an integration test: another test of the same binary, run in its own
+// process against the parent's server, so that the parent can kill it at a chosen moment (a
+// client that dies mid-stream, a region owner that dies mid-step).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "smla/client/client.h"
+#include "smla/v1/info.pb.h"
+
+namespace smla::testing {
+
+// A child test's connection to the parent's server (SMLA_FAULT_CHILD_TARGET), with the served
+// model's info; `client` stays null when the variable is unset (no parent started the test,
+// which then skips).
+struct ChildClient {
+  std::unique_ptr<client::Client> client;
+  v1::ModelInfo model;
+};
+void ConnectChild(ChildClient* out);
+
+// Runs this binary's test `test` ("Suite.Name") in a new process against `target`.
+pid_t StartChild(const std::string& target, const std::string& test);
+
+}  // namespace smla::testing
