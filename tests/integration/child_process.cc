@@ -1,10 +1,15 @@
 #include "child_process.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "gtest/gtest.h"
+#include "heavy_step.h"
 
 namespace smla::testing {
 
@@ -31,6 +36,23 @@ pid_t StartChild(const std::string& target, const std::string& test) {
     _exit(127);
   }
   return child;
+}
+
+int64_t KillOwnerMidStep(Harness& h, const std::string& test, int64_t rows) {
+  const int64_t pages_before = PagesUsed(h);
+  const pid_t child = StartChild(h.server->target(), test);
+  EXPECT_GT(child, 0);
+  if (child <= 0) return -1;
+  WaitLaunched(h, pages_before, 2);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  int64_t owner = -1;
+  for (int i = 0; i < 100 && owner != rows; ++i) {
+    auto len = h.client->Length({h.ModelName(), "owner"}, 0);
+    owner = len.ok() ? *len : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return owner;
 }
 
 }  // namespace smla::testing

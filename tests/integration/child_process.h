@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "harness.h"
 #include "smla/client/client.h"
 #include "smla/v1/info.pb.h"
 
@@ -24,5 +25,11 @@ void ConnectChild(ChildClient* out);
 
 // Runs this binary's test `test` ("Suite.Name") in a new process against `target`.
 pid_t StartChild(const std::string& target, const std::string& test);
+
+// Runs child test `test`, which sends one step of `rows` rows to sequence "owner" (new) with its
+// tensors in a region of its own, and kills it once the server has launched the step (reserved
+// two pages). Returns the sequence's stored length once it reaches `rows` (the step, launched,
+// committed whole), or the last length seen (-1: none) after 10 s.
+int64_t KillOwnerMidStep(Harness& h, const std::string& test, int64_t rows);
 
 }  // namespace smla::testing

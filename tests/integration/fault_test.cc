@@ -76,20 +76,9 @@ TEST(FaultTest, RegionOwnerKilledMidStep) {
   ASSERT_NO_FATAL_FAILURE(
       h.Start({kGlm53, "--allow_shm", "--inject_attend_delay_ms=1500"}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const int64_t pages_before = PagesUsed(h);
-  const pid_t child = StartChild(h.server->target(), "FaultChild.RegionStepUntilKilled");
-  ASSERT_GT(child, 0);
-  ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
   const int32_t rows = 2 * h.model_.pool().page_rows();
-  int64_t owner = -1;
-  for (int i = 0; i < 100 && owner != rows; ++i) {
-    auto len = h.client->Length({h.ModelName(), "owner"}, 0);
-    owner = len.ok() ? *len : -1;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
-  EXPECT_EQ(owner, rows) << "the launched step was not committed whole";
+  EXPECT_EQ(KillOwnerMidStep(h, "FaultChild.RegionStepUntilKilled", rows), rows)
+      << "the launched step was not committed whole";
   h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
   EXPECT_TRUE(h.client->Health().value_or(false));
 }

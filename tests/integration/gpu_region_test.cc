@@ -5,20 +5,15 @@
 #include "smla/client/gpu_region.h"
 
 #include <cuda_runtime.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <random>
 #include <span>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "child_process.h"
 #include "harness.h"
-#include "heavy_step.h"
 #include "smla/client/shm.h"
 #include "smla/client/step_ring.h"
 
@@ -297,20 +292,9 @@ TEST(GpuRegionOwnerTest, KilledMidStep) {
       h.Start({kDsv41, "--allow_shm", "--inject_attend_delay_ms=1500"}, "dsv4.1-flash"));
   ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const int64_t pages_before = PagesUsed(h);
-  const pid_t child = StartChild(h.server->target(), "GpuRegionChild.StepUntilKilled");
-  ASSERT_GT(child, 0);
-  ASSERT_NO_FATAL_FAILURE(WaitLaunched(h, pages_before, 2));
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
   const int32_t rows = 2 * h.model_.pool().page_rows();
-  int64_t owner = -1;
-  for (int i = 0; i < 100 && owner != rows; ++i) {
-    auto len = h.client->Length({h.ModelName(), "owner"}, 0);
-    owner = len.ok() ? *len : -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(owner, rows) << "the launched step was not committed whole";
+  EXPECT_EQ(KillOwnerMidStep(h, "GpuRegionChild.StepUntilKilled", rows), rows)
+      << "the launched step was not committed whole";
   h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
   EXPECT_TRUE(h.client->Health().value_or(false));
 }
