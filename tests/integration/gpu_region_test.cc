@@ -283,8 +283,8 @@ TEST(GpuRegionChild, StepUntilKilled) {
 }
 
 // A client that dies while its step, whose tensors lie in its GPU region, runs (the server holds
-// every attention for 1.5 s): the step, launched, completes whole, the region ends with its
-// owner's connection, and the server goes on serving the other clients, healthy.
+// every attention for 1.5 s): the step, launched, completes whole, and the server goes on
+// serving the other clients, healthy.
 TEST(GpuRegionOwnerTest, KilledMidStep) {
   if (!GpuServer()) GTEST_SKIP() << "GPU regions need a GPU server: set SMLA_TEST_BACKEND=cuda";
   Harness h;
