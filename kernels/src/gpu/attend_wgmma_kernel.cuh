@@ -106,6 +106,12 @@ struct WgmmaProgram {
   }
 };
 
+// This thread's warp within its warpgroup (its accumulator rows are 16 from 16 times it).
+template <class C>
+__device__ __forceinline__ int GroupWarp() {
+  return (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+}
+
 // Tile u's slot of key `key` of the tile, or -1 past the row's keys.
 __device__ __forceinline__ int32_t LoaderSlot(const AttendKernelParams& p, const WgmmaProgram& w,
                                               int u, int key) {
@@ -121,14 +127,12 @@ __device__ __forceinline__ int32_t LoaderSlot(const AttendKernelParams& p, const
 // key's fp8_dsv4 chunk j takes scale j). Invalid keys (sentinels, out of range, past the row)
 // are zero and marked invalid.
 template <class C, int kFormat>
-__device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&slot)[2],
+__device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&slot)[2], int k0,
                                          const WgmmaProgram& w, int buf, int t) {
   constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
   constexpr int kCodeChunks = (kDsv4 ? kNopeWidth : C::kQkWidth) / 64;  // per thread: 7 or 8
   constexpr int kRowBytes = kDsv4 ? kDsv4DataBytes : C::kQkWidth;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int k0 = 8 * ((static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize) + lane % 8;
-  const int q = lane / 8;
+  const int q = LaneId() / 8;
 
   uint4 codes[2][kCodeChunks];
   uint4 rope[2][2];
@@ -200,8 +204,7 @@ __device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&s
 
 template <class C>
 __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const WgmmaProgram& w) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int k0 = 8 * ((static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize) + lane % 8;
+  const int k0 = 8 * GroupWarp<C>() + LaneId() % 8;  // LoadTile's keys k0 and k0 + 32
   int32_t next[2] = {LoaderSlot(p, w, w.u_begin, k0), LoaderSlot(p, w, w.u_begin, k0 + 32)};
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int32_t slot[2] = {next[0], next[1]};
@@ -210,9 +213,9 @@ __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const Wgm
     const int t = u - w.u_begin;
     const SegmentArgs& s = w.SegmentOf(p, u);
     if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot, w, t % C::kBuffers, t);
+      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot, k0, w, t % C::kBuffers, t);
     } else {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot, w, t % C::kBuffers, t);
+      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot, k0, w, t % C::kBuffers, t);
     }
   }
 }
@@ -245,8 +248,8 @@ template <class C>
 __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const WgmmaProgram& w,
                                           float (&o)[C::kColBlocks][32], float (&m_run)[2],
                                           float (&l_lane)[2]) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  const int lane = LaneId();
+  const int gw = GroupWarp<C>();
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
     const int buf = t % C::kBuffers;
@@ -318,7 +321,7 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     }
     if (lane % 4 == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) w.alpha[16 * gw + lane / 4 + 8 * r] = alpha[r];
+      for (int r = 0; r < 2; ++r) w.alpha[wgmma::AccRow(gw, lane, 2 * r)] = alpha[r];
     }
     wgmma::FenceOperands();  // P's stores, before the partner's products read them
     wgsync::NamedArrive(kPReady, C::kConsumerThreads);
@@ -333,15 +336,15 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
 // The partner: per tile, rescale by the scorer's factors, then O[:, 256:512] += P.V.
 template <class C>
 __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::kColBlocks][32]) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  const int lane = LaneId();
+  const int gw = GroupWarp<C>();
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
     const int buf = t % C::kBuffers;
     wgsync::NamedSync(kPReady, C::kConsumerThreads);
     float alpha[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) alpha[r] = w.alpha[16 * gw + lane / 4 + 8 * r];
+    for (int r = 0; r < 2; ++r) alpha[r] = w.alpha[wgmma::AccRow(gw, lane, 2 * r)];
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
 #pragma unroll
@@ -364,14 +367,14 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
                                           const float (&o)[C::kColBlocks][32],
                                           const float (&m_run)[2], const float (&l_run)[2],
                                           int group) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  const int lane = LaneId();
+  const int gw = GroupWarp<C>();
   // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
   const int col_base = C::kGroupCols * group;
   if (p.splits > 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int head = w.head0 + 16 * gw + lane / 4 + 8 * r;
+      const int head = w.head0 + wgmma::AccRow(gw, lane, 2 * r);
       if (head >= p.num_heads) continue;
       const int64_t ph = (int64_t{w.row} * p.num_heads + head) * p.splits + w.split;
       float* dst = p.part_acc + ph * kValueWidth + col_base;
@@ -397,7 +400,7 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
   if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[w.row]} * 64;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int head = w.head0 + 16 * gw + lane / 4 + 8 * r;
+    const int head = w.head0 + wgmma::AccRow(gw, lane, 2 * r);
     const bool live = head < p.num_heads;
     const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
     const int64_t out_row = int64_t{w.row} * p.num_heads + head;
@@ -453,12 +456,12 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
 
 // The consumers' whole programs, each within its own register budget: accumulators, the tile
 // loop, the rows' maxima and sums handed from the scorer to the partner, the epilogue. This
-// lane's accumulator rows: r = 0 is row 16 gw + lane / 4, r = 1 eight rows down.
+// lane's accumulator rows r = 0, 1 are wgmma::AccRow(gw, lane, 2 r): 16 gw + lane / 4 and 8 below.
 template <class C>
 __device__ __forceinline__ void RunScorerProgram(const AttendKernelParams& p,
                                                  const WgmmaProgram& w) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  const int lane = LaneId();
+  const int gw = GroupWarp<C>();
   float o[C::kColBlocks][32] = {};
   float m_run[2] = {-INFINITY, -INFINITY};  // base 2
   float l_lane[2] = {0.0f, 0.0f};           // this lane's share of the row sums
@@ -468,8 +471,8 @@ __device__ __forceinline__ void RunScorerProgram(const AttendKernelParams& p,
   for (int r = 0; r < 2; ++r) {
     l_run[r] = RowGroupSum<4>(l_lane[r]);
     if (lane % 4 == 0) {
-      w.row_max[16 * gw + lane / 4 + 8 * r] = m_run[r];
-      w.row_sum[16 * gw + lane / 4 + 8 * r] = l_run[r];
+      w.row_max[wgmma::AccRow(gw, lane, 2 * r)] = m_run[r];
+      w.row_sum[wgmma::AccRow(gw, lane, 2 * r)] = l_run[r];
     }
   }
   wgsync::NamedArrive(kRowsDone, C::kConsumerThreads);
@@ -479,16 +482,16 @@ __device__ __forceinline__ void RunScorerProgram(const AttendKernelParams& p,
 template <class C>
 __device__ __forceinline__ void RunPartnerProgram(const AttendKernelParams& p,
                                                   const WgmmaProgram& w) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int gw = (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
+  const int lane = LaneId();
+  const int gw = GroupWarp<C>();
   float o[C::kColBlocks][32] = {};
   RunPartner<C>(w, o);
   wgsync::NamedSync(kRowsDone, C::kConsumerThreads);
   float m_run[2], l_run[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    m_run[r] = w.row_max[16 * gw + lane / 4 + 8 * r];
-    l_run[r] = w.row_sum[16 * gw + lane / 4 + 8 * r];
+    m_run[r] = w.row_max[wgmma::AccRow(gw, lane, 2 * r)];
+    l_run[r] = w.row_sum[wgmma::AccRow(gw, lane, 2 * r)];
   }
   StoreRows<C>(p, w, o, m_run, l_run, 1);
 }

@@ -138,24 +138,6 @@ __device__ __forceinline__ void Mma64x64x16(float (&d)[32], uint64_t a, uint64_t
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransB ? 1 : 0));
 }
 
-// d (+)= A (64 x 16, descriptor a) * B (32 x 16, descriptor b)^T: m64n32k16 (16 accumulators,
-// columns 8j + .. as AccCol for j < 4), bf16 in, f32 accumulate.
-__device__ __forceinline__ void Mma64x32x16(float (&d)[16], uint64_t a, uint64_t b,
-                                            bool accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-
 // d (+)= A (64 x 16 from registers, ARow / ACol) * B (16 x 64, MN-major, descriptor b):
 // m64n64k16 with B transposed, bf16 in, f32 accumulate; `accumulate` false overwrites d.
 __device__ __forceinline__ void Mma64x64x16RegA(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
