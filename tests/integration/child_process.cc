@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <random>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -38,7 +39,20 @@ pid_t StartChild(const std::string& target, const std::string& test) {
   return child;
 }
 
-int64_t KillOwnerMidStep(Harness& h, const std::string& test, int64_t rows) {
+int32_t OwnerStepRows(const v1::ModelInfo& model) { return 2 * model.pool().page_rows(); }
+
+v1::StepRequest OwnerStep(const v1::ModelInfo& model) {
+  std::mt19937_64 rng(11);
+  return client::MakeStep(model, 0, {{"owner", 0, OwnerStepRows(model), 0}}, {}, rng);
+}
+
+void SendUntilKilled(client::Client& client, const v1::StepRequest& step) {
+  static_cast<void>(client.Step(step));
+  for (;;) pause();
+}
+
+int64_t KillOwnerMidStep(Harness& h, const std::string& test) {
+  const int64_t rows = OwnerStepRows(h.model_);
   const int64_t pages_before = PagesUsed(h);
   const pid_t child = StartChild(h.server->target(), test);
   EXPECT_GT(child, 0);

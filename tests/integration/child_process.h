@@ -26,10 +26,17 @@ void ConnectChild(ChildClient* out);
 // Runs this binary's test `test` ("Suite.Name") in a new process against `target`.
 pid_t StartChild(const std::string& target, const std::string& test);
 
-// Runs child test `test`, which sends one step of `rows` rows to sequence "owner" (new) with its
+// The one step a region owner's child sends (KillOwnerMidStep): OwnerStepRows rows, two pages,
+// of sequence "owner" from position 0 at layer 0, with random contents.
+int32_t OwnerStepRows(const v1::ModelInfo& model);
+v1::StepRequest OwnerStep(const v1::ModelInfo& model);
+// Sends `step` and waits, never answered, until the parent kills this process.
+[[noreturn]] void SendUntilKilled(client::Client& client, const v1::StepRequest& step);
+
+// Runs child test `test`, which creates sequence "owner" and sends its OwnerStep with the
 // tensors in a region of its own, and kills it once the server has launched the step (reserved
-// two pages). Returns the sequence's stored length once it reaches `rows` (the step, launched,
-// committed whole), or the last length seen (-1: none) after 10 s.
-int64_t KillOwnerMidStep(Harness& h, const std::string& test, int64_t rows);
+// two pages). Returns the sequence's stored length once it reaches OwnerStepRows (the step,
+// launched, committed whole), or the last length seen (-1: none) after 10 s.
+int64_t KillOwnerMidStep(Harness& h, const std::string& test);
 
 }  // namespace smla::testing

@@ -60,12 +60,9 @@ TEST(FaultChild, RegionStepUntilKilled) {
   ASSERT_TRUE(c.client->CreateSequence(m.profile(), "owner").ok());
   auto region = client::ShmRegion::Create(c.client.get(), "owner", 8 << 20);
   ASSERT_TRUE(region.ok()) << region.status();
-  std::mt19937_64 rng(11);
-  v1::StepRequest step =
-      client::MakeStep(m, 0, {{"owner", 0, 2 * m.pool().page_rows(), 0}}, {}, rng);
+  v1::StepRequest step = OwnerStep(m);
   ASSERT_TRUE((*region)->Place(&step).ok());
-  static_cast<void>(c.client->Step(step));  // killed before the answer
-  for (;;) pause();
+  SendUntilKilled(*c.client, step);
 }
 
 // A client that dies while its step, whose tensors lie in its shared-memory region, runs: the
@@ -76,8 +73,7 @@ TEST(FaultTest, RegionOwnerKilledMidStep) {
   ASSERT_NO_FATAL_FAILURE(
       h.Start({kGlm53, "--allow_shm", "--inject_attend_delay_ms=1500"}, "glm-5.3-flash"));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const int32_t rows = 2 * h.model_.pool().page_rows();
-  EXPECT_EQ(KillOwnerMidStep(h, "FaultChild.RegionStepUntilKilled", rows), rows)
+  EXPECT_EQ(KillOwnerMidStep(h, "FaultChild.RegionStepUntilKilled"), OwnerStepRows(h.model_))
       << "the launched step was not committed whole";
   h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
   EXPECT_TRUE(h.client->Health().value_or(false));

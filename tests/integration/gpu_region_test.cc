@@ -5,10 +5,8 @@
 #include "smla/client/gpu_region.h"
 
 #include <cuda_runtime.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <random>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -270,16 +268,13 @@ TEST(GpuRegionChild, StepUntilKilled) {
   DeviceBuffer device(kRegionBytes);
   auto region = client::GpuRegion::Register(c.client.get(), device.handle(), kRegionBytes);
   ASSERT_TRUE(region.ok()) << region.status();
-  std::mt19937_64 rng(11);
-  v1::StepRequest step =
-      client::MakeStep(m, 0, {{"owner", 0, 2 * m.pool().page_rows(), 0}}, {}, rng);
+  v1::StepRequest step = OwnerStep(m);
   std::vector<uint8_t> mirror(kRegionBytes);
   auto end = client::ShmRegion::PlaceInto(mirror.data(), kRegionBytes, (*region)->name(), &step, 0,
                                           client::ShmRegion::Layout::kPerSpan);
   ASSERT_TRUE(end.ok()) << end.status();
   device.Upload(mirror, kRegionBytes);
-  static_cast<void>(c.client->Step(step));  // killed before the answer
-  for (;;) pause();
+  SendUntilKilled(*c.client, step);
 }
 
 // A client that dies while its step, whose tensors lie in its GPU region, runs (the server holds
@@ -292,8 +287,7 @@ TEST(GpuRegionOwnerTest, KilledMidStep) {
       h.Start({kDsv41, "--allow_shm", "--inject_attend_delay_ms=1500"}, "dsv4.1-flash"));
   ASSERT_NO_FATAL_FAILURE(h.UploadTables(1024));
   ASSERT_TRUE(h.client->CreateSequence(h.ModelName(), "mine").ok());
-  const int32_t rows = 2 * h.model_.pool().page_rows();
-  EXPECT_EQ(KillOwnerMidStep(h, "GpuRegionChild.StepUntilKilled", rows), rows)
+  EXPECT_EQ(KillOwnerMidStep(h, "GpuRegionChild.StepUntilKilled"), OwnerStepRows(h.model_))
       << "the launched step was not committed whole";
   h.StepAndCheck(h.Make(0, {{"mine", 0, 4, 0}}));
   EXPECT_TRUE(h.client->Health().value_or(false));
