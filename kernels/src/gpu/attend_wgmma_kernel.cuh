@@ -324,7 +324,9 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
       for (int r = 0; r < 2; ++r) w.alpha[wgmma::AccRow(gw, lane, 2 * r)] = alpha[r];
     }
     wgmma::FenceOperands();  // P's stores, before the partner's products read them
-    wgsync::NamedArrive(kPReady, C::kConsumerThreads);
+    // Both sides wait at kPReady and kPFree (neither only arrives): the partner is idle there
+    // anyway, and racecheck then sees the factors' stores and loads ordered (docs/gpu.md).
+    wgsync::NamedSync(kPReady, C::kConsumerThreads);
 
     WeighValues<C>(o, tile, 0, [&](float(&d)[32], int ks, uint64_t v) {
       wgmma::Mma64x64x16RegA(d, pf[ks], v, true);
@@ -356,7 +358,7 @@ __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::
                                               v, true);
                    });
     wgsync::Arrive(w.free + buf);
-    if (u + 1 < w.u_end) wgsync::NamedArrive(kPFree, C::kConsumerThreads);
+    if (u + 1 < w.u_end) wgsync::NamedSync(kPFree, C::kConsumerThreads);
   }
 }
 
