@@ -7,6 +7,8 @@
 # smla-bench and smla drive both), ROUNDS (2), CELLS ("32"), TRANSPORTS ("gpu_ring inline";
 # as in scripts/h200_datapath.sh), DURATION_S (4), SERVER_CPUS ("0-7"), CLIENT_CPUS ("8-15"),
 # A_FLAGS and B_FLAGS (extra server flags of each, e.g. the same bundle with and without one),
+# POOL (the KV pool, "100GiB"; the cell's one layer at C=64 takes about 5 GB, so "48GiB" suits an
+# H100),
 # OUT (JSON reports named a1-c32-gpu_ring.json, b1-..., and the servers' logs).
 set -euo pipefail
 a=${A:?set A to a bundle}
@@ -22,7 +24,7 @@ run_server() {  # label bundle round flags
   # shellcheck disable=SC2086 # the flags split into words
   LD_LIBRARY_PATH="$bundle/lib" taskset -c "${SERVER_CPUS:-0-7}" "$bundle/bin/smla-server" \
     --backend cuda --allow_shm --listen 127.0.0.1:$port --metrics_listen "" \
-    --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB $flags \
+    --model "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=${POOL:-100GiB}" $flags \
     >"$out/server-$label$round.log" 2>&1 &
   local server=$!
   for _ in $(seq 120); do

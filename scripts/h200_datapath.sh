@@ -8,7 +8,8 @@
 # BASE empty to skip), CELLS (default "1 32 64"), TRANSPORTS (default "ring shm inline";
 # "inline_mxq" is inline with MXFP8 queries, new bundles only; "gpu" and "gpu_ring" put the
 # tensors and outputs in a GPU region of the bench's), BASE_TRANSPORTS (default
-# TRANSPORTS without inline_mxq), DURATION_S (4), OUT (where the JSON reports and the log go),
+# TRANSPORTS without inline_mxq), DURATION_S (4), POOL (as in scripts/h200_ab.sh), OUT (where the
+# JSON reports and the log go),
 # ARG_SETS (gRPC channel-argument sets to compare on inline C=32 at a 4K context, where the
 # transport dominates: "name=ARG,ARG ..." each, the same arguments on server and client;
 # "default=" for none; empty to skip), SINGLE_COPY (non-empty: run NEW once more on the inline
@@ -37,7 +38,7 @@ start_server() {  # label bundle [server flags...]
   [ -n "${TRACE:-}" ] && [ "$label" = new ] &&
     trace=(env SMLA_TRACE_OUT="$out/trace-new.csv" SMLA_TRACE_LAST=6000 LD_PRELOAD="$TRACE")
   ${trace[@]+"${trace[@]}"} "$bundle/bin/smla-server" --backend cuda --allow_shm --listen 127.0.0.1:$port \
-    --metrics_listen "" --model dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=100GiB \
+    --metrics_listen "" --model "dsv4.1-flash:tp=4:kv=fp8_dsv4:page_rows=64:pool=${POOL:-100GiB}" \
     ${server_extra[@]+"${server_extra[@]}"} "$@" \
     >"$out/server-$label.log" 2>&1 &
   server=$!
