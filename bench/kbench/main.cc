@@ -56,8 +56,9 @@ ABSL_FLAG(int, head_block, 0, "force the head block (0: the plan's)");
 ABSL_FLAG(bool, gemm, true, "measure the bf16 GEMM ceiling (--nogemm skips it)");
 ABSL_FLAG(bool, tile_kernel, false,
           "run the tile kernel even on fp8_dsv4 / fp8_per_tensor pools (A/B)");
-ABSL_FLAG(bool, wgmma, false,
-          "run 64-head programs on fp8 pools of width 512 as the sm_90a warpgroup program (A/B)");
+ABSL_FLAG(std::string, wgmma, "auto",
+          "the sm_90a warpgroup program for 64-head blocks on fp8 pools of width 512: auto (where "
+          "the plan takes it), always (wherever the plan runs 64 heads) or never (A/B)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -85,7 +86,7 @@ struct Options {
   int force_splits = 0;
   int force_head_block = 0;
   bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
-  bool wgmma = false;                                  // AttendParams::force_wgmma (A/B)
+  kernels::WgmmaUse wgmma = kernels::WgmmaUse::kAuto;  // AttendParams::wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
@@ -361,7 +362,7 @@ class Runner {
       p.force_splits = opt_.force_splits;
       p.force_head_block = opt_.force_head_block;
       p.force_tile_kernel = opt_.tile_kernel;
-      p.force_wgmma = opt_.wgmma;
+      p.wgmma = opt_.wgmma;
       p.no_scale_fold = opt_.no_fold;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
       p.rows_per_group = c.rows_per_request();
@@ -444,6 +445,17 @@ class Runner {
 };
 
 // Options from the flags; exits with a usage error for a bad value.
+// An A/B switch spelled auto, always or never (kernels::RowPairs, kernels::WgmmaUse); anything
+// else ends the run with exit code 2.
+template <class Choice>
+Choice AutoAlwaysNever(const char* flag, const std::string& v) {
+  if (v == "auto") return Choice::kAuto;
+  if (v == "always") return Choice::kAlways;
+  if (v == "never") return Choice::kNever;
+  std::fprintf(stderr, "--%s must be auto, always or never, not '%s'\n", flag, v.c_str());
+  std::exit(2);
+}
+
 Options ParseOptions(bool* grid, bool* any_filter) {
   Options o;
   o.filter.models = absl::GetFlag(FLAGS_model);
@@ -470,19 +482,9 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   o.force_head_block = absl::GetFlag(FLAGS_head_block);
   o.gemm = absl::GetFlag(FLAGS_gemm);
   o.tile_kernel = absl::GetFlag(FLAGS_tile_kernel);
-  o.wgmma = absl::GetFlag(FLAGS_wgmma);
   o.no_fold = !absl::GetFlag(FLAGS_fold);
-  const std::string pairs = absl::GetFlag(FLAGS_pairs);
-  if (pairs == "auto") {
-    o.pairs = kernels::RowPairs::kAuto;
-  } else if (pairs == "always") {
-    o.pairs = kernels::RowPairs::kAlways;
-  } else if (pairs == "never") {
-    o.pairs = kernels::RowPairs::kNever;
-  } else {
-    std::fprintf(stderr, "--pairs must be auto, always or never, not '%s'\n", pairs.c_str());
-    std::exit(2);
-  }
+  o.pairs = AutoAlwaysNever<kernels::RowPairs>("pairs", absl::GetFlag(FLAGS_pairs));
+  o.wgmma = AutoAlwaysNever<kernels::WgmmaUse>("wgmma", absl::GetFlag(FLAGS_wgmma));
   if (o.out != "auto" && o.out != "bf16" && o.out != "mxfp8") {
     std::fprintf(stderr, "--out must be auto, bf16 or mxfp8, not '%s'\n", o.out.c_str());
     std::exit(2);

@@ -394,8 +394,8 @@ struct RunConfig {
   // The host copies of the sink and positions are then zeroed, so a backend that staged them
   // anyway would give other bits.
   bool mirrored_arrays = false;
-  bool tile_kernel = false;  // AttendParams::force_tile_kernel
-  bool wgmma = false;        // AttendParams::force_wgmma
+  bool tile_kernel = false;          // AttendParams::force_tile_kernel
+  WgmmaUse wgmma = WgmmaUse::kAuto;  // AttendParams::wgmma
 };
 
 struct Outputs {
@@ -446,7 +446,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.rows_per_group = c.rows_per_group;
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   p.force_tile_kernel = rc.tile_kernel;
-  p.force_wgmma = rc.wgmma;
+  p.wgmma = rc.wgmma;
   std::vector<uint8_t> host;
   Buffer mirror;
   if (rc.mirrored_arrays) {
@@ -706,7 +706,7 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
       std::vector<RunConfig> configs;
       for (const int splits : {1, 3}) {
         RunConfig rc{OutputFormat::kBf16, true, true, splits, 64};
-        rc.wgmma = true;
+        rc.wgmma = WgmmaUse::kAlways;
         configs.push_back(rc);
       }
       CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
@@ -715,7 +715,7 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
       for (const int splits : {1, 3}) {
         RunConfig a{OutputFormat::kBf16, false, true, splits, 64};
         RunConfig b{OutputFormat::kMxfp8, true, false, splits, 64};
-        a.wgmma = b.wgmma = true;
+        a.wgmma = b.wgmma = WgmmaUse::kAlways;
         const Outputs plain = RunAttend(*gpu_, in, a);
         const Outputs mx = RunAttend(*gpu_, in, b);
         ASSERT_TRUE(plain.status.ok()) << plain.status;
@@ -1858,38 +1858,73 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
 }
 
-// AttendParams::force_wgmma takes the 64-head warpgroup program where the plan runs 64-head
-// programs on fp8 segments of width 512 (its shared memory, about 202 KB, fits 227 KB), and
-// nowhere else.
+// WgmmaUse::kAlways takes the 64-head warpgroup program where the plan runs 64-head programs on
+// fp8 segments of width 512 (its shared memory, about 202 KB, fits 227 KB), and nowhere else.
 TEST(GpuPlanTest, WgmmaProgramWhereAsked) {
   const DeviceInfo device = PlanDevice();
   std::vector<int32_t> indptr, indices;
-  auto plan = [&](KvFormat format, Geometry geometry, int heads, int force_hb, bool wgmma) {
+  auto plan = [&](KvFormat format, Geometry geometry, int heads, int force_hb, WgmmaUse use) {
     AttendParams p = PlanParams(format, geometry, heads, 384, indptr, indices);
     p.force_head_block = force_hb;
-    p.force_wgmma = wgmma;
+    p.wgmma = use;
     absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
     EXPECT_TRUE(l.ok()) << l.status();
     return l.ok() && l->wgmma;
   };
   const bool on = gpu::WgmmaProgramSupported();
-  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, true), on);
-  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 128, 64, true), on);
-  EXPECT_EQ(plan(KvFormat::kFp8PerTensor, Geometry::kRopeInside, 64, 64, true), on);
-  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, false));
-  EXPECT_FALSE(plan(KvFormat::kBf16, Geometry::kRopeInside, 64, 64, true));
-  EXPECT_FALSE(plan(KvFormat::kFp8DsMla, Geometry::kRopeAppended, 64, 64, true));
-  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 32, true));
+  const WgmmaUse always = WgmmaUse::kAlways;
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, always), on);
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 128, 64, always), on);
+  EXPECT_EQ(plan(KvFormat::kFp8PerTensor, Geometry::kRopeInside, 64, 64, always), on);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 64, WgmmaUse::kNever));
+  EXPECT_FALSE(plan(KvFormat::kBf16, Geometry::kRopeInside, 64, 64, always));
+  EXPECT_FALSE(plan(KvFormat::kFp8DsMla, Geometry::kRopeAppended, 64, 64, always));
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 32, always));
 }
 
-// Where the plan asks for 64-head programs (TP1, many rows), fp8_per_tensor runs the direct
-// kernel and fp8_dsv4 the tile kernel's 64-head programs (attend_launch.cc, measured there).
+// WgmmaUse::kAuto (the default) takes it for fp8_dsv4 calls of 64 or 128 heads with at least
+// half as many (row, 64-head) programs as SMs, its head block and splits as the tile kernel's
+// 64-head plan; fewer rows, other formats or a forced smaller head block keep the direct kernel.
+TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
+  const DeviceInfo device = PlanDevice();
+  std::vector<int32_t> indptr, indices;
+  auto plan = [&](KvFormat format, int heads, int rows, int force_hb = 0) {
+    AttendParams p = PlanParams(format, Geometry::kRopeInside, heads, rows, indptr, indices);
+    p.force_head_block = force_hb;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : gpu::AttendLaunch{};
+  };
+  const bool on = gpu::WgmmaProgramSupported();
+  for (const int rows : {66, 96, 384, 8192}) {
+    const gpu::AttendLaunch l = plan(KvFormat::kFp8Dsv4, 64, rows);
+    EXPECT_EQ(l.wgmma, on) << rows;
+    if (on) {
+      EXPECT_EQ(l.plan.head_block, 64) << rows;
+      EXPECT_FALSE(l.direct) << rows;
+    }
+  }
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 33).wgmma, on);  // 66 programs of 64 heads
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 64, 96, 64).wgmma, on);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 65).wgmma);  // decode C=1..10 of 6 rows
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 6).wgmma);
+  EXPECT_TRUE(plan(KvFormat::kFp8Dsv4, 64, 6).direct);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 32, 384).wgmma);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 384, 32).wgmma);
+  EXPECT_FALSE(plan(KvFormat::kFp8PerTensor, 64, 384).wgmma);
+  EXPECT_FALSE(plan(KvFormat::kBf16, 64, 384).wgmma);
+}
+
+// Where the plan asks for 64-head programs (TP1, many rows) without the warpgroup program,
+// fp8_per_tensor runs the direct kernel and fp8_dsv4 the tile kernel's 64-head programs
+// (attend_launch.cc, measured there).
 TEST(GpuPlanTest, SixtyFourHeadPlansByFormat) {
   const DeviceInfo device = PlanDevice();
   std::vector<int32_t> indptr, indices;
   auto plan = [&](KvFormat format, Geometry geometry, int rows, int force_hb) {
     AttendParams p = PlanParams(format, geometry, 64, rows, indptr, indices);
     p.force_head_block = force_hb;
+    p.wgmma = WgmmaUse::kNever;
     absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
     EXPECT_TRUE(l.ok()) << l.status();
     return l.ok() ? std::make_pair(l->direct, l->plan.head_block) : std::make_pair(false, 0);

@@ -124,13 +124,25 @@ class AttendPlanner {
     // (PlanDirect) unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile
     // kernel's 64-head programs and fp8_per_tensor takes the direct kernel, where each was the
     // faster on the H200 (docs/results/kbench-h200.md, "Split planning by a cost model").
-    // force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
+    // On sm_90a the warpgroup program replaces both on fp8_dsv4 calls with at least half as many
+    // (row, 64-head) programs as SMs (WgmmaUse::kAuto; docs/results/kbench-h200.md, "The
+    // warpgroup program"), its splits planned as the tile kernel's. force_tile_kernel keeps the
+    // tile kernel everywhere (for A/B measurements).
     const bool tile_only = params_.force_tile_kernel;
     l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
+    auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
     const bool direct_for_64 = per_tensor(params_.main.cache.format) &&
                                (!params_.has_extra || per_tensor(params_.extra.cache.format));
-    const bool wgmma_64 = params_.force_wgmma && l_.plan.head_block == 64;
+    const bool wgmma_auto = params_.wgmma == WgmmaUse::kAuto && !tile_only && H_ % 64 == 0 &&
+                            (params_.force_head_block == 0 || params_.force_head_block == 64) &&
+                            params_.row_pairs != RowPairs::kAlways &&
+                            dsv4(params_.main.cache.format) &&
+                            (!params_.has_extra || dsv4(params_.extra.cache.format)) &&
+                            WgmmaFits() && int64_t{T_} * (H_ / 64) * 2 >= device_.compute_units;
+    if (wgmma_auto) l_.plan = OverridePlan(MakePlan(in_), T_, H_, 64, params_.force_splits);
+    want_wgmma_ = wgmma_auto || params_.wgmma == WgmmaUse::kAlways;
+    const bool wgmma_64 = want_wgmma_ && l_.plan.head_block == 64;
     direct_formats_ =
         !tile_only && !wgmma_64 && DirectFormat(params_.main.cache.format) &&
         (!params_.has_extra || DirectFormat(params_.extra.cache.format)) &&
@@ -188,15 +200,19 @@ class AttendPlanner {
     return absl::OkStatus();
   }
 
-  // AttendParams::force_wgmma: a 64-head tile plan on fp8_dsv4 / fp8_per_tensor segments of
-  // width 512 runs the warpgroup program where its shared memory fits.
+  // The warpgroup program exists in this build for the call's formats and QK width, and its
+  // shared memory fits.
+  bool WgmmaFits() const {
+    return l_.qk_width == 512 && WgmmaProgramSupported() &&
+           DirectFormat(params_.main.cache.format) &&
+           (!mixed() || DirectFormat(params_.extra.cache.format)) &&
+           WgmmaSharedBytes() <= device_.shared_memory_per_block;
+  }
+
+  // AttendParams::wgmma: a 64-head tile plan on fp8_dsv4 / fp8_per_tensor segments of width 512
+  // runs the warpgroup program where PlanHeads wants it and it fits.
   void ChooseWgmmaProgram() {
-    if (!params_.force_wgmma || l_.direct || l_.plan.head_block != 64 || l_.qk_width != 512 ||
-        !WgmmaProgramSupported() || !DirectFormat(params_.main.cache.format) ||
-        (mixed() && !DirectFormat(params_.extra.cache.format)) ||
-        WgmmaSharedBytes() > device_.shared_memory_per_block) {
-      return;
-    }
+    if (!want_wgmma_ || l_.direct || l_.plan.head_block != 64 || !WgmmaFits()) return;
     l_.wgmma = true;
     l_.shared_bytes = WgmmaSharedBytes();
   }
@@ -407,6 +423,7 @@ class AttendPlanner {
   AttendLaunch l_;
   PlanInput in_;
   bool direct_formats_ = false;  // the formats take the direct kernel (PlanHeads)
+  bool want_wgmma_ = false;      // the warpgroup program where the plan runs 64 heads (PlanHeads)
   bool use_tile_ = false;        // the tile kernel stages converted keys (non-bf16 formats)
   int32_t dstage_ = 0;           // a direct program's gather stage bytes
   int32_t stage_ = 0;            // the chosen program's gather stage bytes

@@ -105,6 +105,16 @@ enum class RowPairs : uint8_t {
   kNever,  // one row per program (an A/B switch)
 };
 
+enum class WgmmaUse : uint8_t {
+  // Where it measured faster on the H200: fp8_dsv4 segments, H a multiple of 64, no other head
+  // block forced, and at least half as many (row, 64-head) programs as SMs (fewer rows run
+  // split direct programs, which the warpgroup program's per-tile cost does not beat).
+  kAuto,
+  // Wherever the plan runs 64-head programs on fp8_dsv4 or fp8_per_tensor segments (A/B).
+  kAlways,
+  kNever,  // the plan without it (A/B)
+};
+
 struct AttendParams {
   int32_t num_rows = 0;   // T
   int32_t num_heads = 0;  // H: 8, 16, 32, 64 or 128
@@ -127,9 +137,9 @@ struct AttendParams {
   // rebias (the gfx950 path; CUDA's f16 operands have no fold).
   bool force_tile_kernel = false;
   bool no_scale_fold = false;
-  // Where the plan runs 64-head programs on fp8 segments of QK width 512, the sm_90a warpgroup
-  // program instead (an A/B switch until it is measured; ignored where the build lacks it).
-  bool force_wgmma = false;
+  // The sm_90a warpgroup program for 64-head blocks on fp8 segments of QK width 512 (WgmmaUse;
+  // ignored where the build lacks it).
+  WgmmaUse wgmma = WgmmaUse::kAuto;
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
