@@ -1,13 +1,15 @@
 // A backend wrapper for fault tests. Once armed: with --inject_backend_failure_after N, every
 // Attend after N more fails with INTERNAL, as a device fault would; with
 // --inject_attend_delay_ms D, every Attend is held D ms before it runs, as on a slow device, so
-// that tests can queue calls behind a running step on any backend. Everything else is passed
-// through.
+// that tests can queue calls behind a running step on any backend. Every other operation is
+// passed through, the ones with defaults included (a default would quietly change what the
+// wrapped backend does: host-clock timing, one-by-one copies, no GPU regions).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,10 @@ class FaultInjectingBackend final : public kernels::Backend {
   absl::Status Fill(void* dst, uint8_t byte, size_t bytes, kernels::Stream& stream) override {
     return inner_->Fill(dst, byte, bytes, stream);
   }
+  absl::Status CopyBatch(std::span<const kernels::CopyOp> copies, kernels::CopyDirection direction,
+                         kernels::Stream& stream) override {
+    return inner_->CopyBatch(copies, direction, stream);
+  }
   absl::Status WriteRows(const kernels::WriteRowsParams& params, kernels::Stream& stream) override {
     return inner_->WriteRows(params, stream);
   }
@@ -71,10 +77,24 @@ class FaultInjectingBackend final : public kernels::Backend {
     return inner_->Attend(params, stream);
   }
   absl::Status Synchronize(kernels::Stream& stream) override { return inner_->Synchronize(stream); }
+  absl::StatusOr<std::unique_ptr<kernels::Event>> CreateEvent() override {
+    return inner_->CreateEvent();
+  }
+  absl::Status RecordEvent(kernels::Event& event, kernels::Stream& stream) override {
+    return inner_->RecordEvent(event, stream);
+  }
+  absl::StatusOr<double> ElapsedSeconds(const kernels::Event& start,
+                                        const kernels::Event& end) override {
+    return inner_->ElapsedSeconds(start, end);
+  }
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
     return inner_->RegisterHostMemory(data, bytes);
   }
   void UnregisterHostMemory(void* data) override { inner_->UnregisterHostMemory(data); }
+  absl::StatusOr<kernels::Buffer> OpenIpcMemory(std::span<const uint8_t> handle,
+                                                size_t bytes) override {
+    return inner_->OpenIpcMemory(handle, bytes);
+  }
   absl::StatusOr<kernels::Buffer> AllocateHost(size_t bytes) override {
     return inner_->AllocateHost(bytes);
   }
