@@ -684,7 +684,7 @@ INSTANTIATE_TEST_SUITE_P(All, GpuMatrixTest,
                          ::testing::Combine(::testing::Range(0, 8),
                                             ::testing::Values(8, 16, 32, 64, 128)));
 
-// The 64-head warpgroup program (AttendParams::force_wgmma) on the fp8 formats of width 512,
+// The 64-head warpgroup program (WgmmaUse::kAlways) on the fp8 formats of width 512,
 // 64 and 128 heads (one and two head blocks), both segments, sentinels, empty rows, sink, RoPE,
 // an fp8 query, split-K on and off, bf16 and MXFP8 outputs.
 TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
