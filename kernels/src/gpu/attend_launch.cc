@@ -126,8 +126,8 @@ class AttendPlanner {
     // faster on the H200 (docs/results/kbench-h200.md, "Split planning by a cost model").
     // On sm_90a the warpgroup program replaces both on fp8_dsv4 calls with at least half as many
     // (row, 64-head) programs as SMs (WgmmaUse::kAuto; docs/results/kbench-h200.md, "The
-    // warpgroup program"), its splits planned as the tile kernel's. force_tile_kernel keeps the
-    // tile kernel everywhere (for A/B measurements).
+    // warpgroup program at 64 heads"), its splits planned as the tile kernel's.
+    // force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
     const bool tile_only = params_.force_tile_kernel;
     l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
