@@ -444,7 +444,6 @@ class Runner {
   double gemm_tflops_ = 0, mma_tflops_ = 0;
 };
 
-// Options from the flags; exits with a usage error for a bad value.
 // An A/B switch spelled auto, always or never (kernels::RowPairs, kernels::WgmmaUse); anything
 // else ends the run with exit code 2.
 template <class Choice>
@@ -456,6 +455,7 @@ Choice AutoAlwaysNever(const char* flag, const std::string& v) {
   std::exit(2);
 }
 
+// Options from the flags; exits with a usage error for a bad value.
 Options ParseOptions(bool* grid, bool* any_filter) {
   Options o;
   o.filter.models = absl::GetFlag(FLAGS_model);

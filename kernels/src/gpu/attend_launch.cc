@@ -129,7 +129,6 @@ class AttendPlanner {
     // warpgroup program at 64 heads"), its splits planned as the tile kernel's.
     // force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
     const bool tile_only = params_.force_tile_kernel;
-    l_.plan = OverridePlan(MakePlan(in_), T_, H_, params_.force_head_block, params_.force_splits);
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
     auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
     const bool direct_for_64 = per_tensor(params_.main.cache.format) &&
@@ -140,7 +139,8 @@ class AttendPlanner {
                             dsv4(params_.main.cache.format) &&
                             (!params_.has_extra || dsv4(params_.extra.cache.format)) &&
                             WgmmaFits() && int64_t{T_} * (H_ / 64) * 2 >= device_.compute_units;
-    if (wgmma_auto) l_.plan = OverridePlan(MakePlan(in_), T_, H_, 64, params_.force_splits);
+    l_.plan = OverridePlan(MakePlan(in_), T_, H_, wgmma_auto ? 64 : params_.force_head_block,
+                           params_.force_splits);
     want_wgmma_ = wgmma_auto || params_.wgmma == WgmmaUse::kAlways;
     const bool wgmma_64 = want_wgmma_ && l_.plan.head_block == 64;
     direct_formats_ =
