@@ -77,8 +77,13 @@ struct WgmmaSmem {
   static constexpr int kValid = kRowSum + C::kHeadBlock * 4;
   static constexpr int kReady = kValid + C::kBuffers * C::kKeys * 4;  // mbarriers
   static constexpr int kFree = kReady + C::kBuffers * 8;
-  static constexpr int kBytes = kFree + C::kBuffers * 8;
+  // Each loader thread's staging for its first key of the next tile (cp.async): up to 9
+  // 16-byte chunks and the 8-byte scale record.
+  static constexpr int kStageStride = 160;
+  static constexpr int kStage = (kFree + C::kBuffers * 8 + 15) / 16 * 16;
+  static constexpr int kBytes = kStage + C::kGroupThreads * kStageStride;
   static_assert(kTiles % 128 == 0 && kP % 128 == 0 && kReady % 8 == 0, "operands aligned");
+  static_assert(kBytes <= 227 * 1024, "an sm_90 block's shared memory");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -98,6 +103,7 @@ struct WgmmaProgram {
   int32_t* valid = nullptr;
   uint64_t* ready = nullptr;
   uint64_t* free = nullptr;
+  uint8_t* stage = nullptr;  // this loader thread's staging
 
   // Tile u's segment (selected, not indexed: a run-time index into the parameter or this struct
   // goes through local memory).
@@ -125,79 +131,160 @@ __device__ __forceinline__ int32_t LoaderSlot(const AttendKernelParams& p, const
 // The loader: keys k0 = 8 (warp) + lane % 8 and k0 + 32 of each tile; of each key's row the
 // 16-byte chunks lane / 8 + 4 j (the 8 lanes of one chunk then store one 128-byte core, and a
 // key's fp8_dsv4 chunk j takes scale j). Invalid keys (sentinels, out of range, past the row)
-// are zero and marked invalid.
-template <class C, int kFormat>
-__device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&slot)[2], int k0,
-                                         const WgmmaProgram& w, int buf, int t) {
-  constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
-  constexpr int kCodeChunks = (kDsv4 ? kNopeWidth : C::kQkWidth) / 64;  // per thread: 7 or 8
-  constexpr int kRowBytes = kDsv4 ? kDsv4DataBytes : C::kQkWidth;
-  const int q = LaneId() / 8;
+// are zero and marked invalid. Key k0 of the next tile is copied into the thread's staging
+// (cp.async) while this tile is converted, so half of a tile's bytes are in flight for a whole
+// tile's time; key k0 + 32 is read into registers at the start of its tile.
+template <int kFormat>
+struct KeyShare {
+  static constexpr bool kDsv4 = kFormat == static_cast<int>(KvFormat::kFp8Dsv4);
+  static constexpr int kCodeChunks = (kDsv4 ? kNopeWidth : 512) / 64;  // 7 or 8
+  static constexpr int kRowBytes = kDsv4 ? kDsv4DataBytes : 512;
+  uint4 codes[kCodeChunks];
+  uint4 rope[2];
+  uint2 scales;
+};
 
-  uint4 codes[2][kCodeChunks];
-  uint4 rope[2][2];
-  uint2 scales[2];
-  bool ok[2];
+// Where this thread's share of key `slot`'s row lies.
+struct KeyRow {
+  const uint8_t* src = nullptr;  // its first chunk
+  const uint8_t* rec = nullptr;  // the fp8_dsv4 scale record
+  bool ok = false;
+};
+template <int kFormat>
+__device__ __forceinline__ KeyRow RowOf(const SegmentArgs& s, int32_t slot) {
+  KeyRow k;
+  k.ok = slot >= 0 && slot < s.num_slots;
+  const uint8_t* page = s.base;
+  int r = 0;
+  if (k.ok) {
+    page = s.base + (int64_t{slot} >> s.rows_per_page_log2) * s.pitch;
+    r = slot & (s.rows_per_page - 1);
+  }
+  k.src = page + r * KeyShare<kFormat>::kRowBytes + 16 * (LaneId() / 8);
+  k.rec = page + s.rows_per_page * kDsv4DataBytes + r * kDsv4ScaleBytes;
+  return k;
+}
+
+template <int kFormat>
+__device__ __forceinline__ KeyShare<kFormat> LoadShare(const KeyRow& k) {
+  using K = KeyShare<kFormat>;
+  K v;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    ok[i] = slot[i] >= 0 && slot[i] < s.num_slots;
-    const uint8_t* page = s.base;
-    int r = 0;
-    if (ok[i]) {
-      page = s.base + (int64_t{slot[i]} >> s.rows_per_page_log2) * s.pitch;
-      r = slot[i] & (s.rows_per_page - 1);
+  for (int j = 0; j < K::kCodeChunks; ++j) {
+    v.codes[j] =
+        k.ok ? __ldg(reinterpret_cast<const uint4*>(k.src + 64 * j)) : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (K::kDsv4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      v.rope[j] = k.ok ? __ldg(reinterpret_cast<const uint4*>(k.src + kNopeWidth + 64 * j))
+                       : make_uint4(0, 0, 0, 0);
     }
-    const uint8_t* src = page + r * kRowBytes + 16 * q;
+    v.scales = k.ok ? __ldg(reinterpret_cast<const uint2*>(k.rec)) : make_uint2(0, 0);
+  }
+  return v;
+}
+
+// The same bytes into the thread's staging, asynchronously (zeros for an invalid key); one
+// committed group.
+template <int kFormat>
+__device__ __forceinline__ void StageShare(const KeyRow& k, uint8_t* stage) {
+  using K = KeyShare<kFormat>;
+  const uint32_t at = SharedAddress(stage);
 #pragma unroll
-    for (int j = 0; j < kCodeChunks; ++j) {
-      codes[i][j] =
-          ok[i] ? __ldg(reinterpret_cast<const uint4*>(src + 64 * j)) : make_uint4(0, 0, 0, 0);
+  for (int j = 0; j < K::kCodeChunks; ++j) AsyncCopy16(at + 16 * j, k.src + 64 * j, k.ok);
+  if constexpr (K::kDsv4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      AsyncCopy16(at + 16 * (K::kCodeChunks + j), k.src + kNopeWidth + 64 * j, k.ok);
     }
-    if constexpr (kDsv4) {
+    AsyncCopy8(at + 16 * (K::kCodeChunks + 2), k.rec, k.ok);
+  }
+  AsyncCommit();
+}
+
+template <int kFormat>
+__device__ __forceinline__ KeyShare<kFormat> ReadShare(const uint8_t* stage) {
+  using K = KeyShare<kFormat>;
+  K v;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        rope[i][j] = ok[i] ? __ldg(reinterpret_cast<const uint4*>(src + kNopeWidth + 64 * j))
-                           : make_uint4(0, 0, 0, 0);
-      }
-      const uint8_t* rec = page + s.rows_per_page * kDsv4DataBytes + r * kDsv4ScaleBytes;
-      scales[i] = ok[i] ? __ldg(reinterpret_cast<const uint2*>(rec)) : make_uint2(0, 0);
+  for (int j = 0; j < K::kCodeChunks; ++j) v.codes[j] = reinterpret_cast<const uint4*>(stage)[j];
+  if constexpr (K::kDsv4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      v.rope[j] = reinterpret_cast<const uint4*>(stage)[K::kCodeChunks + j];
+    v.scales = *reinterpret_cast<const uint2*>(stage + 16 * (K::kCodeChunks + 2));
+  }
+  return v;
+}
+
+// Converts one key's share into the bf16 tile in the canonical layout and marks its validity.
+template <class C, int kFormat>
+__device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, uint8_t* tile,
+                                           int key, int buf, const WgmmaProgram& w) {
+  using K = KeyShare<kFormat>;
+  const int q = LaneId() / 8;
+#pragma unroll
+  for (int j = 0; j < K::kCodeChunks; ++j) {
+    KvScale sc = UnitKvScale();
+    if constexpr (K::kDsv4) {
+      sc = E8m0ToBf16x2(((j < 4 ? v.scales.x : v.scales.y) >> (8 * (j % 4))) & 0xff);
+    }
+    const int e0 = 16 * q + 64 * j;
+    const uint2 a = E4m3x4ToBf16Scaled(v.codes[j].x, sc);
+    const uint2 b = E4m3x4ToBf16Scaled(v.codes[j].y, sc);
+    const uint2 c = E4m3x4ToBf16Scaled(v.codes[j].z, sc);
+    const uint2 d = E4m3x4ToBf16Scaled(v.codes[j].w, sc);
+    *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0, C::kQkWidth)) =
+        make_uint4(a.x, a.y, b.x, b.y);
+    *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0 + 8, C::kQkWidth)) =
+        make_uint4(c.x, c.y, d.x, d.y);
+  }
+  if constexpr (K::kDsv4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      *reinterpret_cast<uint4*>(
+          tile + wgmma::TileOffset(key, kNopeWidth + 8 * q + 32 * j, C::kQkWidth)) = v.rope[j];
     }
   }
+  if (q == 0) w.valid[buf * C::kKeys + key] = ok ? 1 : 0;
+}
+
+// Stages key `key` of tile u (its segment's format); returns whether the key is valid.
+template <class C>
+__device__ __forceinline__ bool StageKey(const AttendKernelParams& p, const WgmmaProgram& w, int u,
+                                         int32_t slot) {
+  const SegmentArgs& s = w.SegmentOf(p, u);
+  if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
+    const KeyRow k = RowOf<static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot);
+    StageShare<static_cast<int>(KvFormat::kFp8Dsv4)>(k, w.stage);
+    return k.ok;
+  }
+  const KeyRow k = RowOf<static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot);
+  StageShare<static_cast<int>(KvFormat::kFp8PerTensor)>(k, w.stage);
+  return k.ok;
+}
+
+// Tile t (buffer buf): key k0 from the staging (valid: ok_a), key k0 + 32 (slot_b) from
+// registers; `stage_next` stages the next tile's key k0 once this one's has been read.
+template <class C, int kFormat, class StageNext>
+__device__ __forceinline__ void LoadTile(const SegmentArgs& s, int32_t slot_b, bool ok_a, int k0,
+                                         const WgmmaProgram& w, int buf, int t,
+                                         StageNext&& stage_next) {
+  const KeyRow b = RowOf<kFormat>(s, slot_b);
+  const KeyShare<kFormat> regs_b = LoadShare<kFormat>(b);
+  AsyncWait<0>();
+  asm volatile("" ::: "memory");  // the staging's loads below stay after the wait
+  const KeyShare<kFormat> regs_a = ReadShare<kFormat>(w.stage);
 
   // The buffer held tile t - 2: wait until both consumers' products on it have completed.
   if (t >= C::kBuffers) {
     wgsync::Wait(w.free + buf, static_cast<uint32_t>((t / C::kBuffers - 1) & 1));
   }
-
   uint8_t* tile = w.tiles + buf * WgmmaSmem<C>::kTileBytes;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = k0 + 32 * i;
-#pragma unroll
-    for (int j = 0; j < kCodeChunks; ++j) {
-      KvScale sc = UnitKvScale();
-      if constexpr (kDsv4) {
-        sc = E8m0ToBf16x2(((j < 4 ? scales[i].x : scales[i].y) >> (8 * (j % 4))) & 0xff);
-      }
-      const int e0 = 16 * q + 64 * j;
-      const uint2 a = E4m3x4ToBf16Scaled(codes[i][j].x, sc);
-      const uint2 b = E4m3x4ToBf16Scaled(codes[i][j].y, sc);
-      const uint2 c = E4m3x4ToBf16Scaled(codes[i][j].z, sc);
-      const uint2 d = E4m3x4ToBf16Scaled(codes[i][j].w, sc);
-      *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0, C::kQkWidth)) =
-          make_uint4(a.x, a.y, b.x, b.y);
-      *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0 + 8, C::kQkWidth)) =
-          make_uint4(c.x, c.y, d.x, d.y);
-    }
-    if constexpr (kDsv4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        *reinterpret_cast<uint4*>(
-            tile + wgmma::TileOffset(key, kNopeWidth + 8 * q + 32 * j, C::kQkWidth)) = rope[i][j];
-      }
-    }
-    if (q == 0) w.valid[buf * C::kKeys + key] = ok[i] ? 1 : 0;
-  }
+  StoreShare<C, kFormat>(regs_a, ok_a, tile, k0, buf, w);
+  stage_next();  // regs_a's values are used above: the staging's reads have completed
+  StoreShare<C, kFormat>(regs_b, b.ok, tile, k0 + 32, buf, w);
   wgmma::FenceOperands();  // the tile's stores, before the products read it
   wgsync::Arrive(w.ready + buf);
 }
@@ -205,18 +292,29 @@ __device__ __forceinline__ void LoadTile(const SegmentArgs& s, const int32_t (&s
 template <class C>
 __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const WgmmaProgram& w) {
   const int k0 = 8 * GroupWarp<C>() + LaneId() % 8;  // LoadTile's keys k0 and k0 + 32
-  int32_t next[2] = {LoaderSlot(p, w, w.u_begin, k0), LoaderSlot(p, w, w.u_begin, k0 + 32)};
+  // Ids ahead of their use: key k0's one tile earlier than key k0 + 32's, as it is staged a
+  // tile earlier.
+  int32_t slot_b = LoaderSlot(p, w, w.u_begin, k0 + 32);
+  int32_t next_a = LoaderSlot(p, w, w.u_begin + 1, k0);
+  bool ok_a = w.u_begin < w.u_end && StageKey<C>(p, w, w.u_begin, LoaderSlot(p, w, w.u_begin, k0));
   for (int u = w.u_begin; u < w.u_end; ++u) {
-    const int32_t slot[2] = {next[0], next[1]};
-    next[0] = LoaderSlot(p, w, u + 1, k0);  // the next tile's ids, read while this one loads
-    next[1] = LoaderSlot(p, w, u + 1, k0 + 32);
+    const int32_t after_a = LoaderSlot(p, w, u + 2, k0);
+    const int32_t next_b = LoaderSlot(p, w, u + 1, k0 + 32);
     const int t = u - w.u_begin;
+    const bool ok = ok_a;
+    auto stage_next = [&] {
+      if (u + 1 < w.u_end) ok_a = StageKey<C>(p, w, u + 1, next_a);
+    };
     const SegmentArgs& s = w.SegmentOf(p, u);
     if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot, k0, w, t % C::kBuffers, t);
+      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot_b, ok, k0, w, t % C::kBuffers, t,
+                                                        stage_next);
     } else {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot, k0, w, t % C::kBuffers, t);
+      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot_b, ok, k0, w, t % C::kBuffers,
+                                                             t, stage_next);
     }
+    slot_b = next_b;
+    next_a = after_a;
   }
 }
 
@@ -517,6 +615,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.valid = reinterpret_cast<int32_t*>(smem + S::kValid);
   w.ready = reinterpret_cast<uint64_t*>(smem + S::kReady);
   w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
+  w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
   const auto [row, hb, split] = ProgramOf(p);
   w.row = row;
