@@ -338,15 +338,32 @@ __device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int 
 }
 
 // Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head h at byte
-// at(h, e0) of q_s (heads past H are zero and never stored).
-template <class C, class At>
+// at(h, e0) of q_s (heads past H are zero and never stored), by threads tid = 0 .. kStagers - 1.
+// Each thread issues kBatch loads before storing any, so a batch costs one memory latency rather
+// than one per unit (docs/gpu.md, "Staging the queries").
+template <class C, int kStagers = C::kThreads, int kBatch = 4, class At>
 __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int row, int head0,
-                                             uint8_t* q_s, At at) {
+                                             uint8_t* q_s, At at, int tid = threadIdx.x) {
   constexpr int kUnits = C::kQkWidth / 8;
-  for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
-    const int h = u / kUnits;
-    const int e0 = (u % kUnits) * 8;
-    *reinterpret_cast<uint4*>(q_s + at(h, e0)) = LoadQueryUnit(p, C::kQkWidth, row, head0 + h, e0);
+  constexpr int kTotal = C::kHeadBlock * kUnits;
+  constexpr int kPerThread = (kTotal + kStagers - 1) / kStagers;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int u = tid + (i0 + i) * kStagers;
+      if (i0 + i < kPerThread && u < kTotal) {
+        v[i] = LoadQueryUnit(p, C::kQkWidth, row, head0 + u / kUnits, (u % kUnits) * 8);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int u = tid + (i0 + i) * kStagers;
+      if (i0 + i < kPerThread && u < kTotal) {
+        *reinterpret_cast<uint4*>(q_s + at(u / kUnits, (u % kUnits) * 8)) = v[i];
+      }
+    }
   }
 }
 

@@ -62,6 +62,7 @@ enum WgmmaBarrier : int {
   kPReady = 1,    // the scorer wrote P and the rescale factors of a tile
   kPFree = 2,     // the partner's product on them has completed
   kRowsDone = 3,  // the scorer wrote the rows' final maxima and sums
+  kQReady = 4,    // the consumers staged Q
 };
 
 // Shared-memory layout, in bytes from the dynamic base.
@@ -636,11 +637,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       wgsync::InitBarrier(w.free + b, C::kConsumerThreads);
     }
   }
-  // Q in the canonical layout, by every thread.
-  StageQueries<C>(p, row, w.head0, w.q,
-                  [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); });
-  wgmma::FenceOperands();
-  __syncthreads();
+  __syncthreads();  // the barriers' initialisation
 
   // Warp-uniform for the compiler: the role branches hold setmaxnreg.
   const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / C::kGroupThreads, 0);
@@ -650,6 +647,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     return;
   }
 
+  // Q in the canonical layout, by the consumers while the loader reads the first tiles.
+  StageQueries<C, C::kConsumerThreads, 8>(
+      p, row, w.head0, w.q, [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); },
+      static_cast<int>(threadIdx.x));
+  wgmma::FenceOperands();
+  wgsync::NamedSync(kQReady, C::kConsumerThreads);
   if (group == 0) {
     wgsync::RaiseRegisters<C::kScorerRegs>();
     RunScorerProgram<C>(p, w);
