@@ -684,15 +684,20 @@ INSTANTIATE_TEST_SUITE_P(All, GpuMatrixTest,
                          ::testing::Combine(::testing::Range(0, 8),
                                             ::testing::Values(8, 16, 32, 64, 128)));
 
-// The 64-head warpgroup program (WgmmaUse::kAlways) on the fp8 formats of width 512,
-// 64 and 128 heads (one and two head blocks), both segments, sentinels, empty rows, sink, RoPE,
-// an fp8 query, split-K on and off, bf16 and MXFP8 outputs.
+// The 64-head warpgroup program (WgmmaUse::kAlways) on the fp8 formats of width 512 (each
+// alone, and the two segments in different formats, where the loader changes format between
+// tiles), 64 and 128 heads (one and two head blocks), both segments, sentinels, empty rows,
+// sink, RoPE, an fp8 query, split-K on and off, bf16 and MXFP8 outputs.
 TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
-  for (const KvFormat format : {KvFormat::kFp8Dsv4, KvFormat::kFp8PerTensor}) {
+  const std::pair<KvFormat, KvFormat> kFormats[] = {
+      {KvFormat::kFp8Dsv4, KvFormat::kFp8Dsv4},
+      {KvFormat::kFp8PerTensor, KvFormat::kFp8PerTensor},
+      {KvFormat::kFp8Dsv4, KvFormat::kFp8PerTensor}};
+  for (const auto& [format, extra_format] : kFormats) {
     for (const int heads : {64, 128}) {
       CaseSpec c;
       c.format = format;
-      c.extra_format = format;
+      c.extra_format = extra_format;
       c.geometry = Geometry::kRopeInside;
       c.heads = heads;
       c.rows = 9;
@@ -702,7 +707,8 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
       c.positions = true;
       c.fp8_q = heads == 128;
       c.empty_every = 4;
-      c.seed = static_cast<uint32_t>(900 + heads + static_cast<int>(format));
+      c.seed = static_cast<uint32_t>(900 + heads + static_cast<int>(format) +
+                                     10 * static_cast<int>(extra_format));
       std::vector<RunConfig> configs;
       for (const int splits : {1, 3}) {
         RunConfig rc{OutputFormat::kBf16, true, true, splits, 64};
