@@ -42,6 +42,9 @@ ABSL_FLAG(std::vector<std::string>, tp, {}, "TP degrees, e.g. 4,8");
 ABSL_FLAG(std::vector<std::string>, shape, {},
           "shapes ('decode C=32') or kinds (decode, decode1, prefill)");
 ABSL_FLAG(std::vector<std::string>, context, {}, "contexts, e.g. 128K,256K");
+ABSL_FLAG(std::vector<std::string>, cell, {},
+          "cells by name, off the grid too, e.g. 'dsv4-flash fp8_dsv4 TP1 decode C=8 128K' "
+          "(comma-separated; replaces --grid, the filters and --bar)");
 ABSL_FLAG(bool, grid, false, "every cell of the grid (filters still narrow it)");
 ABSL_FLAG(bool, bar, false,
           "the bar cells (with --grid or a filter, those select instead); the default when "
@@ -77,6 +80,7 @@ constexpr int kCosSinPositions = 65536;
 
 struct Options {
   models::GridFilter filter;
+  std::vector<std::string> cells;  // --cell: named cells instead of the grid's
   bool bar = false;
   int iters = 30;
   int warmup = 3;
@@ -473,6 +477,7 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   *any_filter = !o.filter.models.empty() || !o.filter.formats.empty() || !o.filter.shapes.empty() ||
                 !o.filter.contexts.empty() || !o.filter.tps.empty();
   *grid = absl::GetFlag(FLAGS_grid);
+  o.cells = absl::GetFlag(FLAGS_cell);
   o.bar = absl::GetFlag(FLAGS_bar);
   o.iters = std::max(20, absl::GetFlag(FLAGS_iters));
   o.json = absl::GetFlag(FLAGS_json);
@@ -568,15 +573,36 @@ void SetUsage() {
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "the sparse MLA kernels on the workload grid. With neither --grid nor a filter "
-      "(--model, --format, --tp, --shape, --context), the bar cells.\n"
+      "(--model, --format, --tp, --shape, --context), the bar cells; --cell names cells, off "
+      "the grid too.\n"
       "  smla-kbench --grid --iters=20 --json=kbench.json --md=table.md\n"
+      "  smla-kbench --cell='dsv4-flash fp8_dsv4 TP1 decode C=8 128K'\n"
       "  smla-kbench --model=dsv4.1-flash --format=fp8_dsv4 --tp=4 "
       "--shape='decode C=32' --context=128K");
 }
 
-// The cells to run: the grid narrowed by the filters, or the bar cells when nothing else
-// selects (and with --bar alone). Sets o->bar when it defaults to the bar cells.
+// The cells to run: the named ones (--cell; a name that does not parse ends the run with exit
+// code 2), else the grid narrowed by the filters, or the bar cells when nothing else selects
+// (and with --bar alone). Sets o->bar when it defaults to the bar cells.
 std::vector<Cell> SelectCells(bool grid, bool any_filter, Options* o) {
+  if (!o->cells.empty()) {
+    o->bar = false;
+    std::vector<Cell> named;
+    for (const std::string& name : o->cells) {
+      absl::StatusOr<Cell> c = models::ParseCell(name);
+      if (!c.ok()) {
+        std::fprintf(stderr, "--cell: %s\n", std::string(c.status().message()).c_str());
+        std::exit(2);
+      }
+      if (c->tp <= 0) {
+        std::fprintf(stderr, "--cell: '%s' names no TP degree (TP1, TP2, ...)\n", name.c_str());
+        std::exit(2);
+      }
+      if (!c->format) c->format = c->model->default_format;
+      named.push_back(*c);
+    }
+    return named;
+  }
   if (!grid && !any_filter && !o->bar) o->bar = true;
   std::vector<Cell> cells = models::GridCells(o->filter);
   if (o->bar && !grid && !any_filter) {
