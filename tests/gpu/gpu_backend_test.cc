@@ -1888,11 +1888,12 @@ TEST(GpuPlanTest, WgmmaProgramWhereAsked) {
   EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, Geometry::kRopeInside, 64, 32, always));
 }
 
-// WgmmaUse::kAuto (the default) takes it for fp8_dsv4 calls of 64 or 128 heads with at least
-// half as many (row, 64-head) programs as SMs, its head block and splits as the tile kernel's
-// 64-head plan; fewer rows, other formats or a forced smaller head block keep the direct kernel.
+// WgmmaUse::kAuto (the default) takes it for fp8_dsv4 calls of 64 or 128 heads with at least one
+// (row, 64-head) program per 11 SMs, its head block and splits as the tile kernel's 64-head
+// plan; fewer rows, other formats or a forced smaller head block keep the direct kernel.
 TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
   const DeviceInfo device = PlanDevice();
+  ASSERT_EQ(device.compute_units, 132);
   std::vector<int32_t> indptr, indices;
   auto plan = [&](KvFormat format, int heads, int rows, int force_hb = 0) {
     AttendParams p = PlanParams(format, Geometry::kRopeInside, heads, rows, indptr, indices);
@@ -1902,7 +1903,7 @@ TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
     return l.ok() ? *l : gpu::AttendLaunch{};
   };
   const bool on = gpu::WgmmaProgramSupported();
-  for (const int rows : {66, 96, 384, 8192}) {
+  for (const int rows : {12, 66, 96, 384, 8192}) {
     const gpu::AttendLaunch l = plan(KvFormat::kFp8Dsv4, 64, rows);
     EXPECT_EQ(l.wgmma, on) << rows;
     if (on) {
@@ -1910,10 +1911,10 @@ TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
       EXPECT_FALSE(l.direct) << rows;
     }
   }
-  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 33).wgmma, on);  // 66 programs of 64 heads
+  EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 6).wgmma, on);  // 12 programs of 64 heads
   EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 64, 96, 64).wgmma, on);
-  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 65).wgmma);  // decode C=1..10 of 6 rows
-  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 6).wgmma);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 11).wgmma);
+  EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 6).wgmma);  // decode C=1 of 6 rows
   EXPECT_TRUE(plan(KvFormat::kFp8Dsv4, 64, 6).direct);
   EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 32, 384).wgmma);
   EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 384, 32).wgmma);

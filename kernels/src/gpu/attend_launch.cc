@@ -15,6 +15,11 @@
 namespace smla::kernels::gpu {
 namespace {
 
+// The warpgroup program pays from one (row, 64-head) program per this many SMs: on 132 SMs
+// from 12 programs (decode C=2 of 6 rows), where split direct programs were faster with 6
+// (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
+constexpr int kWgmmaSmsPerProgram = 11;
+
 int Log2(int32_t v) {
   int l = 0;
   while ((1 << l) < v) ++l;
@@ -124,21 +129,21 @@ class AttendPlanner {
     // (PlanDirect) unless forced. Where the plan asks for 64 heads, fp8_dsv4 keeps the tile
     // kernel's 64-head programs and fp8_per_tensor takes the direct kernel, where each was the
     // faster on the H200 (docs/results/kbench-h200.md, "Split planning by a cost model").
-    // On sm_90a the warpgroup program replaces both on fp8_dsv4 calls with at least half as many
-    // (row, 64-head) programs as SMs (WgmmaUse::kAuto; docs/results/kbench-h200.md, "The
-    // warpgroup program at 64 heads"), its splits planned as the tile kernel's.
+    // On sm_90a the warpgroup program replaces both on fp8_dsv4 calls with at least one (row,
+    // 64-head) program per kWgmmaSmsPerProgram SMs (WgmmaUse::kAuto; docs/results/kbench-h200.md,
+    // "The warpgroup program at 64 heads"), its splits planned as the tile kernel's.
     // force_tile_kernel keeps the tile kernel everywhere (for A/B measurements).
     const bool tile_only = params_.force_tile_kernel;
     auto per_tensor = [](KvFormat f) { return f == KvFormat::kFp8PerTensor; };
     auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
     const bool direct_for_64 = per_tensor(params_.main.cache.format) &&
                                (!params_.has_extra || per_tensor(params_.extra.cache.format));
-    const bool wgmma_auto = params_.wgmma == WgmmaUse::kAuto && !tile_only && H_ % 64 == 0 &&
-                            (params_.force_head_block == 0 || params_.force_head_block == 64) &&
-                            params_.row_pairs != RowPairs::kAlways &&
-                            dsv4(params_.main.cache.format) &&
-                            (!params_.has_extra || dsv4(params_.extra.cache.format)) &&
-                            WgmmaFits() && int64_t{T_} * (H_ / 64) * 2 >= device_.compute_units;
+    const bool wgmma_auto =
+        params_.wgmma == WgmmaUse::kAuto && !tile_only && H_ % 64 == 0 &&
+        (params_.force_head_block == 0 || params_.force_head_block == 64) &&
+        params_.row_pairs != RowPairs::kAlways && dsv4(params_.main.cache.format) &&
+        (!params_.has_extra || dsv4(params_.extra.cache.format)) && WgmmaFits() &&
+        int64_t{T_} * (H_ / 64) * kWgmmaSmsPerProgram >= device_.compute_units;
     l_.plan = OverridePlan(MakePlan(in_), T_, H_, wgmma_auto ? 64 : params_.force_head_block,
                            params_.force_splits);
     want_wgmma_ = wgmma_auto || params_.wgmma == WgmmaUse::kAlways;

@@ -106,9 +106,9 @@ enum class RowPairs : uint8_t {
 };
 
 enum class WgmmaUse : uint8_t {
-  // Where it measured faster on the H200: fp8_dsv4 segments, H a multiple of 64, no other head
-  // block forced, and at least half as many (row, 64-head) programs as SMs (fewer rows run
-  // split direct programs, which the warpgroup program's per-tile cost does not beat).
+  // Where it measured faster on Hopper: fp8_dsv4 segments, H a multiple of 64, no other head
+  // block forced, and at least one (row, 64-head) program per 11 SMs (fewer rows run split
+  // direct programs, which the warpgroup program's per-tile cost does not beat).
   kAuto,
   // Wherever the plan runs 64-head programs on fp8_dsv4 or fp8_per_tensor segments (A/B).
   kAlways,
