@@ -340,7 +340,7 @@ __device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int 
 // Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head h at byte
 // at(h, e0) of q_s (heads past H are zero and never stored), by threads tid = 0 .. kStagers - 1.
 // Each thread issues kBatch loads before storing any, so a batch costs one memory latency rather
-// than one per unit (docs/gpu.md, "Staging the queries").
+// than one per unit (docs/gpu.md, "What makes the operator fast on Hopper").
 template <class C, int kStagers = C::kThreads, int kBatch = 4, class At>
 __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int row, int head0,
                                              uint8_t* q_s, At at, int tid = threadIdx.x) {
