@@ -350,19 +350,19 @@ __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int ro
 #pragma unroll 1
   for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
     uint4 v[kBatch];
+    int unit[kBatch];  // the unit of load i, or -1 past the last
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int u = tid + (i0 + i) * kStagers;
-      if (i0 + i < kPerThread && u < kTotal) {
+      unit[i] = i0 + i < kPerThread && u < kTotal ? u : -1;
+      if (unit[i] >= 0) {
         v[i] = LoadQueryUnit(p, C::kQkWidth, row, head0 + u / kUnits, (u % kUnits) * 8);
       }
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const int u = tid + (i0 + i) * kStagers;
-      if (i0 + i < kPerThread && u < kTotal) {
-        *reinterpret_cast<uint4*>(q_s + at(u / kUnits, (u % kUnits) * 8)) = v[i];
-      }
+      const int u = unit[i];
+      if (u >= 0) *reinterpret_cast<uint4*>(q_s + at(u / kUnits, (u % kUnits) * 8)) = v[i];
     }
   }
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/attend_kernel.cuh"
 #include "gpu/grid_order.h"
@@ -251,19 +252,25 @@ __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, 
   if (q == 0) w.valid[buf * C::kKeys + key] = ok ? 1 : 0;
 }
 
+// Calls f with the loader's key format as a compile-time constant (fp8_dsv4 or fp8_per_tensor).
+template <class F>
+__device__ __forceinline__ decltype(auto) WithLoaderFormat(int format, F&& f) {
+  constexpr int kDsv4 = static_cast<int>(KvFormat::kFp8Dsv4);
+  constexpr int kPerTensor = static_cast<int>(KvFormat::kFp8PerTensor);
+  if (format == kDsv4) return f(std::integral_constant<int, kDsv4>{});
+  return f(std::integral_constant<int, kPerTensor>{});
+}
+
 // Stages key `key` of tile u (its segment's format); returns whether the key is valid.
 template <class C>
 __device__ __forceinline__ bool StageKey(const AttendKernelParams& p, const WgmmaProgram& w, int u,
                                          int32_t slot) {
   const SegmentArgs& s = w.SegmentOf(p, u);
-  if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
-    const KeyRow k = RowOf<static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot);
-    StageShare<static_cast<int>(KvFormat::kFp8Dsv4)>(k, w.stage);
+  return WithLoaderFormat(s.format, [&](auto format) {
+    const KeyRow k = RowOf<decltype(format)::value>(s, slot);
+    StageShare<decltype(format)::value>(k, w.stage);
     return k.ok;
-  }
-  const KeyRow k = RowOf<static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot);
-  StageShare<static_cast<int>(KvFormat::kFp8PerTensor)>(k, w.stage);
-  return k.ok;
+  });
 }
 
 // Tile t (buffer buf): key k0 from the staging (valid: ok_a), key k0 + 32 (slot_b) from
@@ -307,13 +314,9 @@ __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const Wgm
       if (u + 1 < w.u_end) ok_a = StageKey<C>(p, w, u + 1, next_a);
     };
     const SegmentArgs& s = w.SegmentOf(p, u);
-    if (s.format == static_cast<int>(KvFormat::kFp8Dsv4)) {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8Dsv4)>(s, slot_b, ok, k0, w, t % C::kBuffers, t,
-                                                        stage_next);
-    } else {
-      LoadTile<C, static_cast<int>(KvFormat::kFp8PerTensor)>(s, slot_b, ok, k0, w, t % C::kBuffers,
-                                                             t, stage_next);
-    }
+    WithLoaderFormat(s.format, [&](auto format) {
+      LoadTile<C, decltype(format)::value>(s, slot_b, ok, k0, w, t % C::kBuffers, t, stage_next);
+    });
     slot_b = next_b;
     next_a = after_a;
   }
@@ -647,8 +650,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     return;
   }
 
-  // Q in the canonical layout, by the consumers while the loader reads the first tiles.
-  StageQueries<C, C::kConsumerThreads, 8>(
+  // Q in the canonical layout, by the consumers while the loader reads the first tiles, in
+  // batches of four loads (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
+  StageQueries<C, C::kConsumerThreads>(
       p, row, w.head0, w.q, [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); },
       static_cast<int>(threadIdx.x));
   wgmma::FenceOperands();
