@@ -396,6 +396,7 @@ struct RunConfig {
   bool mirrored_arrays = false;
   bool tile_kernel = false;          // AttendParams::force_tile_kernel
   WgmmaUse wgmma = WgmmaUse::kAuto;  // AttendParams::wgmma
+  bool q_before_launch = false;      // AttendParams::q_before_launch
 };
 
 struct Outputs {
@@ -447,6 +448,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   p.force_tile_kernel = rc.tile_kernel;
   p.wgmma = rc.wgmma;
+  p.q_before_launch = rc.q_before_launch;
   std::vector<uint8_t> host;
   Buffer mirror;
   if (rc.mirrored_arrays) {
@@ -844,7 +846,8 @@ TEST_F(GpuTest, ManyRows) {
 // fp8_per_tensor decode; H = 8 as the two halves of a 16-head program, the default, and H a
 // multiple of 16 as the two groups of a 32-head one): overlapping, identical, disjoint and
 // independent index sets, duplicated ids, sentinels, empty rows, ragged lengths, both segments
-// or one, split-K off, on and as planned, sink and RoPE; every run against the CPU reference.
+// or one, split-K off, on and as planned, sink and RoPE, queries staged before the wait for the
+// grid before (q_before_launch); every run against the CPU reference.
 TEST_F(GpuTest, PairedRowsMatchCpu) {
   constexpr RowPairs kAlways = RowPairs::kAlways;
   std::vector<RunConfig> configs;
@@ -854,6 +857,12 @@ TEST_F(GpuTest, PairedRowsMatchCpu) {
   configs.push_back({OutputFormat::kBf16, true, true, 1, 0, kAlways});
   configs.push_back({OutputFormat::kBf16, true, false, 3, 0, kAlways});
   configs.push_back({OutputFormat::kBf16, true, true, 7, 0, kAlways});
+  // The direct kernel staging Q before it waits for the grid before it, unpaired and paired.
+  for (RowPairs pairs : {RowPairs::kNever, kAlways}) {
+    RunConfig early{OutputFormat::kBf16, true, true, 0, 0, pairs};
+    early.q_before_launch = true;
+    configs.push_back(early);
+  }
   uint32_t seed = 500;
   for (int mode : {kOverlapping, kIdentical, kDisjoint, kIndependent}) {
     for (const Combo& cb : {Combo{KvFormat::kFp8Dsv4, Geometry::kRopeInside},

@@ -62,17 +62,23 @@ class GpuRegionTest : public ::testing::Test {
   Harness h_;
 };
 
+// Steps of two spans: in the packed layout their queries lie one after another, which the
+// attention reads in place; in the per-span layout they do not, and the checks copy them.
 TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
   DeviceBuffer device(kRegionBytes);
   auto region = client::GpuRegion::Register(h_.client.get(), device.handle(), kRegionBytes);
   ASSERT_TRUE(region.ok()) << region.status();
   std::vector<uint8_t> mirror(kRegionBytes);
-  // Twin sequences: "a" gets every request inline, "b" the same request through the region.
-  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "a").ok());
-  ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), "b").ok());
+  // Twin sequences: "a" and "c" get every request inline, "b" and "d" the same request through
+  // the region.
+  for (const char* id : {"a", "b", "c", "d"}) {
+    ASSERT_TRUE(h_.client->CreateSequence(h_.ModelName(), id).ok()) << id;
+  }
   auto through_region = [&](v1::StepRequest r, client::StepStream* stream,
                             client::ShmRegion::Layout layout) {
-    r.mutable_spans(0)->set_sequence_id("b");
+    for (v1::Span& span : *r.mutable_spans()) {
+      span.set_sequence_id(span.sequence_id() == "a" ? "b" : "d");
+    }
     // Poison: output bytes the step does not write read back as 0xA5.
     std::fill(mirror.begin(), mirror.end(), 0xA5);
     auto end =
@@ -89,7 +95,7 @@ TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
     return resp;
   };
   {
-    const v1::StepRequest p = h_.Make(kLayer, {{"a", 0, 64, 0}});
+    const v1::StepRequest p = h_.Make(kLayer, {{"a", 0, 64, 0}, {"c", 0, 64, 0}});
     h_.StepAndCheck(p);
     through_region(p, nullptr, client::ShmRegion::Layout::kPerSpan);
   }
@@ -104,7 +110,8 @@ TEST_F(GpuRegionTest, ResultsEqualInlineBitForBit) {
   int64_t pos = 64;
   for (size_t v = 0; v < variants.size(); ++v) {
     for (auto layout : {client::ShmRegion::Layout::kPerSpan, client::ShmRegion::Layout::kPacked}) {
-      const v1::StepRequest req = h_.Make(kLayer, {{"a", pos, 6, 5}}, variants[v]);
+      const v1::StepRequest req =
+          h_.Make(kLayer, {{"a", pos, 6, 5}, {"c", pos, 6, 5}}, variants[v]);
       const v1::StepResponse inline_resp = h_.StepAndCheck(req);
       const v1::StepResponse gpu_resp =
           through_region(req, v % 2 == 0 ? nullptr : stream->get(), layout);

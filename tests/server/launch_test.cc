@@ -417,7 +417,11 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
 
   const size_t inputs = region_.size();
   int64_t rows = 0;
-  for (const SpanData& s : decode_) rows += s.rows;
+  size_t q_bytes = 0;
+  for (const SpanData& s : decode_) {
+    rows += s.rows;
+    q_bytes += s.q.size() * 2;
+  }
   const size_t out_bytes = static_cast<size_t>(rows) * 16 * kernels::kValueWidth;
   const size_t scale_bytes = static_cast<size_t>(rows) * 16 * kernels::kMxGroupsPerHead;
   const size_t lse_bytes = static_cast<size_t>(rows) * 16 * sizeof(float);
@@ -452,6 +456,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
   EXPECT_EQ(st.out_direct, 0);
   EXPECT_EQ(st.out_pageable, static_cast<int64_t>(outputs.size()));
   EXPECT_EQ(st.out_in_place, 0);
+  EXPECT_EQ(st.q_in_place, 0);
 
   EXPECT_TRUE(backend.take_on_device().empty());
   EXPECT_TRUE(backend.take_checked_copies().empty());
@@ -464,8 +469,10 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     EXPECT_EQ(st.out_direct, device ? 0 : static_cast<int64_t>(outputs.size()));
     EXPECT_EQ(st.out_pageable, 0);
     EXPECT_EQ(st.out_in_place, device ? static_cast<int64_t>(outputs.size()) : 0);
+    EXPECT_EQ(st.q_in_place, device ? static_cast<int64_t>(q_bytes) : 0);
     EXPECT_TRUE(plain == in_place);
-    // A GPU region's inputs are copied by the checks that read them (every byte, and none by a
+    // A GPU region's inputs are copied by the checks that read them (every byte but the bf16
+    // queries, which lie one after another and which the attention reads there, and none by a
     // copy of its own); the one step's outputs there are written by the attention, and the
     // checks write their flags where the host reads them: nothing is copied within the device.
     size_t to_outputs = 0, others = 0;
@@ -485,7 +492,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
       EXPECT_FALSE(InRegion(c.dst));
       checked += c.bytes;
     }
-    EXPECT_EQ(checked, device ? inputs : 0);
+    EXPECT_EQ(checked, device ? inputs - q_bytes : 0);
     EXPECT_EQ(others, 0u);
     EXPECT_EQ(to_outputs, 0u);
     for (const kernels::CopyOp& c : backend.take_to_device()) {
@@ -595,6 +602,46 @@ TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
   EXPECT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&bad}})[0].ok());
   EXPECT_TRUE(std::equal(in_place.begin(), in_place.end(), outputs.begin()));
   ex.host_ranges().Remove(outputs.data());
+  ex.host_ranges().Remove(region_.data());
+}
+
+// The attention reads a launch's bf16 queries in a GPU region when they lie there one after
+// another in the launch's row order; where one span's lie elsewhere, every span's are copied as
+// before. The outputs are the same bit for bit.
+TEST_F(LaunchTest, QueriesAreReadInPlaceOnlyInRowOrder) {
+  Direct d;
+  ASSERT_NO_FATAL_FAILURE(StartDirect(d, /*region_on_device=*/true));
+  ModelRuntime& model = *d.model;
+  StepExecutor& ex = *d.executor;
+  size_t q_bytes = 0;
+  for (const SpanData& s : decode_) q_bytes += s.q.size() * 2;
+  auto run = [&](const StepRequest& r) {
+    absl::StatusOr<StepResult> got = ex.RunBatch({std::vector<const StepRequest*>{&r}})[0];
+    EXPECT_TRUE(got.ok()) << got.status();
+    for (const SpanData& s : decode_) {
+      EXPECT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
+    }
+    return got.ok() ? got->out : std::vector<uint8_t>();
+  };
+  const std::vector<uint8_t> in_place = run(Request(decode_, true));
+  EXPECT_EQ(ex.last_copy_stats().q_in_place, static_cast<int64_t>(q_bytes));
+  // Span 1's queries from plain memory (the same values): both spans' are copied.
+  StepRequest mixed = Request(decode_, true);
+  const std::vector<uint16_t> q1 = decode_[1].q;
+  mixed.spans[1].q = {reinterpret_cast<const uint8_t*>(q1.data()), q1.size() * 2};
+  const std::vector<uint8_t> copied = run(mixed);
+  EXPECT_EQ(ex.last_copy_stats().q_in_place, 0);
+  ASSERT_FALSE(in_place.empty());
+  EXPECT_TRUE(copied == in_place);
+  // Both spans in the region, in the other order: not the launch's row order, so copied.
+  StepRequest swapped = Request(decode_, true);
+  std::swap(swapped.spans[0], swapped.spans[1]);
+  const std::vector<uint8_t> reordered = run(swapped);
+  EXPECT_EQ(ex.last_copy_stats().q_in_place, 0);
+  ASSERT_EQ(reordered.size(), in_place.size());
+  const size_t half = in_place.size() / 2;  // both spans have six rows
+  EXPECT_TRUE(std::equal(reordered.begin(), reordered.begin() + half, in_place.begin() + half));
+  EXPECT_TRUE(std::equal(reordered.begin() + half, reordered.end(), in_place.begin()));
   ex.host_ranges().Remove(region_.data());
 }
 

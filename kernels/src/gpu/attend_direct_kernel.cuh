@@ -618,7 +618,9 @@ __device__ __forceinline__ void DirectTileF16(
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     SparseMlaAttendDirectKernel(const __grid_constant__ AttendKernelParams p) {
-  EnterGrid();  // grid_order.h: before any access to memory
+  // grid_order.h: the wait for the grid before precedes any access to memory it may write;
+  // queries no earlier grid writes (q_before_launch) are staged before it, overlapping its end.
+  LetNextGridStart();
   using S = DirectSmem<C>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + S::kQ);
@@ -656,6 +658,141 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto slot_head = [&](int h) {
     return group_pairs ? 16 * hb + h % 16 : half_pairs ? h % 8 : hb * C::kHeadBlock + h;
   };
+
+  // Q in the permuted dim order of direct_layout.h (heads past H are zero and never stored).
+  // Returns f16_q: whether the program runs f16 operands (DirectTileF16); otherwise Q is staged
+  // in bf16 and every tile takes the bf16 operands of DirectTile.
+  auto stage_q = [&]() -> bool {
+    bool f16_q = false;
+    if constexpr (direct::kF16Operands) {
+      // One warp per head: f16 of q * 2^kq with kq such that the head's largest |q| lands in
+      // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-31 of that maximum is exact.
+      // f16's 40 binades are far fewer than bf16's: a head with smaller non-zero values (lanes
+      // whose keys are as much larger, so that their products still count) would lose them, so
+      // unless every value of the block converts exactly the program stages Q in bf16 instead.
+      constexpr int kUnits = C::kQkWidth / 8;
+      constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
+      constexpr int kHeadsPerWarp = C::kHeadBlock / C::kWarps;
+      static_assert(C::kHeadBlock % C::kWarps == 0, "every warp stages the same number of heads");
+      // Every load of the warp's heads is issued before any is used: one global round trip for
+      // the prologue instead of one per load.
+      uint32_t raw[kHeadsPerWarp][kPer][4];
+#pragma unroll
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        const int h = warp + j * C::kWarps;
+        const int qhead = slot_head(h);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          const int u = lane + k * kWarpSize;
+          const int p0 = (u % kUnits) * 8;
+          const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
+          const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
+          const bool in = qhead < p.num_heads && u < kUnits;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            raw[j][k][i] = 0;
+            if (in) {
+              const uint8_t* at = static_cast<const uint8_t*>(p.q) +
+                                  (off + direct::QkUnitOffset(i)) * (p.q_fp8 ? 1 : 2);
+              raw[j][k][i] = p.q_fp8 ? uint32_t{*reinterpret_cast<const uint16_t*>(at)}
+                                     : *reinterpret_cast<const uint32_t*>(at);
+            }
+          }
+        }
+      }
+      // Values k-pair i of unit k of head j.
+      auto q_pair = [&](int j, int k, int i) {
+        const uint32_t w = raw[j][k][i];
+        return p.q_fp8 ? E4m3x2ToFloat2(static_cast<uint16_t>(w))
+                       : make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      };
+      float up[kHeadsPerWarp];  // 2^kq of head j
+      bool exact = true;
+#pragma unroll
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        const int h = warp + j * C::kWarps;
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = q_pair(j, k, i);
+            amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+          }
+        }
+        amax = RowGroupMax<kWarpSize>(amax);
+        const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;
+        const int kq = amax == 0.0f ? 0 : min(max(14 - ex, -113), 120);
+        up[j] = __uint_as_float(static_cast<uint32_t>(kq + 127) << 23);
+        if (lane == 0) qscale_s[h] = __uint_as_float(static_cast<uint32_t>(127 - kq) << 23);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = q_pair(j, k, i);
+            const float a = f.x * up[j], b = f.y * up[j];
+            exact =
+                exact && F16BitsToF32(F32ToF16Bits(a)) == a && F16BitsToF32(F32ToF16Bits(b)) == b;
+          }
+        }
+      }
+      f16_q = __syncthreads_and(exact) != 0;
+#pragma unroll
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        const int h = warp + j * C::kWarps;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          const int u = lane + k * kWarpSize;
+          if (u >= kUnits) continue;
+          const int p0 = u * 8;
+          uint32_t w[4], r[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = q_pair(j, k, i);
+            const float a = f.x * up[j], b = f.y * up[j];
+            w[i] = f16_q ? uint32_t{F32ToF16Bits(a)} | (uint32_t{F32ToF16Bits(b)} << 16)
+                         : PackBf16(f.x, f.y);
+            r[i] = PackBf16(a, b);
+          }
+          *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+          if (f16_q && C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
+            *reinterpret_cast<uint4*>(qrope_s + h * C::kRopeStride + (p0 - kNopeWidth)) =
+                make_uint4(r[0], r[1], r[2], r[3]);
+          }
+        }
+      }
+    } else {
+      constexpr int kUnits = C::kQkWidth / 8;
+      for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
+        const int h = u / kUnits;
+        const int p0 = (u % kUnits) * 8;
+        const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
+        uint32_t w[4] = {0, 0, 0, 0};
+        const int qhead = slot_head(h);
+        if (qhead < p.num_heads) {
+          const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t at = off + direct::QkUnitOffset(i);
+            if (p.q_fp8) {
+              const uint16_t two =
+                  *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at);
+              const float2 f = E4m3x2ToFloat2(two);
+              w[i] = PackBf16(f.x, f.y);
+            } else {
+              w[i] = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + at);
+            }
+          }
+        }
+        *reinterpret_cast<uint4*>(q_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    return f16_q;
+  };
+  bool f16_q = false;
+  if (p.q_before_launch != 0) f16_q = stage_q();
+  WaitForPriorGrid();
 
   int begin0, len0, begin1 = 0, len1 = 0;
   if (paired) {
@@ -723,134 +860,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
     AsyncCommit();
   }
-
-  // Q in the permuted dim order of direct_layout.h (heads past H are zero and never stored).
-  // f16_q: the program runs f16 operands (DirectTileF16); otherwise Q is staged in bf16 and
-  // every tile takes the bf16 operands of DirectTile.
-  bool f16_q = false;
-  if constexpr (direct::kF16Operands) {
-    // One warp per head: f16 of q * 2^kq with kq such that the head's largest |q| lands in
-    // [2^14, 2^15), so every bf16 (or e4m3) value of Q above 2^-31 of that maximum is exact.
-    // f16's 40 binades are far fewer than bf16's: a head with smaller non-zero values (lanes
-    // whose keys are as much larger, so that their products still count) would lose them, so
-    // unless every value of the block converts exactly the program stages Q in bf16 instead.
-    constexpr int kUnits = C::kQkWidth / 8;
-    constexpr int kPer = (kUnits + kWarpSize - 1) / kWarpSize;
-    constexpr int kHeadsPerWarp = C::kHeadBlock / C::kWarps;
-    static_assert(C::kHeadBlock % C::kWarps == 0, "every warp stages the same number of heads");
-    // Every load of the warp's heads is issued before any is used: one global round trip for
-    // the prologue instead of one per load.
-    uint32_t raw[kHeadsPerWarp][kPer][4];
-#pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      const int h = warp + j * C::kWarps;
-      const int qhead = slot_head(h);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int u = lane + k * kWarpSize;
-        const int p0 = (u % kUnits) * 8;
-        const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-        const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
-        const bool in = qhead < p.num_heads && u < kUnits;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          raw[j][k][i] = 0;
-          if (in) {
-            const uint8_t* at = static_cast<const uint8_t*>(p.q) +
-                                (off + direct::QkUnitOffset(i)) * (p.q_fp8 ? 1 : 2);
-            raw[j][k][i] = p.q_fp8 ? uint32_t{*reinterpret_cast<const uint16_t*>(at)}
-                                   : *reinterpret_cast<const uint32_t*>(at);
-          }
-        }
-      }
-    }
-    // Values k-pair i of unit k of head j.
-    auto q_pair = [&](int j, int k, int i) {
-      const uint32_t w = raw[j][k][i];
-      return p.q_fp8 ? E4m3x2ToFloat2(static_cast<uint16_t>(w))
-                     : make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-    };
-    float up[kHeadsPerWarp];  // 2^kq of head j
-    bool exact = true;
-#pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      const int h = warp + j * C::kWarps;
-      float amax = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = q_pair(j, k, i);
-          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
-      }
-      amax = RowGroupMax<kWarpSize>(amax);
-      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;
-      const int kq = amax == 0.0f ? 0 : min(max(14 - ex, -113), 120);
-      up[j] = __uint_as_float(static_cast<uint32_t>(kq + 127) << 23);
-      if (lane == 0) qscale_s[h] = __uint_as_float(static_cast<uint32_t>(127 - kq) << 23);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = q_pair(j, k, i);
-          const float a = f.x * up[j], b = f.y * up[j];
-          exact = exact && F16BitsToF32(F32ToF16Bits(a)) == a && F16BitsToF32(F32ToF16Bits(b)) == b;
-        }
-      }
-    }
-    f16_q = __syncthreads_and(exact) != 0;
-#pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      const int h = warp + j * C::kWarps;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int u = lane + k * kWarpSize;
-        if (u >= kUnits) continue;
-        const int p0 = u * 8;
-        uint32_t w[4], r[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = q_pair(j, k, i);
-          const float a = f.x * up[j], b = f.y * up[j];
-          w[i] = f16_q ? uint32_t{F32ToF16Bits(a)} | (uint32_t{F32ToF16Bits(b)} << 16)
-                       : PackBf16(f.x, f.y);
-          r[i] = PackBf16(a, b);
-        }
-        *reinterpret_cast<uint4*>(q16_s + h * C::kQStride + p0) =
-            make_uint4(w[0], w[1], w[2], w[3]);
-        if (f16_q && C::kQkWidth == kValueWidth && p0 >= kNopeWidth) {
-          *reinterpret_cast<uint4*>(qrope_s + h * C::kRopeStride + (p0 - kNopeWidth)) =
-              make_uint4(r[0], r[1], r[2], r[3]);
-        }
-      }
-    }
-  } else {
-    constexpr int kUnits = C::kQkWidth / 8;
-    for (int u = threadIdx.x; u < C::kHeadBlock * kUnits; u += C::kThreads) {
-      const int h = u / kUnits;
-      const int p0 = (u % kUnits) * 8;
-      const int base = (p0 / 64) * 64 + direct::QkDim((p0 % 64) / T::kK, p0 % T::kK);
-      uint32_t w[4] = {0, 0, 0, 0};
-      const int qhead = slot_head(h);
-      if (qhead < p.num_heads) {
-        const int64_t off = (int64_t{slot_row(h)} * p.num_heads + qhead) * C::kQkWidth + base;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t at = off + direct::QkUnitOffset(i);
-          if (p.q_fp8) {
-            const uint16_t two =
-                *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.q) + at);
-            const float2 f = E4m3x2ToFloat2(two);
-            w[i] = PackBf16(f.x, f.y);
-          } else {
-            w[i] = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + at);
-          }
-        }
-      }
-      *reinterpret_cast<uint4*>(q_s + h * C::kQStride + p0) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
+  if (p.q_before_launch == 0) f16_q = stage_q();
 
   float acc[C::kGroups][C::kNTiles][4];
   float m_run[C::kGroups][kRows];  // heads T::Row(16 gr, lane, r), base 2

@@ -387,6 +387,7 @@ class AttendPlanner {
     const float qs = params.q_type == QType::kFp8 ? params.q_scale : 1.0f;
     k.q = params.q;
     k.q_fp8 = params.q_type == QType::kFp8 ? 1 : 0;
+    k.q_before_launch = params.q_before_launch ? 1 : 0;
     k.num_rows = T_;
     k.num_heads = H_;
     k.num_segments = params.has_extra ? 2 : 1;

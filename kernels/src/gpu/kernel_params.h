@@ -57,8 +57,9 @@ enum class PairMode : int32_t {
 struct AttendKernelParams {
   const void* q = nullptr;  // [T, H, Dqk] bf16, or e4m3 codes when q_fp8
   int32_t q_fp8 = 0;
-  int32_t num_rows = 0;   // T
-  int32_t num_heads = 0;  // H
+  int32_t q_before_launch = 0;  // AttendParams::q_before_launch
+  int32_t num_rows = 0;         // T
+  int32_t num_heads = 0;        // H
   int32_t num_segments = 1;
   SegmentArgs seg[2];
   int32_t head_blocks = 1;  // ceil(H / head block)

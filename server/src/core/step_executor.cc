@@ -267,6 +267,9 @@ struct StepExecutor::DeviceWork {
   bool copies_first = false;
   bool phases = false;            // the attention's and the output copies' events are recorded
   bool outputs_in_place = false;  // the attention writes the one step's outputs (OutputsInPlace)
+  // The launch's bf16 queries where they lie in a GPU region, which the attention reads (they
+  // are not checked, so no copy is needed); null where they are copied into q_ (QueriesInPlace).
+  const uint8_t* q_in_place = nullptr;
   // The arena's arrays (segments, the checks' arrays), copied up in one copy once built; Attend
   // reads its arrays there too (`mirror`).
   kernels::CopyOp arrays_upload;
@@ -497,6 +500,18 @@ bool StepExecutor::OutputsInPlace(const LaunchArgs& args, const LaunchPlan& p) c
          (!r.want_lse || writable(r.destination.lse, p.rows * p.lse_row));
 }
 
+const uint8_t* StepExecutor::QueriesInPlace(const LaunchPlan& p, const DeviceWork& work) {
+  if (p.mx_q || work.span_device.empty()) return nullptr;
+  const uint8_t* const first = work.span_device[0].q_from;
+  if (first == nullptr || !IsAligned(first, 16)) return nullptr;
+  const uint8_t* next = first;
+  for (size_t k = 0; k < work.spans.size(); ++k) {
+    if (work.span_device[k].q_from != next) return nullptr;
+    next += work.spans[k].input->q.size();
+  }
+  return first;
+}
+
 absl::Status StepExecutor::SizeOutputs(const LaunchPlan& p, const DeviceWork& work) {
   if (work.outputs_in_place) return absl::OkStatus();
   SMLA_RETURN_IF_ERROR(Ensure(out_, p.rows * p.out_row));
@@ -639,6 +654,8 @@ absl::StatusOr<StepExecutor::StagedArena> StepExecutor::StageInputs(const Launch
     work.expand_after_checks =
         work.expand_after_checks || d.q_from != nullptr || d.q_scales_from != nullptr;
   }
+  work.q_in_place = QueriesInPlace(p, work);
+  if (work.q_in_place != nullptr) stats.q_in_place = static_cast<int64_t>(p.q_bytes);
   SMLA_CHECK(dev_off[kQ] == p.q_bytes && dev_off[kQScales] == p.q_scale_bytes &&
                  dev_off[kKv] == p.kv_bytes &&
                  dev_off[kCompressed] == static_cast<size_t>(p.counts.compressed) * p.row_bytes &&
@@ -711,7 +728,7 @@ void StepExecutor::PlaceChecks(const LaunchPlan& p, const CheckLayout& l, uint8_
 // the device's checks (MXFP8 codes and scales not NaN; bf16 queries only feed their own rows and
 // are not checked) and the rows to write (KV and compressed rows bounded: RowWrites). Inputs in a
 // GPU region are read there by their checks, which copy them (bf16 queries in a range that only
-// copies).
+// copies, unless the attention reads them in place: QueriesInPlace).
 void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
                                const DeviceWork& work) {
   BuildSegments(p.shape(), work.spans, p.counts, staged.targets, staged.arrays);
@@ -747,7 +764,7 @@ void StepExecutor::BuildArrays(const LaunchPlan& p, const StagedArena& staged,
       return kernels::CheckRange{from != nullptr ? from : at, static_cast<int64_t>(bytes), check,
                                  group, from != nullptr ? at : nullptr};
     };
-    const bool copy_q = d.q_from != nullptr;
+    const bool copy_q = d.q_from != nullptr && work.q_in_place == nullptr;
     const kernels::CheckRange ranges[kChecksPerSpan] = {
         range(d.q, d.q_from, p.mx_q || copy_q ? s.q.size() : 0,
               p.mx_q ? kernels::InputCheck::kE4m3Codes : kernels::InputCheck::kNone),
@@ -776,7 +793,8 @@ void StepExecutor::FillDeviceParams(const LaunchArgs& args, const LaunchPlan& p,
   a.num_rows = static_cast<int32_t>(p.rows);
   a.num_heads = p.heads;
   a.geometry = model.profile().geometry;
-  a.q = q_.data();
+  a.q = work.q_in_place != nullptr ? work.q_in_place : q_.data();
+  a.q_before_launch = work.q_in_place != nullptr;
   a.softmax_scale = model.config().softmax_scale;
   a.main.cache = model.store().cache().view();
   a.main.indptr = arrays.main_indptr;

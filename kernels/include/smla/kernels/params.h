@@ -122,6 +122,9 @@ struct AttendParams {
   const void* q = nullptr;  // [T, H, QkWidth] bf16, or e4m3 codes when q_type == kFp8
   QType q_type = QType::kBf16;
   float q_scale = 1.0f;  // must be 1 for bf16 q
+  // Whether q lies in memory that no earlier device work of the stream writes (a client's GPU
+  // region): a kernel may then read it before waiting for the grids before it.
+  bool q_before_launch = false;
   float softmax_scale = 1.0f;
   Segment main;
   bool has_extra = false;

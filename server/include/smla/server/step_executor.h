@@ -14,9 +14,10 @@
 // committed, their outputs sliced back to each step. Inputs inside a registered range of host
 // memory (host_ranges(): a client's shared memory the backend page-locked) are copied to the device
 // directly, one copy per contiguous range; inputs in a GPU region are read there by CheckInputs,
-// which copies them as it checks them; a launch of one step whose outputs go to a GPU region has
-// the attention write them there (OutputsInPlace), and outputs to one otherwise are copied by one
-// copy kernel (CopyDirection::kOnDevice).
+// which copies them as it checks them, except bf16 queries that lie one after another in row
+// order, which the attention reads in place (QueriesInPlace); a launch of one step whose outputs go
+// to a GPU region has the attention write them there (OutputsInPlace), and outputs to one otherwise
+// are copied by one copy kernel (CopyDirection::kOnDevice).
 //
 // Each row's segments are built here: the main segment is the SWA window ending at the row's
 // own position (min(p+1, W) keys, so the draft rows of a span see each other causally; written
@@ -78,6 +79,7 @@ class StepExecutor : public BatchRunner {
     int64_t out_direct = 0;    // outputs copied into registered (or any, see above) memory
     int64_t out_pageable = 0;  // outputs copied into plain memory (the runtime stages them)
     int64_t out_in_place = 0;  // outputs the attention wrote where they go (OutputsInPlace)
+    int64_t q_in_place = 0;    // bf16 queries the attention read where they lie (QueriesInPlace)
   };
   CopyStats last_copy_stats() const {
     absl::MutexLock lock(&stats_mu_);
@@ -121,6 +123,9 @@ class StepExecutor : public BatchRunner {
   // page-locked memory, whose device memory is host memory). Known once the arena is placed
   // (pinned()).
   bool OutputsInPlace(const LaunchArgs& args, const LaunchPlan& plan) const;
+  // The launch's bf16 queries where they lie, when every span's are in a GPU region, one after
+  // another in row order and 16-byte aligned (the attention's loads); else null.
+  static const uint8_t* QueriesInPlace(const LaunchPlan& plan, const DeviceWork& work);
   // The launch's output buffers, where the outputs are not written in place.
   absl::Status SizeOutputs(const LaunchPlan& plan, const DeviceWork& work);
   absl::StatusOr<StagedArena> StageInputs(const LaunchPlan& plan, DeviceWork& work,
