@@ -289,7 +289,7 @@ struct StepExecutor::DeviceWork {
   struct SpanDevice {
     uint8_t* kv = nullptr;
     uint8_t* compressed = nullptr;
-    uint8_t* q = nullptr;  // bf16 queries, or MXFP8 codes
+    uint8_t* q = nullptr;  // bf16 queries (none where read in place: q_in_place), or MXFP8 codes
     uint8_t* q_scales = nullptr;
     int32_t* ids = nullptr;
     // Each input's address in a GPU region, from which the checks read and copy it to the
