@@ -15,7 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "edge/packed_step_decoder.h"
 #include "edge/request_reader.h"
+#include "edge/step_view.h"
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "smla/client/shm.h"
@@ -162,6 +164,17 @@ absl::Status FuzzWorld::RunOne(const uint8_t* data, size_t size) {
     Die(absl::InternalError(absl::StrCat("the request reader ", read.ok() ? "accepts" : "refuses",
                                          " what protobuf ", parses ? "parses" : "refuses", ": ",
                                          read.ToString())));
+  }
+  // The packed-step decoder (the step ring's reader) reads only what protobuf reads, as it
+  // reads it.
+  server::edge::StepView decoded;
+  if (server::edge::DecodePackedStep({data, size}, &decoded)) {
+    server::edge::StepView want_view;
+    if (parses) server::edge::ViewOf(want, &want_view);
+    if (!parses || !(decoded == want_view)) {
+      Die(absl::InternalError(absl::StrCat("the packed-step decoder accepts what protobuf ",
+                                           parses ? "reads otherwise" : "refuses")));
+    }
   }
   if (!parses) return read;
   v1::StepRequest restored = pb;

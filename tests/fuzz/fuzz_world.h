@@ -1,7 +1,8 @@
 // The service the step fuzzer drives: a service core on the CPU backend with small pools and
 // two small models (one with sinks and RoPE, one without), the tables uploaded, and the one
 // input path: the server's request reader on the bytes cut into slices (checked against
-// protobuf's own parse of them: both accept or both refuse, and accept the same message), the
+// protobuf's own parse of them: both accept or both refuse, and accept the same message; the
+// step ring's packed-step decoder accepts only what protobuf reads, as it reads it), the
 // edge's wire checks (with registered shared-memory regions), then the core's validation and
 // execution. Shared by the libFuzzer target, the seed generator and the replay test.
 #pragma once

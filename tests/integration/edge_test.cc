@@ -147,11 +147,16 @@ TEST(IdLimitsTest, LongIdsAreRefusedNamingTheFieldAndLength) {
   r.set_model("m");
   r.add_spans()->set_sequence_id("a");
   r.add_spans()->set_sequence_id(std::string(10 << 20, 's'));
-  EXPECT_EQ(CheckStepIds(r).message(), "spans[1].sequence_id: 10485760 bytes, at most 256");
+  auto check = [](const v1::StepRequest& request) {
+    StepView view;
+    ViewOf(request, &view);
+    return CheckStepIds(view);
+  };
+  EXPECT_EQ(check(r).message(), "spans[1].sequence_id: 10485760 bytes, at most 256");
   r.mutable_spans(1)->set_sequence_id("b");
-  EXPECT_TRUE(CheckStepIds(r).ok());
+  EXPECT_TRUE(check(r).ok());
   r.set_request_id(std::string(300, 'r'));
-  EXPECT_EQ(CheckStepIds(r).message(), "request_id: 300 bytes, at most 256");
+  EXPECT_EQ(check(r).message(), "request_id: 300 bytes, at most 256");
 }
 
 // A region name that names no region is echoed escaped and bounded, on lookup and unregister.

@@ -1,8 +1,11 @@
 // Unit tests of the packed shared-memory request (StepRequest.packed) at the edge: parsing it
 // against a real registered region gives the same per-span views as the per-span form, with
-// one lookup per region and the top-k ids copied; every misuse is INVALID_ARGUMENT (or
-// NOT_FOUND / PERMISSION_DENIED for regions) naming the field. A disabled test times parsing
-// and validation of a C=32 decode step (run it with --gtest_also_run_disabled_tests).
+// one lookup per region and the top-k ids read in place; every misuse is INVALID_ARGUMENT (or
+// NOT_FOUND / PERMISSION_DENIED for regions) naming the field. The packed-step decoder reads
+// every request these tests parse to the same step and the same error as protobuf does, or
+// declines it; it declines what it does not read, and any bytes it accepts, cut or changed,
+// protobuf reads the same. A disabled test times reading and validating a C=32 decode step
+// (run it with --gtest_also_run_disabled_tests).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,13 +13,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "edge/packed_step_decoder.h"
 #include "edge/shm_region.h"
+#include "edge/step_view.h"
 #include "edge/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "smla/base/strings.h"
 #include "smla/client/shm.h"
 #include "smla/client/tensor.h"
 #include "smla/client/testing/workload.h"
@@ -64,6 +72,51 @@ void PadTopk(v1::StepRequest* r, int32_t width) {
   }
 }
 
+std::string Describe(const RefView& r) {
+  return r.set ? Cat("{'", r.region, "' ", r.offset, " ", r.size, "}") : "unset";
+}
+
+// Every field of a view, as text (equal views, equal text).
+std::string Describe(const StepView& v) {
+  std::string s = Cat("id '", v.request_id, "' model '", v.model, "' layer ", v.layer, " format ",
+                      v.output_format, " rope ", v.inverse_rope, " timeout ", v.timeout_us, " lse ",
+                      v.outputs.want_lse);
+  for (const SpanView& span : v.spans) {
+    s += Cat("\nspan '", span.sequence_id, "' ", span.first_position, " ", span.num_rows,
+             " roles [", absl::StrJoin(span.roles, ","), "]");
+  }
+  const PackedView& p = v.packed;
+  absl::StrAppend(&s, "\npacked ", p.set, " ", Describe(p.kv_rows), Describe(p.q),
+                  Describe(p.compressed_rows), Describe(p.topk), Describe(p.q_scales), " ",
+                  p.topk_width);
+  absl::StrAppend(&s, "\noutputs ", Describe(v.outputs.out), Describe(v.outputs.mx_scales),
+                  Describe(v.outputs.lse));
+  return s;
+}
+
+template <typename T>
+std::string Where(std::span<T> b) {
+  return absl::StrCat(reinterpret_cast<uintptr_t>(b.data()), "+", b.size_bytes());
+}
+
+// Every field of a parsed step, views as address and size.
+std::string Describe(const StepRequest& r) {
+  std::string s =
+      absl::StrCat("id '", r.request_id, "' model '", r.model, "' layer ", r.layer, " q ",
+                   static_cast<int>(r.q_format), " out ", static_cast<int>(r.output_format),
+                   " lse ", r.want_lse, " rope ", r.inverse_rope, " dst ", Where(r.destination.out),
+                   " ", Where(r.destination.mx_scales), " ", Where(r.destination.lse));
+  for (const SpanInput& span : r.spans) {
+    std::string roles;
+    for (RowRole role : span.roles) absl::StrAppend(&roles, static_cast<int>(role));
+    absl::StrAppend(&s, "\nspan '", span.sequence_id, "' ", span.first_position, " ", span.num_rows,
+                    " roles ", roles, " kv ", Where(span.kv_rows), " c ",
+                    Where(span.compressed_rows), " q ", Where(span.q), " qs ", Where(span.q_scales),
+                    " topk ", Where(span.topk), " w ", span.topk_width);
+  }
+  return s;
+}
+
 class PackedWireTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -105,7 +158,20 @@ class PackedWireTest : public ::testing::Test {
     out_ = StepRequest();
     storage_ = ParseStorage();
     const RegionContext ctx{regions ? &registry_ : nullptr, tenant};
-    return ParseStepRequest(r, &model_, limits_, &out_, &storage_, &ctx);
+    const absl::Status st = ParseStepRequest(r, &model_, limits_, &out_, &storage_, &ctx);
+    // The decoder reads the same bytes to the same step and error, or declines them.
+    const std::string wire = r.SerializeAsString();
+    StepView view;
+    if (DecodePackedStep({reinterpret_cast<const uint8_t*>(wire.data()), wire.size()}, &view)) {
+      ++decoded_;
+      StepRequest got;
+      ParseStorage storage;
+      EXPECT_EQ(ParseStepView(view, &model_, limits_, &got, &storage, &ctx), st);
+      if (st.ok()) {
+        EXPECT_EQ(Describe(got), Describe(out_));
+      }
+    }
+    return st;
   }
   // Whether `b` lies in the server's mapping of the region (its own, at another address).
   bool InRegion(std::span<const uint8_t> b) const {
@@ -127,6 +193,7 @@ class PackedWireTest : public ::testing::Test {
   uint8_t* data_ = nullptr;
   RegionRegistry registry_;
   std::mt19937_64 rng_{3};
+  int decoded_ = 0;  // requests Parse saw the decoder read
   StepRequest out_;
   ParseStorage storage_;
 };
@@ -377,6 +444,143 @@ TEST_F(PackedWireTest, IdsAreReadInPlaceAndTheLaunchNamesABadOne) {
   EXPECT_TRUE(ExplainChosenEntries(out_.spans[1], 1, spec).ok());
 }
 
+// The view protobuf's parse of `wire` gives, or "refused".
+std::string ProtobufView(const std::string& wire) {
+  v1::StepRequest pb;
+  if (!pb.ParseFromString(wire)) return "refused";
+  StepView v;
+  ViewOf(pb, &v);
+  return Describe(v);
+}
+
+// The decoder's view of `wire`, or "declined".
+std::string DecoderView(const std::string& wire) {
+  StepView v;
+  if (!DecodePackedStep({reinterpret_cast<const uint8_t*>(wire.data()), wire.size()}, &v)) {
+    return "declined";
+  }
+  return Describe(v);
+}
+
+std::string Serialized(const std::function<void(v1::StepRequest*)>& fill) {
+  v1::StepRequest r;
+  fill(&r);
+  return r.SerializeAsString();
+}
+
+// What packed requests hold, in any encoding protobuf accepts, reads as protobuf reads it; the
+// decoded view then parses to the same step (Parse checks that).
+TEST_F(PackedWireTest, DecoderReadsPackedRequestsAsProtobufDoes) {
+  client::StepOptions mx;
+  mx.mxfp8_q = true;
+  mx.output_format = v1::OUTPUT_FORMAT_MXFP8;
+  mx.want_lse = true;
+  mx.inverse_rope = true;
+  for (const v1::StepRequest& r : {Packed(Inline(kTopkLayer)), Packed(Inline(kTopkLayer, mx)),
+                                   Packed(Inline(kSwaOnlyLayer))}) {
+    const std::string wire = r.SerializeAsString();
+    ASSERT_NE(DecoderView(wire), "declined");
+    EXPECT_EQ(DecoderView(wire), ProtobufView(wire));
+    const int before = decoded_;
+    EXPECT_TRUE(Parse(r).ok()) << Parse(r);
+    EXPECT_EQ(decoded_, before + 1);
+  }
+  // Protobuf's rules for repeated occurrences: a scalar or string keeps its last value, spans
+  // append, roles come one by one or packed.
+  v1::StepRequest packed = Packed(Inline(kTopkLayer));
+  packed.set_request_id("first");
+  packed.set_layer(kTopkLayer);
+  std::string wire = packed.SerializeAsString();
+  wire += Serialized([](v1::StepRequest* r) {
+    r->set_layer(5);
+    r->set_request_id("again");
+    r->set_timeout_us(-5);
+  });
+  wire += Serialized([](v1::StepRequest* r) {
+    v1::Span* s = r->add_spans();
+    s->set_sequence_id("d");
+    s->set_first_position(3);
+    s->set_num_rows(2);
+    s->add_roles(v1::ROW_ROLE_DRAFT);
+    s->add_roles(static_cast<v1::RowRole>(7));
+  });
+  // A span whose roles come one by one (field 4, varint), twice.
+  wire += std::string("\x22\x09\x0a\x01\x65\x18\x02\x20\x01\x20\x00", 11);
+  ASSERT_NE(DecoderView(wire), "declined");
+  EXPECT_EQ(DecoderView(wire), ProtobufView(wire));
+  EXPECT_THAT(DecoderView(wire), HasSubstr("id 'again' model 'dsv4.1-flash' layer 5 "));
+  EXPECT_THAT(DecoderView(wire), HasSubstr("span 'e' 0 2 roles [1,0]"));
+}
+
+// Whatever it does not read, it declines; protobuf then reads the request.
+TEST_F(PackedWireTest, DecoderDeclinesWhatItDoesNotRead) {
+  const v1::StepRequest packed = Packed(Inline(kTopkLayer));
+  const std::string wire = packed.SerializeAsString();
+  v1::StepRequest per_span = Inline(kTopkLayer);
+  ASSERT_TRUE(client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &per_span).ok());
+  v1::StepRequest no_packed = packed;
+  no_packed.clear_packed();
+  v1::StepRequest accented = packed;
+  accented.set_request_id("r\xc3\xa9q");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"inline", Inline(kTopkLayer).SerializeAsString()},
+      {"per-span regions", per_span.SerializeAsString()},
+      {"no packed inputs", no_packed.SerializeAsString()},
+      {"a UTF-8 request id", accented.SerializeAsString()},
+      {"ring_attach",
+       wire + Serialized([](v1::StepRequest* r) { r->mutable_ring_attach()->set_slots(1); })},
+      {"an unknown field", wire + std::string("\xf8\x06\x01", 3)},
+      {"a span's tensor", wire + Serialized([](v1::StepRequest* r) {
+                            r->add_spans()->mutable_q()->set_dtype(v1::DTYPE_BF16);
+                          })},
+      {"out_region twice (merged)",
+       wire + Serialized([](v1::StepRequest* r) { r->mutable_out_region()->set_offset(64); })},
+      {"packed twice (merged)",
+       wire + Serialized([](v1::StepRequest* r) { r->mutable_packed()->set_topk_width(40); })},
+      {"layer as a length-delimited field", wire + std::string("\x1a\x00", 2)},
+  };
+  for (const auto& [what, bytes] : cases) {
+    EXPECT_EQ(DecoderView(bytes), "declined") << what;
+    EXPECT_NE(ProtobufView(bytes), "refused") << what;
+  }
+  // A tag longer than five bytes: protobuf refuses it.
+  const std::string long_tag = wire + std::string("\x98\x80\x80\x80\x80\x00\x01", 7);
+  EXPECT_EQ(DecoderView(long_tag), "declined");
+  EXPECT_EQ(ProtobufView(long_tag), "refused");
+}
+
+// Bytes it accepts, protobuf reads to the same view: every cut of a packed request and every
+// single-bit or byte change of it.
+TEST_F(PackedWireTest, DecoderAcceptsOnlyWhatProtobufReadsTheSame) {
+  client::StepOptions mx;
+  mx.mxfp8_q = true;
+  mx.output_format = v1::OUTPUT_FORMAT_MXFP8;
+  mx.want_lse = true;
+  const std::string wire = Packed(Inline(kTopkLayer, mx)).SerializeAsString();
+  int accepted = 0, mutants = 0;
+  auto check = [&](const std::string& bytes, const std::string& what) {
+    ++mutants;
+    const std::string got = DecoderView(bytes);
+    if (got == "declined") return;
+    ++accepted;
+    EXPECT_EQ(got, ProtobufView(bytes)) << what;
+  };
+  for (size_t n = 0; n <= wire.size(); ++n) check(wire.substr(0, n), absl::StrCat("cut at ", n));
+  for (size_t i = 0; i < wire.size(); ++i) {
+    std::string bytes = wire;
+    for (int bit = 0; bit < 8; ++bit) {
+      bytes[i] = static_cast<char>(wire[i] ^ (1 << bit));
+      check(bytes, absl::StrCat("byte ", i, " bit ", bit));
+    }
+    for (const char c : {'\x00', '\x7f', '\x80', '\xff'}) {
+      bytes[i] = c;
+      check(bytes, absl::StrCat("byte ", i, " = ", static_cast<int>(c)));
+    }
+  }
+  // Many changes keep a valid packed request (a number, a name's letter): they are read.
+  EXPECT_GT(accepted, mutants / 10) << accepted << " of " << mutants;
+}
+
 // Parse + validation time of a C=32 decode step (6 rows each, top-512 of the 1/1 cache at
 // 128K), packed and per span.
 TEST_F(PackedWireTest, DISABLED_TimeC32Decode) {
@@ -393,30 +597,56 @@ TEST_F(PackedWireTest, DISABLED_TimeC32Decode) {
   ASSERT_TRUE(config.ok());
   Limits limits;
   StepContext ctx{&*config, profile_, &limits, true, 1 << 20};
+  const RegionContext regions{&registry_, "t"};
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  const int n = 2000;
   for (Layout layout : {Layout::kPacked, Layout::kPerSpan}) {
     v1::StepRequest r = inline_req;
     ASSERT_TRUE(client::ShmRegion::PlaceInto(data_, kRegionBytes, name_, &r, 0, layout).ok());
     const std::string wire = r.SerializeAsString();
-    const int n = 2000;
     double parse_us = 0, validate_us = 0, decode_us = 0;
     for (int i = 0; i < n; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       v1::StepRequest pb;
       ASSERT_TRUE(pb.ParseFromString(wire));
-      const auto t1 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(Parse(pb).ok());
-      const auto t2 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(ValidateStep(out_, ctx).ok());
-      const auto t3 = std::chrono::steady_clock::now();
-      decode_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
-      parse_us += std::chrono::duration<double, std::micro>(t2 - t1).count();
-      validate_us += std::chrono::duration<double, std::micro>(t3 - t2).count();
+      const auto t1 = Clock::now();
+      StepRequest step;
+      ParseStorage storage;
+      ASSERT_TRUE(ParseStepRequest(pb, &model_, limits_, &step, &storage, &regions).ok());
+      const auto t2 = Clock::now();
+      ASSERT_TRUE(ValidateStep(step, ctx).ok());
+      const auto t3 = Clock::now();
+      decode_us += us(t0, t1);
+      parse_us += us(t1, t2);
+      validate_us += us(t2, t3);
     }
     std::printf(
         "%s: %zu request bytes; per call us: protobuf decode %.1f, parse %.1f, "
         "validate %.1f\n",
         layout == Layout::kPacked ? "packed" : "per span", wire.size(), decode_us / n, parse_us / n,
         validate_us / n);
+    if (layout != Layout::kPacked) continue;
+    // The ring's path: the decoder into a view it reuses, then the view's parse.
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(wire.data()),
+                                         wire.size());
+    StepView view;
+    decode_us = parse_us = 0;
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = Clock::now();
+      ASSERT_TRUE(DecodePackedStep(bytes, &view));
+      const auto t1 = Clock::now();
+      StepRequest step;
+      ParseStorage storage;
+      ASSERT_TRUE(ParseStepView(view, &model_, limits_, &step, &storage, &regions).ok());
+      const auto t2 = Clock::now();
+      decode_us += us(t0, t1);
+      parse_us += us(t1, t2);
+    }
+    std::printf("packed, decoded without protobuf: per call us: decode %.2f, parse %.1f\n",
+                decode_us / n, parse_us / n);
   }
 }
 

@@ -13,11 +13,11 @@ absl::Status CheckIdLength(std::string_view field, std::string_view value) {
       absl::StrCat(Sv(field), ": ", value.size(), " bytes, at most ", kMaxIdBytes));
 }
 
-absl::Status CheckStepIds(const v1::StepRequest& request) {
-  if (absl::Status st = CheckIdLength("request_id", request.request_id()); !st.ok()) return st;
-  if (absl::Status st = CheckIdLength("model", request.model()); !st.ok()) return st;
-  for (int i = 0; i < request.spans_size(); ++i) {
-    const std::string& id = request.spans(i).sequence_id();
+absl::Status CheckStepIds(const StepView& request) {
+  if (absl::Status st = CheckIdLength("request_id", request.request_id); !st.ok()) return st;
+  if (absl::Status st = CheckIdLength("model", request.model); !st.ok()) return st;
+  for (size_t i = 0; i < request.spans.size(); ++i) {
+    const std::string_view id = request.spans[i].sequence_id;
     // The field's name is built only for the error: this runs on every step.
     if (id.size() > kMaxIdBytes) {
       return CheckIdLength(absl::StrCat("spans[", i, "].sequence_id"), id);

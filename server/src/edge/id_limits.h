@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "smla/v1/step.pb.h"
+#include "step_view.h"
 
 namespace smla::server::edge {
 
@@ -19,6 +19,6 @@ inline constexpr size_t kMaxIdBytes = 256;
 absl::Status CheckIdLength(std::string_view field, std::string_view value);
 
 // CheckIdLength of a step's request_id, model and every span's sequence_id.
-absl::Status CheckStepIds(const v1::StepRequest& request);
+absl::Status CheckStepIds(const StepView& request);
 
 }  // namespace smla::server::edge

@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "smla/base/strings.h"
 #include "smla/server/log_field.h"
 #include "smla/v1/shm_region.h"
 #include "spdlog/spdlog.h"
@@ -271,7 +272,7 @@ absl::StatusOr<RegionBytes> RegionRegistry::Resolve(const std::string& tenant,
 
 absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::string& tenant,
                                                                    absl::string_view field,
-                                                                   const std::string& name) const {
+                                                                   std::string_view name) const {
   std::shared_ptr<ShmMapping> mapping;
   {
     absl::MutexLock lock(&mu_);
@@ -282,7 +283,7 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::st
     }
     if (it->second.tenant != tenant) {
       return absl::PermissionDeniedError(
-          absl::StrCat(field, ": region '", name, "' belongs to another tenant"));
+          absl::StrCat(field, ": region '", Sv(name), "' belongs to another tenant"));
     }
     mapping = it->second.mapping;
   }
@@ -291,7 +292,7 @@ absl::StatusOr<std::shared_ptr<ShmMapping>> RegionRegistry::Lookup(const std::st
 
 absl::StatusOr<std::span<uint8_t>> RegionRegistry::Slice(const ShmMapping& mapping,
                                                          absl::string_view field,
-                                                         const std::string& name, uint64_t offset,
+                                                         std::string_view name, uint64_t offset,
                                                          uint64_t size, uint64_t align) {
   if (!region::RefInBounds(offset, size, mapping.size())) {
     return absl::InvalidArgumentError(

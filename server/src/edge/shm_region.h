@@ -128,9 +128,9 @@ class RegionRegistry {
   // region of `tenant` (registered, owned), then a reference's bytes within it.
   absl::StatusOr<std::shared_ptr<ShmMapping>> Lookup(const std::string& tenant,
                                                      absl::string_view field,
-                                                     const std::string& name) const;
+                                                     std::string_view name) const;
   static absl::StatusOr<std::span<uint8_t>> Slice(const ShmMapping& mapping,
-                                                  absl::string_view field, const std::string& name,
+                                                  absl::string_view field, std::string_view name,
                                                   uint64_t offset, uint64_t size, uint64_t align);
 
   int64_t size() const;
@@ -155,7 +155,7 @@ class RegionRegistry {
   const HostPinning pinning_;
   const RegionCaps caps_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Entry> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Entry, std::less<>> regions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int32_t> held_ ABSL_GUARDED_BY(mu_);  // regions by tenant
   std::atomic<uint64_t> next_session_{1};
 };

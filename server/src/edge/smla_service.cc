@@ -168,27 +168,41 @@ absl::StatusOr<std::string> SmlaService::TenantOf(const grpc::CallbackServerCont
 absl::Status SmlaService::Prepare(const std::string& tenant, const v1::StepRequest& pb,
                                   absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
                                   ParseStorage* storage) {
-  const auto it = models_.find(pb.model());
-  const WireModel* model = it == models_.end() ? nullptr : &it->second;
   const RegionContext regions{regions_.get(), tenant};
-  // Over-long ids are refused before they are copied anywhere; the call is then logged and
-  // answered under a request id of the server's.
-  absl::Status st = CheckStepIds(pb);
-  if (st.ok()) {
-    st = ParseStepRequest(pb, model, options_.limits, out, storage, &regions);
-  }
+  absl::Status st =
+      ParseStepRequest(pb, FindModel(pb.model()), options_.limits, out, storage, &regions);
+  return Admit(std::move(st), tenant, pb.timeout_us(), call_deadline, std::move(cancel), out);
+}
+
+absl::Status SmlaService::PrepareView(const std::string& tenant, const StepView& view,
+                                      absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
+                                      ParseStorage* storage) {
+  const RegionContext regions{regions_.get(), tenant};
+  absl::Status st =
+      ParseStepView(view, FindModel(view.model), options_.limits, out, storage, &regions);
+  return Admit(std::move(st), tenant, view.timeout_us, call_deadline, std::move(cancel), out);
+}
+
+const WireModel* SmlaService::FindModel(std::string_view model) const {
+  const auto it = models_.find(model);
+  return it == models_.end() ? nullptr : &it->second;
+}
+
+absl::Status SmlaService::Admit(absl::Status parsed, const std::string& tenant, int64_t timeout_us,
+                                absl::Time call_deadline, CancelFlag cancel, StepRequest* out) {
+  // A request refused before its id was read (an over-long id is not copied anywhere) is logged
+  // and answered under an id of the server's.
   if (out->request_id.empty()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
   }
-  if (!st.ok()) return st;
-  if (pb.timeout_us() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout_us: ", pb.timeout_us(), " is negative"));
+  if (!parsed.ok()) return parsed;
+  if (timeout_us < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_us: ", timeout_us, " is negative"));
   }
   out->tenant = tenant;
   out->deadline = call_deadline;
-  if (pb.timeout_us() > 0) {
-    out->deadline = std::min(out->deadline, absl::Now() + absl::Microseconds(pb.timeout_us()));
+  if (timeout_us > 0) {
+    out->deadline = std::min(out->deadline, absl::Now() + absl::Microseconds(timeout_us));
   }
   out->cancelled = std::move(cancel);
   return absl::OkStatus();
@@ -242,14 +256,16 @@ void SmlaService::AnswerStepBytes(std::string_view method, const std::string& re
                                   const absl::StatusOr<StepResult>& result,
                                   const v1::StepRequest* request, const StagedOutputs& staged,
                                   v1::StepResponse* response, grpc::ByteBuffer* bytes) {
-  AnswerStreamStep(request_id, start, parsed, result, request, response, staged.buffer != nullptr,
-                   method);
+  OutputsView asked;
+  if (request != nullptr) asked = OutputsOf(*request);
+  AnswerStreamStep(request_id, start, parsed, result, request != nullptr ? &asked : nullptr,
+                   response, staged.buffer != nullptr, method);
   SerializeStepResponse(response, result.ok() ? staged : StagedOutputs{}, bytes);
 }
 
 void SmlaService::AnswerStreamStep(const std::string& request_id, absl::Time start,
                                    absl::Time parsed, const absl::StatusOr<StepResult>& result,
-                                   const v1::StepRequest* request, v1::StepResponse* response,
+                                   const OutputsView* request, v1::StepResponse* response,
                                    bool staged, std::string_view method) {
   response->set_request_id(request_id);
   if (result.ok()) {

@@ -111,6 +111,11 @@ class SmlaService final : public SmlaServiceBase {
   absl::Status Prepare(const std::string& tenant, const v1::StepRequest& pb,
                        absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
                        ParseStorage* storage);
+  // Prepare of a packed request read into a view (packed_step_decoder.h): the same result and
+  // the same errors as Prepare of the message protobuf reads from the same bytes.
+  absl::Status PrepareView(const std::string& tenant, const StepView& view,
+                           absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
+                           ParseStorage* storage);
 
   // Reads a serialized step (request_reader.h) into `pb` (empty, kept alive by the caller) and
   // prepares it as Prepare does; outputs not sent to client regions get staging in `staged`.
@@ -139,19 +144,27 @@ class SmlaService final : public SmlaServiceBase {
   // Fills the response of one StepStream step (the stream's or its ring's): on success the
   // outputs, the timings (server time from `start`, parse to `parsed`, admit to the core's
   // admission) and the step metrics; in every case the call's count, code and message.
+  // `request` is what the step asked for (may be null).
   void AnswerStreamStep(const std::string& request_id, absl::Time start, absl::Time parsed,
-                        const absl::StatusOr<StepResult>& result, const v1::StepRequest* request,
+                        const absl::StatusOr<StepResult>& result, const OutputsView* request,
                         v1::StepResponse* response, bool staged = false,
                         std::string_view method = "StepStream");
 
  private:
+  // The served model's shapes, or null for a model not served (the core's NOT_FOUND).
+  const WireModel* FindModel(std::string_view model) const;
+  // The end of Prepare: a server request id when the request's was not read, then (once
+  // `parsed` is OK) the timeout's check, tenant, deadline and cancel flag.
+  absl::Status Admit(absl::Status parsed, const std::string& tenant, int64_t timeout_us,
+                     absl::Time call_deadline, CancelFlag cancel, StepRequest* out);
+
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, std::string_view method,
                                   const absl::Status& status);
 
   ServiceCore* core_;
   EdgeMetrics* metrics_;
   const EdgeOptions options_;
-  std::map<std::string, WireModel> models_;  // by profile name; fixed after construction
+  std::map<std::string, WireModel, std::less<>> models_;  // by profile; fixed after construction
   std::atomic<uint64_t> next_request_{1};
   TenantStreams streams_;
   std::unique_ptr<StagingPool> staging_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "packed_step_decoder.h"
 #include "ring_attach.h"
 #include "shm_region.h"
 #include "smla/v1/step_ring.h"
@@ -17,9 +18,23 @@ namespace {
 // still served, slowly, and a lost wake cannot stall the ring for long.
 constexpr int64_t kSleepNs = 100'000'000;
 
+absl::Status NoOutputs() {
+  return absl::InvalidArgumentError(
+      "out_region: a ring request names output regions (inline outputs do not fit a slot)");
+}
+
 }  // namespace
 
 StepRing::Work::Work() : arena(FirstBlock(first_block, sizeof first_block)) {}
+
+void StepRing::Work::KeepOutputs(const OutputsView& o) {
+  outputs = o;
+  RefView* refs[] = {&outputs.out, &outputs.mx_scales, &outputs.lse};
+  for (int i = 0; i < 3; ++i) {
+    output_names[i].assign(refs[i]->region);
+    refs[i]->region = output_names[i];
+  }
+}
 
 absl::StatusOr<std::unique_ptr<StepRing>> StepRing::Attach(
     SmlaService* service, const std::string& tenant, absl::Time call_deadline, CancelFlag cancel,
@@ -147,37 +162,51 @@ void StepRing::Serve(uint64_t n) {
   w.request_id.clear();
   w.arena.Reset();
   w.storage.Clear();
-  w.request = google::protobuf::Arena::CreateMessage<v1::StepRequest>(&w.arena);
+  w.request = nullptr;
   w.response = google::protobuf::Arena::CreateMessage<v1::StepResponse>(&w.arena);
+  w.outputs = OutputsView();
   const uint32_t len = ring::Load(s->request_bytes, std::memory_order_relaxed);
   absl::Status st;
+  StepRequest step;
+  // Whether the request was read and st says how it was prepared (else st is the read's error).
+  bool read = false;
   if (len > slot_bytes_) {
     st = absl::InvalidArgumentError(absl::StrCat("ring slot ", index, ": request_bytes ", len,
                                                  " exceeds slot_bytes ", slot_bytes_));
   } else {
     // One copy buffer for the ring (only the poller serves): sized by the longest request seen,
-    // at most slot_bytes. Parsing copies what the step keeps into the slot's arena.
+    // at most slot_bytes. Reading the request copies out what the step keeps (into the step,
+    // the slot's arena and its output region names).
     if (copy_.size() < len) copy_.resize(len);
     std::memcpy(copy_.data(), ring::SlotData(s), len);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (ring::Load(s->request_seq) != seq) {
       st = absl::InvalidArgumentError(
           absl::StrCat("ring slot ", index, ": request ", seq, " was rewritten while being read"));
-    } else if (!w.request->ParseFromArray(copy_.data(), static_cast<int>(len))) {
-      st = absl::InvalidArgumentError(
-          absl::StrCat("ring slot ", index, ": request ", seq, " is not a StepRequest"));
-    } else if (w.request->has_ring_attach()) {
-      st = absl::InvalidArgumentError("ring_attach: not allowed in a ring slot");
-    } else if (!w.request->has_out_region()) {
-      st = absl::InvalidArgumentError(
-          "out_region: a ring request names output regions (inline outputs do not fit a slot)");
+    } else if (DecodePackedStep({copy_.data(), len}, &view_)) {
+      // The packed form, read without protobuf (packed_step_decoder.h).
+      read = true;
+      w.KeepOutputs(view_.outputs);
+      st = !view_.outputs.out.set
+               ? NoOutputs()
+               : service_->PrepareView(tenant_, view_, call_deadline_, cancel_, &step, &w.storage);
+    } else {
+      w.request = google::protobuf::Arena::CreateMessage<v1::StepRequest>(&w.arena);
+      if (!w.request->ParseFromArray(copy_.data(), static_cast<int>(len))) {
+        st = absl::InvalidArgumentError(
+            absl::StrCat("ring slot ", index, ": request ", seq, " is not a StepRequest"));
+      } else if (w.request->has_ring_attach()) {
+        st = absl::InvalidArgumentError("ring_attach: not allowed in a ring slot");
+      } else {
+        read = true;
+        w.outputs = OutputsOf(*w.request);
+        st = !w.request->has_out_region() ? NoOutputs()
+                                          : service_->Prepare(tenant_, *w.request, call_deadline_,
+                                                              cancel_, &step, &w.storage);
+      }
     }
   }
-  StepRequest step;
-  if (st.ok()) {
-    st = service_->Prepare(tenant_, *w.request, call_deadline_, cancel_, &step, &w.storage);
-    w.request_id = step.request_id;
-  }
+  if (read) w.request_id = step.request_id;
   w.parsed = absl::Now();
   {
     absl::MutexLock lock(&mu_);
@@ -194,7 +223,7 @@ void StepRing::Serve(uint64_t n) {
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
   Work& w = *work_[index];
   // Counted as the stream's steps: the ring is the stream's transport.
-  service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, w.request, w.response);
+  service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, &w.outputs, w.response);
   Answer(index, w.seq, w.response);
   // Free what the step grew the arena by (all but its first block) while the slot is idle.
   w.request = nullptr;

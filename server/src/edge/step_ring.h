@@ -44,6 +44,7 @@
 #include "google/protobuf/arena.h"
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
+#include "step_view.h"
 #include "wire.h"
 
 namespace smla::server::edge {
@@ -78,10 +79,16 @@ class StepRing {
   // A slot's step while it is in flight; reused by the slot's next request.
   struct Work {
     Work();
+    // Points `outputs` at copies of `o`'s region names (the request's bytes are not kept).
+    void KeepOutputs(const OutputsView& o);
+
     alignas(8) char first_block[8192];
     google::protobuf::Arena arena;
+    // The request as protobuf read it; null when the packed-step decoder read it.
     v1::StepRequest* request = nullptr;
     v1::StepResponse* response = nullptr;
+    OutputsView outputs;  // what the step asked for, for its response
+    std::string output_names[3];
     ParseStorage storage;
     std::string request_id;
     uint32_t seq = 0;
@@ -115,6 +122,7 @@ class StepRing {
   const std::function<void()> on_idle_;
   std::vector<std::unique_ptr<Work>> work_;  // per slot
   std::vector<uint8_t> copy_;                // the request being served, copied (poller only)
+  StepView view_;                            // the request decoded from copy_ (poller only)
   std::atomic<bool> stop_{false};
   std::atomic<bool> poller_sleeping_{false};
   std::thread poller_;

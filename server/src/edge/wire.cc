@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "id_limits.h"
 #include "shm_region.h"
 #include "smla/base/align.h"
 #include "smla/kernels/codec/mxfp8_query.h"
@@ -47,28 +48,27 @@ bool RegionsOn(const RegionContext* regions) {
 
 // Resolves a region reference of `want` bytes of elements of `align` bytes, keeping the
 // mapping alive in `storage`.
-absl::StatusOr<std::span<uint8_t>> ResolveRef(const v1::RegionRef& ref, absl::string_view field,
+absl::StatusOr<std::span<uint8_t>> ResolveRef(const RefView& ref, absl::string_view field,
                                               int64_t want, int64_t align,
                                               const RegionContext* regions, ParseStorage* storage) {
   if (!RegionsOn(regions)) return RegionsOff(field);
-  if (ref.size() != static_cast<uint64_t>(want)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region()),
-                                                   "' size ", ref.size(), ", the tensor needs ",
-                                                   want, " bytes"));
+  if (ref.size != static_cast<uint64_t>(want)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", LogField(ref.region),
+                                                   "' size ", ref.size, ", the tensor needs ", want,
+                                                   " bytes"));
   }
   const ShmMapping* mapping = nullptr;
   for (const auto& [name, m] : storage->looked_up) {
-    if (name == ref.region()) mapping = m.get();
+    if (name == ref.region) mapping = m.get();
   }
   if (mapping == nullptr) {
-    auto m = regions->registry->Lookup(regions->tenant, field, ref.region());
+    auto m = regions->registry->Lookup(regions->tenant, field, ref.region);
     if (!m.ok()) return m.status();
     mapping = m->get();
-    storage->looked_up.emplace_back(ref.region(), *std::move(m));
+    storage->looked_up.emplace_back(ref.region, *std::move(m));
   }
-  auto bytes = RegionRegistry::Slice(*mapping, field, ref.region(), ref.offset(), ref.size(),
-                                     static_cast<uint64_t>(align));
-  return bytes;
+  return RegionRegistry::Slice(*mapping, field, ref.region, ref.offset, ref.size,
+                               static_cast<uint64_t>(align));
 }
 
 // Checks dtype, shape (-1 = any extent) and byte count; returns the inline bytes or the bytes
@@ -113,7 +113,8 @@ absl::StatusOr<std::span<const uint8_t>> CheckTensor(const v1::Tensor& t, const 
   }
   const int64_t want = elements * DTypeBytes(dtype);
   if (t.data_case() == v1::Tensor::kRegion) {
-    auto r = ResolveRef(t.region(), field + ".region", want, DTypeBytes(dtype), regions, storage);
+    auto r = ResolveRef(ViewOf(t.region(), true), field + ".region", want, DTypeBytes(dtype),
+                        regions, storage);
     if (!r.ok()) return r.status();
     return std::span<const uint8_t>(r->data(), r->size());
   }
@@ -177,72 +178,72 @@ std::span<const int32_t> AsInt32(std::span<const uint8_t> bytes, ParseStorage* s
 
 // A packed request's inputs (StepRequest.packed): one region reference per tensor kind, split
 // among `out->spans` (already parsed, tensors unset) in span order.
-absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model,
-                               int64_t total_rows, StepRequest* out, ParseStorage* storage,
+absl::Status ParsePackedInputs(const StepView& view, const WireModel* model, int64_t total_rows,
+                               StepRequest* out, ParseStorage* storage,
                                const RegionContext* regions) {
-  const v1::PackedInputs& p = pb.packed();
+  const PackedView& p = view.packed;
   if (!RegionsOn(regions)) return RegionsOff("packed");
-  if (!p.has_topk() && p.topk_width() != 0) {
+  if (!p.topk.set && p.topk_width != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("packed.topk_width: ", p.topk_width(), " without packed.topk"));
+        absl::StrCat("packed.topk_width: ", p.topk_width, " without packed.topk"));
   }
-  if (p.has_topk() && p.topk_width() <= 0) {
+  if (p.topk.set && p.topk_width <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("packed.topk_width: ", p.topk_width(), ", must be positive"));
+        absl::StrCat("packed.topk_width: ", p.topk_width, ", must be positive"));
   }
-  if (!p.has_kv_rows()) return absl::InvalidArgumentError("packed.kv_rows: unset");
-  if (!p.has_q()) return absl::InvalidArgumentError("packed.q: unset");
+  if (!p.kv_rows.set) return absl::InvalidArgumentError("packed.kv_rows: unset");
+  if (!p.q.set) return absl::InvalidArgumentError("packed.q: unset");
   // Scale bytes make the queries MXFP8: q then holds one e4m3 code per lane.
-  const bool mx = p.has_q_scales();
+  const bool mx = p.q_scales.set;
   out->q_format = mx ? QFormat::kMxfp8 : QFormat::kBf16;
   // An unknown model is the core's NOT_FOUND; without its widths no size can be checked.
   if (model == nullptr) return absl::OkStatus();
   const int64_t row_bytes = int64_t{model->qk_width} * 2;
-  auto kv = ResolveRef(p.kv_rows(), "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
+  auto kv = ResolveRef(p.kv_rows, "packed.kv_rows", total_rows * row_bytes, 2, regions, storage);
   if (!kv.ok()) return kv.status();
   const int64_t q_row = int64_t{model->heads} * model->qk_width * (mx ? 1 : 2);
-  auto q = ResolveRef(p.q(), "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage);
+  auto q = ResolveRef(p.q, "packed.q", total_rows * q_row, mx ? 1 : 2, regions, storage);
   if (!q.ok()) return q.status();
   const int64_t scale_row = int64_t{model->heads} * model->qk_width / kernels::kMxQueryGroup;
   std::span<const uint8_t> q_scales;
   if (mx) {
     auto sc =
-        ResolveRef(p.q_scales(), "packed.q_scales", total_rows * scale_row, 1, regions, storage);
+        ResolveRef(p.q_scales, "packed.q_scales", total_rows * scale_row, 1, regions, storage);
     if (!sc.ok()) return sc.status();
     q_scales = *sc;
   }
   // Compressed entries split by the layer's ratio; an unknown layer is the core's NOT_FOUND.
+  const int32_t layer = view.layer;
   const bool layer_known =
-      pb.layer() >= 0 && pb.layer() < static_cast<int32_t>(model->compression_ratios.size());
-  const int32_t ratio = layer_known ? model->compression_ratios[pb.layer()] : 0;
+      layer >= 0 && layer < static_cast<int32_t>(model->compression_ratios.size());
+  const int32_t ratio = layer_known ? model->compression_ratios[layer] : 0;
   std::span<const uint8_t> compressed;
   if (ratio > 0) {
     int64_t entries = 0;
     for (const SpanInput& s : out->spans) {
       entries += CompressedEntriesAdded(s.first_position, s.num_rows, ratio);
     }
-    if (p.has_compressed_rows() || entries > 0) {
-      if (!p.has_compressed_rows()) {
+    if (p.compressed_rows.set || entries > 0) {
+      if (!p.compressed_rows.set) {
         return absl::InvalidArgumentError(
             absl::StrCat("packed.compressed_rows: unset, the spans complete ", entries,
                          " entries of the 1/", ratio, " cache (", entries * row_bytes, " bytes)"));
       }
-      auto c = ResolveRef(p.compressed_rows(), "packed.compressed_rows", entries * row_bytes, 2,
+      auto c = ResolveRef(p.compressed_rows, "packed.compressed_rows", entries * row_bytes, 2,
                           regions, storage);
       if (!c.ok()) return c.status();
       compressed = *c;
     }
-  } else if (layer_known && p.has_compressed_rows() && p.compressed_rows().size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("packed.compressed_rows: layer ", pb.layer(),
+  } else if (layer_known && p.compressed_rows.set && p.compressed_rows.size > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("packed.compressed_rows: layer ", layer,
                                                    " has no compressed cache, got ",
-                                                   p.compressed_rows().size(), " bytes"));
+                                                   p.compressed_rows.size, " bytes"));
   }
   std::span<const int32_t> topk;
-  if (p.has_topk()) {
+  if (p.topk.set) {
     // Left where they lie, a GPU region too: the executor copies them to the device, where they
     // are translated and checked.
-    auto t =
-        ResolveRef(p.topk(), "packed.topk", total_rows * p.topk_width() * 4, 4, regions, storage);
+    auto t = ResolveRef(p.topk, "packed.topk", total_rows * p.topk_width * 4, 4, regions, storage);
     if (!t.ok()) return t.status();
     // In place (ResolveRef checked the alignment); AsInt32 says why that is safe.
     topk = AsInt32(*t, storage);
@@ -258,9 +259,9 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
       s.compressed_rows = compressed.subspan(entry * row_bytes, e * row_bytes);
       entry += e;
     }
-    if (p.has_topk()) {
-      s.topk = topk.subspan(row * p.topk_width(), n * p.topk_width());
-      s.topk_width = p.topk_width();
+    if (p.topk.set) {
+      s.topk = topk.subspan(row * p.topk_width, n * p.topk_width);
+      s.topk_width = p.topk_width;
     }
     row += n;
   }
@@ -269,47 +270,100 @@ absl::Status ParsePackedInputs(const v1::StepRequest& pb, const WireModel* model
 
 // Output regions: all or nothing (out, plus mx_scales for MXFP8 and lse when asked), each of
 // exactly the tensor's size.
-absl::Status ParseOutputRegions(const v1::StepRequest& pb, const WireModel* model,
-                                int64_t total_rows, StepRequest* out, ParseStorage* storage,
+absl::Status ParseOutputRegions(const OutputsView& o, const WireModel* model, int64_t total_rows,
+                                StepRequest* out, ParseStorage* storage,
                                 const RegionContext* regions) {
   const bool mx = out->output_format == kernels::OutputFormat::kMxfp8;
-  if (!pb.has_out_region()) {
-    if (pb.has_mx_scales_region()) {
+  if (!o.out.set) {
+    if (o.mx_scales.set) {
       return absl::InvalidArgumentError("mx_scales_region: set without out_region");
     }
-    if (pb.has_lse_region()) {
+    if (o.lse.set) {
       return absl::InvalidArgumentError("lse_region: set without out_region");
     }
     return absl::OkStatus();
   }
   if (!RegionsOn(regions)) return RegionsOff("out_region");
-  if (mx != pb.has_mx_scales_region()) {
+  if (mx != o.mx_scales.set) {
     return absl::InvalidArgumentError(mx ? "mx_scales_region: needed for MXFP8 output"
                                          : "mx_scales_region: set for bf16 output");
   }
-  if (out->want_lse != pb.has_lse_region()) {
+  if (out->want_lse != o.lse.set) {
     return absl::InvalidArgumentError(out->want_lse ? "lse_region: needed when want_lse"
                                                     : "lse_region: set without want_lse");
   }
   // An unknown model is the core's NOT_FOUND; without its heads no size can be checked.
   if (model == nullptr) return absl::OkStatus();
   const int64_t cells = total_rows * model->heads;
-  auto o = ResolveRef(pb.out_region(), "out_region", cells * kernels::kValueWidth * (mx ? 1 : 2),
-                      mx ? 1 : 2, regions, storage);
-  if (!o.ok()) return o.status();
-  out->destination.out = *o;
+  auto dst = ResolveRef(o.out, "out_region", cells * kernels::kValueWidth * (mx ? 1 : 2),
+                        mx ? 1 : 2, regions, storage);
+  if (!dst.ok()) return dst.status();
+  out->destination.out = *dst;
   if (mx) {
-    auto sc = ResolveRef(pb.mx_scales_region(), "mx_scales_region",
-                         cells * kernels::kMxGroupsPerHead, 1, regions, storage);
+    auto sc = ResolveRef(o.mx_scales, "mx_scales_region", cells * kernels::kMxGroupsPerHead, 1,
+                         regions, storage);
     if (!sc.ok()) return sc.status();
     out->destination.mx_scales = *sc;
   }
   if (out->want_lse) {
-    auto l = ResolveRef(pb.lse_region(), "lse_region", cells * 4, 4, regions, storage);
+    auto l = ResolveRef(o.lse, "lse_region", cells * 4, 4, regions, storage);
     if (!l.ok()) return l.status();
     out->destination.lse = *l;
   }
   return absl::OkStatus();
+}
+
+// The request's own fields and its spans' ids, positions, rows and roles, then the step's
+// extent (ValidateStepExtent), which sizes every tensor.
+absl::Status ParseHeader(const StepView& view, const Limits& limits, StepRequest* out) {
+  // Over-long ids are refused before they are copied anywhere.
+  if (absl::Status st = CheckStepIds(view); !st.ok()) return st;
+  out->request_id = view.request_id;
+  out->model = view.model;
+  out->layer = view.layer;
+  switch (view.output_format) {
+    case v1::OUTPUT_FORMAT_BF16:
+      out->output_format = kernels::OutputFormat::kBf16;
+      break;
+    case v1::OUTPUT_FORMAT_MXFP8:
+      out->output_format = kernels::OutputFormat::kMxfp8;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("output_format: unknown value ", view.output_format));
+  }
+  out->want_lse = view.outputs.want_lse;
+  out->inverse_rope = view.inverse_rope;
+  out->spans.clear();
+  out->spans.reserve(view.spans.size());
+  for (size_t i = 0; i < view.spans.size(); ++i) {
+    const SpanView& s = view.spans[i];
+    SpanInput& span = out->spans.emplace_back();
+    span.sequence_id = s.sequence_id;
+    span.first_position = s.first_position;
+    span.num_rows = s.num_rows;
+    span.roles.reserve(s.roles.size());
+    for (size_t r = 0; r < s.roles.size(); ++r) {
+      const int role = s.roles[r];
+      if (role != v1::ROW_ROLE_VERIFY && role != v1::ROW_ROLE_DRAFT) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spans[", i, "].roles[", r, "]: unknown role ", role));
+      }
+      span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
+    }
+  }
+  // Tensors are sized from the spans' rows and positions: those are bounded first, by the
+  // core's rules.
+  return ValidateStepExtent(*out, limits);
+}
+
+// A packed request's tensors once its header is parsed.
+absl::Status ParsePackedTensors(const StepView& view, const WireModel* model, StepRequest* out,
+                                ParseStorage* storage, const RegionContext* regions) {
+  const int64_t total_rows = StepRows(*out);
+  absl::Status st = ParsePackedInputs(view, model, total_rows, out, storage, regions);
+  if (!st.ok()) return st;
+  return ParseOutputRegions(view.outputs, model, total_rows, out, storage, regions);
 }
 
 }  // namespace
@@ -322,51 +376,22 @@ WireModel MakeWireModel(int32_t heads, const ModelProfile& profile) {
   return m;
 }
 
+absl::Status ParseStepView(const StepView& view, const WireModel* model, const Limits& limits,
+                           StepRequest* out, ParseStorage* storage, const RegionContext* regions) {
+  if (absl::Status st = ParseHeader(view, limits, out); !st.ok()) return st;
+  return ParsePackedTensors(view, model, out, storage, regions);
+}
+
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               const Limits& limits, StepRequest* out, ParseStorage* storage,
                               const RegionContext* regions) {
-  out->request_id = pb.request_id();
-  out->model = pb.model();
-  out->layer = pb.layer();
-  switch (pb.output_format()) {
-    case v1::OUTPUT_FORMAT_BF16:
-      out->output_format = kernels::OutputFormat::kBf16;
-      break;
-    case v1::OUTPUT_FORMAT_MXFP8:
-      out->output_format = kernels::OutputFormat::kMxfp8;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("output_format: unknown value ", static_cast<int>(pb.output_format())));
-  }
-  out->want_lse = pb.want_lse();
-  out->inverse_rope = pb.inverse_rope();
-  out->spans.clear();
-  out->spans.reserve(pb.spans_size());
-  for (int i = 0; i < pb.spans_size(); ++i) {
-    const v1::Span& s = pb.spans(i);
-    SpanInput& span = out->spans.emplace_back();
-    span.sequence_id = s.sequence_id();
-    span.first_position = s.first_position();
-    span.num_rows = s.num_rows();
-    span.roles.reserve(s.roles_size());
-    for (int r = 0; r < s.roles_size(); ++r) {
-      const int role = s.roles(r);
-      if (role != v1::ROW_ROLE_VERIFY && role != v1::ROW_ROLE_DRAFT) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("spans[", i, "].roles[", r, "]: unknown role ", role));
-      }
-      span.roles.push_back(role == v1::ROW_ROLE_DRAFT ? RowRole::kDraft : RowRole::kVerify);
-    }
-  }
-  // Tensors are sized from the spans' rows and positions: those are bounded first, by the
-  // core's rules.
-  if (absl::Status st = ValidateStepExtent(*out, limits); !st.ok()) return st;
-  const int64_t total_rows = StepRows(*out);
+  StepView view;
+  ViewOf(pb, &view);
+  if (absl::Status st = ParseHeader(view, limits, out); !st.ok()) return st;
   if (pb.has_packed()) {
+    // The packed ranges carry every span's tensors: the spans must carry none.
     for (int i = 0; i < pb.spans_size(); ++i) {
       const v1::Span& s = pb.spans(i);
-      // The packed ranges carry every span's tensors.
       for (const auto& [set, name] :
            {std::pair{s.has_kv_rows(), "kv_rows"}, std::pair{s.has_q(), "q"},
             std::pair{s.has_compressed_rows(), "compressed_rows"}, std::pair{s.has_topk(), "topk"},
@@ -378,10 +403,9 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
         }
       }
     }
-    absl::Status st = ParsePackedInputs(pb, model, total_rows, out, storage, regions);
-    if (!st.ok()) return st;
-    return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
+    return ParsePackedTensors(view, model, out, storage, regions);
   }
+  const int64_t total_rows = StepRows(*out);
   const int64_t w = model ? model->qk_width : -1;
   const int64_t h = model ? model->heads : -1;
   for (int i = 0; i < pb.spans_size(); ++i) {
@@ -411,12 +435,23 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
       span.topk_width = static_cast<int32_t>(s.topk().shape(1));
     }
   }
-  return ParseOutputRegions(pb, model, total_rows, out, storage, regions);
+  return ParseOutputRegions(view.outputs, model, total_rows, out, storage, regions);
 }
 
-void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
-                      const v1::StepRequest* request, bool staged) {
-  const bool to_regions = request != nullptr && request->has_out_region();
+namespace {
+
+void SetRegion(const RefView& ref, v1::Tensor* t) {
+  v1::RegionRef* r = t->mutable_region();
+  r->set_region(ref.region.data(), ref.region.size());
+  r->set_offset(ref.offset);
+  r->set_size(ref.size);
+}
+
+}  // namespace
+
+void FillStepResponse(const StepResult& result, v1::StepResponse* pb, const OutputsView* request,
+                      bool staged) {
+  const bool to_regions = request != nullptr && request->out.set;
   const int64_t t = result.num_rows;
   const int64_t h = result.num_heads;
   v1::Tensor* out = pb->mutable_out();
@@ -429,7 +464,7 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
     sc->add_shape(t);
     sc->add_shape(h * kernels::kMxGroupsPerHead);
     if (to_regions) {
-      *sc->mutable_region() = request->mx_scales_region();
+      SetRegion(request->mx_scales, sc);
     } else if (!staged) {
       sc->set_inline_data(result.mx_scales.data(), result.mx_scales.size());
     }
@@ -440,17 +475,17 @@ void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
     out->add_shape(kernels::kValueWidth);
   }
   if (to_regions) {
-    *out->mutable_region() = request->out_region();
+    SetRegion(request->out, out);
   } else if (!staged) {
     out->set_inline_data(result.out.data(), result.out.size());
   }
-  if (to_regions && request->want_lse()) {
+  if (to_regions && request->want_lse) {
     v1::Tensor* lse = pb->mutable_lse();
     lse->set_dtype(v1::DTYPE_F32);
     lse->add_shape(t);
     lse->add_shape(h);
-    *lse->mutable_region() = request->lse_region();
-  } else if (!result.lse.empty() || (staged && request != nullptr && request->want_lse())) {
+    SetRegion(request->lse, lse);
+  } else if (!result.lse.empty() || (staged && request != nullptr && request->want_lse)) {
     v1::Tensor* lse = pb->mutable_lse();
     lse->set_dtype(v1::DTYPE_F32);
     lse->add_shape(t);

@@ -21,6 +21,7 @@
 #include "smla/server/step.h"
 #include "smla/v1/step.pb.h"
 #include "smla/v1/tensor.pb.h"
+#include "step_view.h"
 
 namespace smla::server::edge {
 
@@ -82,18 +83,23 @@ struct RegionContext {
 // registry) a tensor naming a region is INVALID_ARGUMENT; with it, region references are
 // resolved for the context's tenant and output regions become `out->destination`. A packed
 // request (pb.packed set) is resolved with one lookup per region and its spans' views are
-// slices of the packed ranges; its top-k ids are copied once (the client could change them
-// after validation).
+// slices of the packed ranges.
 absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               const Limits& limits, StepRequest* out, ParseStorage* storage,
                               const RegionContext* regions = nullptr);
 
+// ParseStepRequest of a packed request read into a view (packed_step_decoder.h, or ViewOf a
+// message): the same checks and errors, but for the spans' tensor fields, which a view does
+// not hold (a message's caller checks them; the decoder declines them).
+absl::Status ParseStepView(const StepView& view, const WireModel* model, const Limits& limits,
+                           StepRequest* out, ParseStorage* storage, const RegionContext* regions);
+
 // Copies a result into a response (tensors, timings); code and message stay OK. Tensors the
-// request sent to its output regions (`request` may be null) are answered with those regions.
-// With `staged`, the outputs went to staging (response_writer.h): the tensors get their dtype
-// and shape only, and the serializer adds the bytes.
+// request sent to its output regions (`request`: what it asked for, may be null) are answered
+// with those regions. With `staged`, the outputs went to staging (response_writer.h): the
+// tensors get their dtype and shape only, and the serializer adds the bytes.
 void FillStepResponse(const StepResult& result, v1::StepResponse* pb,
-                      const v1::StepRequest* request = nullptr, bool staged = false);
+                      const OutputsView* request = nullptr, bool staged = false);
 
 // Checks a whole f32 tensor of the given shape (rank and every dimension; -1 = any) and
 // returns its values, e.g. the rope table or sinks. `field` names it in errors.
