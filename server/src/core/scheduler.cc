@@ -133,6 +133,11 @@ std::vector<std::unique_ptr<Scheduler::Queued>> Scheduler::TakeBatchLocked(Queue
   absl::flat_hash_set<std::pair<std::string_view, std::string_view>> sequences;
   int64_t rows = 0, bytes = 0;
   size_t n = 0;
+  if (steps.size() == 1) {  // alone in its queue (a closed loop): nothing to compare it with
+    rows = steps[0]->rows;
+    bytes = steps[0]->bytes;
+    n = 1;
+  }
   for (; n < steps.size(); ++n) {
     const Queued& s = *steps[n];
     const StepRequest& r = s.request;
