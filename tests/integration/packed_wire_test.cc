@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "edge/id_limits.h"
 #include "edge/packed_step_decoder.h"
 #include "edge/shm_region.h"
 #include "edge/step_view.h"
@@ -538,6 +539,12 @@ TEST_F(PackedWireTest, DecoderDeclinesWhatItDoesNotRead) {
       {"packed twice (merged)",
        wire + Serialized([](v1::StepRequest* r) { r->mutable_packed()->set_topk_width(40); })},
       {"layer as a length-delimited field", wire + std::string("\x1a\x00", 2)},
+      {"a request id longer than any id", wire + Serialized([](v1::StepRequest* r) {
+                                            r->set_request_id(std::string(kMaxIdBytes + 1, 'r'));
+                                          })},
+      {"more spans than it reads", wire + Serialized([](v1::StepRequest* r) {
+                                     for (size_t i = 0; i < kMaxDecodedSpans; ++i) r->add_spans();
+                                   })},
   };
   for (const auto& [what, bytes] : cases) {
     EXPECT_EQ(DecoderView(bytes), "declined") << what;

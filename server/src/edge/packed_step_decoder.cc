@@ -3,6 +3,8 @@
 #include <iterator>
 #include <string_view>
 
+#include "id_limits.h"
+
 namespace smla::server::edge {
 namespace {
 
@@ -40,11 +42,11 @@ class Cursor {
     return true;
   }
 
-  // A string field; ASCII only (protobuf checks a proto3 string's UTF-8, which this leaves to
-  // it).
+  // A string field: ASCII only (protobuf checks a proto3 string's UTF-8, which this leaves to
+  // it), and no longer than any id or region name the server accepts.
   bool String(std::string_view* s) {
     Cursor sub(nullptr, nullptr);
-    if (!Sub(&sub)) return false;
+    if (!Sub(&sub) || static_cast<size_t>(sub.end_ - sub.p_) > kMaxIdBytes) return false;
     for (const uint8_t* c = sub.p_; c != sub.end_; ++c) {
       if (*c > 0x7f) return false;
     }
@@ -194,7 +196,7 @@ bool DecodePackedStep(std::span<const uint8_t> wire, StepView* out) {
           ok = in.String(&out->model);
           break;
         case 4:
-          ok = DecodeSpan(in, &out->spans.emplace_back());
+          ok = out->spans.size() < kMaxDecodedSpans && DecodeSpan(in, &out->spans.emplace_back());
           break;
         case 9:
           ok = DecodeRef(in, &out->outputs.out);

@@ -9,18 +9,24 @@
 // declines and the caller reads the request with protobuf: any other field (a span's tensors,
 // ring_attach, a field this build does not know), a wrong wire type, a singular message that
 // occurs twice (protobuf merges those), a string with a byte above 0x7F (protobuf checks
-// UTF-8), a request without `packed`, and bytes protobuf would refuse. So what it accepts reads
+// UTF-8), a request without `packed`, and bytes protobuf would refuse. It also declines a
+// string longer than any id the server accepts (kMaxIdBytes) and more than kMaxDecodedSpans
+// spans, so that the view a ring keeps for its next request, and the output region names a
+// slot keeps for its answer, stay small whatever a client writes. So what it accepts reads
 // exactly as protobuf reads it: a scalar or string that occurs twice keeps its last value,
 // spans and roles append, roles come packed or one by one. It checks nothing of what the
 // values mean: that is ParseStepView's (wire.h), whose errors the protobuf path words.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "step_view.h"
 
 namespace smla::server::edge {
+
+inline constexpr size_t kMaxDecodedSpans = 1024;
 
 // True when `wire` was read into `out`; false when the caller must parse it with protobuf
 // (`out` then holds nothing of use).

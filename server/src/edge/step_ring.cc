@@ -190,6 +190,7 @@ void StepRing::Serve(uint64_t n) {
       st = !view_.outputs.out.set
                ? NoOutputs()
                : service_->PrepareView(tenant_, view_, call_deadline_, cancel_, &step, &w.storage);
+      view_.Clear();  // frees what long role lists took; keeps the spans' capacity
     } else {
       w.request = google::protobuf::Arena::CreateMessage<v1::StepRequest>(&w.arena);
       if (!w.request->ParseFromArray(copy_.data(), static_cast<int>(len))) {
