@@ -1,6 +1,6 @@
 // Reads a serialized smla.v1.StepRequest of the packed form (StepRequest.packed: the form a
 // step ring carries) straight into a StepView, without building a protobuf message, which is
-// most of what reading such a request costs (docs/architecture.md, "Reading a ring request";
+// most of what reading such a request costs (docs/architecture.md, "Reading a packed request";
 // the times in docs/performance.md, "The host's share of a launch"). Its strings are views
 // into the wire bytes.
 //

@@ -8,6 +8,7 @@
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
 #include "id_limits.h"
+#include "packed_step_decoder.h"
 #include "smla/base/align.h"
 #include "smla/server/log_field.h"
 #include "smla/server/model_profile.h"
@@ -79,8 +80,8 @@ class StepUnaryReactor final : public grpc::ServerUnaryReactor {
         Finish(service_->Finished("Step", request_id_, result.status()));
         return;
       }
-      service_->AnswerStepBytes("Step", request_id_, start_, parsed_, result, request_, staged_,
-                                response_, response_bytes_);
+      service_->AnswerStepBytes("Step", request_id_, start_, parsed_, result, &storage_.outputs,
+                                staged_, response_, response_bytes_);
       Finish(grpc::Status::OK);
     });
   }
@@ -208,11 +209,27 @@ absl::Status SmlaService::Admit(absl::Status parsed, const std::string& tenant, 
   return absl::OkStatus();
 }
 
+bool SmlaService::PrepareDecoded(const std::string& tenant, const grpc::ByteBuffer& bytes,
+                                 absl::Time call_deadline, const CancelFlag& cancel,
+                                 StepRequest* out, ParseStorage* storage, StagedOutputs* staged,
+                                 absl::Status* status) {
+  if (bytes.Length() > kDecodedBytes) return false;
+  grpc::Slice slice;
+  if (!bytes.TrySingleSlice(&slice).ok() && !bytes.DumpToSingleSlice(&slice).ok()) return false;
+  StepView view;
+  if (!DecodePackedStep({slice.begin(), slice.size()}, &view)) return false;
+  *status = PrepareView(tenant, view, call_deadline, cancel, out, storage);
+  if (status->ok() && out->destination.out.empty()) *status = StageOutputs(tenant, out, staged);
+  return true;
+}
+
 absl::Status SmlaService::PrepareBytes(const std::string& tenant, const grpc::ByteBuffer& bytes,
                                        absl::Time call_deadline, CancelFlag cancel,
                                        v1::StepRequest* pb, StepRequest* out, ParseStorage* storage,
                                        StagedOutputs* staged) {
-  absl::Status st = ReadStepRequest(bytes, *staging_, copier_.get(), tenant, pb, &storage->landed);
+  absl::Status st;
+  if (PrepareDecoded(tenant, bytes, call_deadline, cancel, out, storage, staged, &st)) return st;
+  st = ReadStepRequest(bytes, *staging_, copier_.get(), tenant, pb, &storage->landed);
   if (!st.ok()) {
     out->request_id = absl::StrFormat("s%x", next_request_.fetch_add(1));
     return st;
@@ -226,6 +243,11 @@ absl::Status SmlaService::PrepareStaged(const std::string& tenant, const v1::Ste
                                         StagedOutputs* staged) {
   absl::Status st = Prepare(tenant, pb, call_deadline, std::move(cancel), out, storage);
   if (!st.ok() || !out->destination.out.empty()) return st;
+  return StageOutputs(tenant, out, staged);
+}
+
+absl::Status SmlaService::StageOutputs(const std::string& tenant, StepRequest* out,
+                                       StagedOutputs* staged) {
   // Outputs for the response: into staging, sent from there (response_writer.h). An unknown
   // model is the core's NOT_FOUND, with nothing to stage.
   const auto it = models_.find(out->model);
@@ -254,12 +276,10 @@ absl::Status SmlaService::PrepareStaged(const std::string& tenant, const v1::Ste
 void SmlaService::AnswerStepBytes(std::string_view method, const std::string& request_id,
                                   absl::Time start, absl::Time parsed,
                                   const absl::StatusOr<StepResult>& result,
-                                  const v1::StepRequest* request, const StagedOutputs& staged,
+                                  const OutputsView* request, const StagedOutputs& staged,
                                   v1::StepResponse* response, grpc::ByteBuffer* bytes) {
-  OutputsView asked;
-  if (request != nullptr) asked = OutputsOf(*request);
-  AnswerStreamStep(request_id, start, parsed, result, request != nullptr ? &asked : nullptr,
-                   response, staged.buffer != nullptr, method);
+  AnswerStreamStep(request_id, start, parsed, result, request, response, staged.buffer != nullptr,
+                   method);
   SerializeStepResponse(response, result.ok() ? staged : StagedOutputs{}, bytes);
 }
 

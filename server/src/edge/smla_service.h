@@ -117,8 +117,16 @@ class SmlaService final : public SmlaServiceBase {
                            absl::Time call_deadline, CancelFlag cancel, StepRequest* out,
                            ParseStorage* storage);
 
-  // Reads a serialized step (request_reader.h) into `pb` (empty, kept alive by the caller) and
-  // prepares it as Prepare does; outputs not sent to client regions get staging in `staged`.
+  // A serialized step of the packed form, of at most kDecodedBytes, read without protobuf
+  // (packed_step_decoder.h) and prepared as PrepareBytes prepares it: true when the decoder read
+  // `bytes`, `*status` then saying how the step was prepared; false when protobuf must read them.
+  bool PrepareDecoded(const std::string& tenant, const grpc::ByteBuffer& bytes,
+                      absl::Time call_deadline, const CancelFlag& cancel, StepRequest* out,
+                      ParseStorage* storage, StagedOutputs* staged, absl::Status* status);
+  static constexpr size_t kDecodedBytes = size_t{64} << 10;
+  // Reads a serialized step (PrepareDecoded, else request_reader.h into `pb`, empty and kept
+  // alive by the caller) and prepares it as Prepare does; outputs not sent to client regions get
+  // staging in `staged`.
   absl::Status PrepareBytes(const std::string& tenant, const grpc::ByteBuffer& bytes,
                             absl::Time call_deadline, CancelFlag cancel, v1::StepRequest* pb,
                             StepRequest* out, ParseStorage* storage, StagedOutputs* staged);
@@ -129,7 +137,7 @@ class SmlaService final : public SmlaServiceBase {
   // Fills `response` as AnswerStreamStep does and serializes it with the staged outputs.
   void AnswerStepBytes(std::string_view method, const std::string& request_id, absl::Time start,
                        absl::Time parsed, const absl::StatusOr<StepResult>& result,
-                       const v1::StepRequest* request, const StagedOutputs& staged,
+                       const OutputsView* request, const StagedOutputs& staged,
                        v1::StepResponse* response, grpc::ByteBuffer* bytes);
 
   StagingPool& staging() { return *staging_; }
@@ -153,6 +161,8 @@ class SmlaService final : public SmlaServiceBase {
  private:
   // The served model's shapes, or null for a model not served (the core's NOT_FOUND).
   const WireModel* FindModel(std::string_view model) const;
+  // Staging for the outputs of a step that sends them back inline (none in client regions).
+  absl::Status StageOutputs(const std::string& tenant, StepRequest* out, StagedOutputs* staged);
   // The end of Prepare: a server request id when the request's was not read, then (once
   // `parsed` is OK) the timeout's check, tenant, deadline and cancel flag.
   absl::Status Admit(absl::Status parsed, const std::string& tenant, int64_t timeout_us,

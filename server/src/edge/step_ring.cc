@@ -27,15 +27,6 @@ absl::Status NoOutputs() {
 
 StepRing::Work::Work() : arena(FirstBlock(first_block, sizeof first_block)) {}
 
-void StepRing::Work::KeepOutputs(const OutputsView& o) {
-  outputs = o;
-  RefView* refs[] = {&outputs.out, &outputs.mx_scales, &outputs.lse};
-  for (int i = 0; i < 3; ++i) {
-    output_names[i].assign(refs[i]->region);
-    refs[i]->region = output_names[i];
-  }
-}
-
 absl::StatusOr<std::unique_ptr<StepRing>> StepRing::Attach(
     SmlaService* service, const std::string& tenant, absl::Time call_deadline, CancelFlag cancel,
     const v1::RingAttach& attach, std::function<void()> on_idle) {
@@ -164,7 +155,6 @@ void StepRing::Serve(uint64_t n) {
   w.storage.Clear();
   w.request = nullptr;
   w.response = google::protobuf::Arena::CreateMessage<v1::StepResponse>(&w.arena);
-  w.outputs = OutputsView();
   const uint32_t len = ring::Load(s->request_bytes, std::memory_order_relaxed);
   absl::Status st;
   StepRequest step;
@@ -176,7 +166,7 @@ void StepRing::Serve(uint64_t n) {
   } else {
     // One copy buffer for the ring (only the poller serves): sized by the longest request seen,
     // at most slot_bytes. Reading the request copies out what the step keeps (into the step,
-    // the slot's arena and its output region names).
+    // the slot's arena and its storage).
     if (copy_.size() < len) copy_.resize(len);
     std::memcpy(copy_.data(), ring::SlotData(s), len);
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -186,7 +176,6 @@ void StepRing::Serve(uint64_t n) {
     } else if (DecodePackedStep({copy_.data(), len}, &view_)) {
       // The packed form, read without protobuf (packed_step_decoder.h).
       read = true;
-      w.KeepOutputs(view_.outputs);
       st = !view_.outputs.out.set
                ? NoOutputs()
                : service_->PrepareView(tenant_, view_, call_deadline_, cancel_, &step, &w.storage);
@@ -200,7 +189,6 @@ void StepRing::Serve(uint64_t n) {
         st = absl::InvalidArgumentError("ring_attach: not allowed in a ring slot");
       } else {
         read = true;
-        w.outputs = OutputsOf(*w.request);
         st = !w.request->has_out_region() ? NoOutputs()
                                           : service_->Prepare(tenant_, *w.request, call_deadline_,
                                                               cancel_, &step, &w.storage);
@@ -224,7 +212,8 @@ void StepRing::Serve(uint64_t n) {
 void StepRing::Complete(uint32_t index, const absl::StatusOr<StepResult>& result) {
   Work& w = *work_[index];
   // Counted as the stream's steps: the ring is the stream's transport.
-  service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, &w.outputs, w.response);
+  service_->AnswerStreamStep(w.request_id, w.start, w.parsed, result, &w.storage.outputs,
+                             w.response);
   Answer(index, w.seq, w.response);
   // Free what the step grew the arena by (all but its first block) while the slot is idle.
   w.request = nullptr;

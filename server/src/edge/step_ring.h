@@ -79,16 +79,11 @@ class StepRing {
   // A slot's step while it is in flight; reused by the slot's next request.
   struct Work {
     Work();
-    // Points `outputs` at copies of `o`'s region names (the request's bytes are not kept).
-    void KeepOutputs(const OutputsView& o);
-
     alignas(8) char first_block[8192];
     google::protobuf::Arena arena;
     // The request as protobuf read it; null when the packed-step decoder read it.
     v1::StepRequest* request = nullptr;
     v1::StepResponse* response = nullptr;
-    OutputsView outputs;  // what the step asked for, for its response
-    std::string output_names[3];
     ParseStorage storage;
     std::string request_id;
     uint32_t seq = 0;

@@ -88,16 +88,22 @@ void StepStreamReactor::OnReadDone(bool ok) {
     }
   }
   absl::Status st;
+  StepRequest step;
+  // Read without protobuf: a packed request (never a ring_attach), prepared as below.
+  bool decoded = false;
   if (entry != nullptr) {
-    st = ReadStepRequest(entry->request_bytes, service_->staging(), &service_->copier(), tenant_,
-                         entry->request, &entry->storage.landed);
+    decoded = service_->PrepareDecoded(tenant_, entry->request_bytes, call_deadline_, cancel_,
+                                       &step, &entry->storage, &entry->staged, &st);
+    if (!decoded) {
+      st = ReadStepRequest(entry->request_bytes, service_->staging(), &service_->copier(), tenant_,
+                           entry->request, &entry->storage.landed);
+    }
     entry->request_bytes.Clear();  // gRPC's receive buffers go back now
   }
-  if (entry != nullptr && st.ok() && entry->request->has_ring_attach()) {
+  if (entry != nullptr && !decoded && st.ok() && entry->request->has_ring_attach()) {
     AttachRing(entry);
   } else if (entry != nullptr) {
-    StepRequest step;
-    if (st.ok()) {
+    if (!decoded && st.ok()) {
       st = service_->PrepareStaged(tenant_, *entry->request, call_deadline_, cancel_, &step,
                                    &entry->storage, &entry->staged);
     }
@@ -127,7 +133,8 @@ void StepStreamReactor::OnReadDone(bool ok) {
 
 void StepStreamReactor::Complete(Entry* entry, const absl::StatusOr<StepResult>& result) {
   service_->AnswerStepBytes("StepStream", entry->request_id, entry->start, entry->parsed, result,
-                            entry->request, entry->staged, entry->response, &entry->response_bytes);
+                            &entry->storage.outputs, entry->staged, entry->response,
+                            &entry->response_bytes);
   Answered(entry);
 }
 

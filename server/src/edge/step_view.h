@@ -1,5 +1,5 @@
 // A step request's fields but its spans' tensors, as views (docs/architecture.md, "Reading a
-// ring request"). The edge reads a request through this view whether protobuf parsed it
+// packed request"). The edge reads a request through this view whether protobuf parsed it
 // (ViewOf) or the packed-step decoder read it straight from the wire (packed_step_decoder.h),
 // so that one set of checks serves both. The views point into the message or the wire bytes,
 // which must outlive the view.

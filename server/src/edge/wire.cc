@@ -376,8 +376,18 @@ WireModel MakeWireModel(int32_t heads, const ModelProfile& profile) {
   return m;
 }
 
+void ParseStorage::KeepOutputs(const OutputsView& o) {
+  outputs = o;
+  RefView* refs[] = {&outputs.out, &outputs.mx_scales, &outputs.lse};
+  for (int i = 0; i < 3; ++i) {
+    output_names[i].assign(refs[i]->region);
+    refs[i]->region = output_names[i];
+  }
+}
+
 absl::Status ParseStepView(const StepView& view, const WireModel* model, const Limits& limits,
                            StepRequest* out, ParseStorage* storage, const RegionContext* regions) {
+  storage->KeepOutputs(view.outputs);
   if (absl::Status st = ParseHeader(view, limits, out); !st.ok()) return st;
   return ParsePackedTensors(view, model, out, storage, regions);
 }
@@ -387,6 +397,7 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
                               const RegionContext* regions) {
   StepView view;
   ViewOf(pb, &view);
+  storage->outputs = view.outputs;
   if (absl::Status st = ParseHeader(view, limits, out); !st.ok()) return st;
   if (pb.has_packed()) {
     // The packed ranges carry every span's tensors: the spans must carry none.

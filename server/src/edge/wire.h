@@ -37,9 +37,6 @@ struct WireModel {
 // The WireModel of a served profile at `heads` heads per rank.
 WireModel MakeWireModel(int32_t heads, const ModelProfile& profile);
 
-// Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned, or that sit
-// in a client's region where the client could change them after validation) and the region
-// mappings the request's views point into; must live as long as the StepRequest.
 class ShmMapping;
 
 // Options that start an arena in `block`: a stream entry or ring slot keeps its first block
@@ -51,6 +48,9 @@ inline google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
   return o;
 }
 
+// Owned copies made while parsing (int32 data whose bytes are not 4-byte aligned), the region
+// mappings the request's views point into, and what its response echoes; must live as long as
+// the StepRequest.
 struct ParseStorage {
   std::vector<std::unique_ptr<int32_t[]>> int32_copies;  // unaligned inline ids
   // The regions this request named, each looked up once (name, mapping); holding the mapping
@@ -59,12 +59,20 @@ struct ParseStorage {
   // Inline tensor bytes read past protobuf into staging (request_reader.h); a tensor listed here
   // is read from there instead of its inline_data.
   LandedTensors landed;
+  // What the request asked for and where its outputs go, for its response: views into the
+  // message, or into `output_names` for a request read without one (KeepOutputs).
+  OutputsView outputs;
+  std::string output_names[3];
 
+  // Sets `outputs` to `o` with its region names copied into `output_names` (the bytes `o`
+  // points into need not outlive the request).
+  void KeepOutputs(const OutputsView& o);
   // Empties it for the next request (storage reused per ring slot).
   void Clear() {
     int32_copies.clear();
     looked_up.clear();
     landed = LandedTensors();
+    outputs = OutputsView();
   }
 };
 
@@ -76,7 +84,8 @@ struct RegionContext {
   std::string tenant;
 };
 
-// Fills `out` (all but tenant, deadline and cancel flag) from `pb`. The step's extent is checked
+// Fills `out` (all but tenant, deadline and cancel flag) from `pb`, and `storage->outputs`
+// (views into `pb`). The step's extent is checked
 // first (ValidateStepExtent under `limits`): tensors are sized from it. `model` may be null when
 // the model is unknown: shapes are then checked only for internal consistency and the core
 // answers NOT_FOUND. `pb` and `storage` must outlive `out`. Without `regions` (or with a null
@@ -90,7 +99,8 @@ absl::Status ParseStepRequest(const v1::StepRequest& pb, const WireModel* model,
 
 // ParseStepRequest of a packed request read into a view (packed_step_decoder.h, or ViewOf a
 // message): the same checks and errors, but for the spans' tensor fields, which a view does
-// not hold (a message's caller checks them; the decoder declines them).
+// not hold (a message's caller checks them; the decoder declines them). The view's bytes need
+// not outlive the call: `storage` keeps the output region names (KeepOutputs).
 absl::Status ParseStepView(const StepView& view, const WireModel* model, const Limits& limits,
                            StepRequest* out, ParseStorage* storage, const RegionContext* regions);
 
