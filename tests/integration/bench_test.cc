@@ -1,5 +1,6 @@
 // smla-bench against the real smla-server: what the bench says it did matches the server's
-// own metrics exactly (calls by method, rows), and its reports are produced and well-formed.
+// own metrics exactly (calls by method, rows), its reports are produced and well-formed, and a
+// run of a step count ends when the server refuses every step.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,11 +50,13 @@ size_t Count(const std::string& text, const std::string& what) {
 
 // Runs smla-bench with `args`; returns its exit status and its stdout in `out`. The binary is
 // the build's, or $SMLA_BENCH_BINARY (a bundle carried to a GPU machine, like the server's).
-int RunBench(const std::vector<std::string>& args, std::string* out) {
+// With `timeout_s`, a bench still running then is killed (exit status 124).
+int RunBench(const std::vector<std::string>& args, std::string* out, int timeout_s = 0) {
   // Per process: ctest runs these tests side by side, and TempDir is shared.
   const std::string log = absl::StrCat(::testing::TempDir(), "/bench_stdout_", getpid(), ".txt");
   const char* binary = std::getenv("SMLA_BENCH_BINARY");
-  std::string cmd = binary != nullptr ? binary : SMLA_BENCH_BINARY;
+  std::string cmd = timeout_s > 0 ? absl::StrCat("timeout ", timeout_s, " ") : "";
+  cmd += binary != nullptr ? binary : SMLA_BENCH_BINARY;
   for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
   absl::StrAppend(&cmd, " > '", log, "' 2>&1");
   const int rc = std::system(cmd.c_str());
@@ -181,6 +184,22 @@ TEST(BenchTest, GpuTransports) {
   std::string out;
   EXPECT_EQ(RunBench(args, &out), 1) << out;
   EXPECT_THAT(out, ::testing::HasSubstr("GPU-region transports need a CUDA or HIP build")) << out;
+  EXPECT_EQ((*server)->Terminate(), 0);
+}
+
+// A run of --steps ends even when the server refuses every step (here each decode step names
+// two spans, one more than the server takes), and reports the errors.
+TEST(BenchTest, StepCountedRunEndsWhenEveryStepFails) {
+  auto server = ServerProcess::Start({kDsv41, "--max_spans_per_step=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string out;
+  EXPECT_EQ(
+      RunBench({"--server=" + (*server)->target(), "--cell=dsv4.1-flash decode C=2", "--context=64",
+                "--layer=2", "--prefill_chunk=64", "--mode=stream", "--warmup_s=0.1", "--steps=5"},
+               &out, 60),
+      0)
+      << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("errors: INVALID_ARGUMENT=5")) << out;
   EXPECT_EQ((*server)->Terminate(), 0);
 }
 

@@ -65,7 +65,7 @@ ABSL_FLAG(double, sweep_min_gain, 0.05, "A sweep stops when rows/s grows less th
 ABSL_FLAG(double, rate, 0, "Open loop: steps per second with Poisson arrivals (0 = closed)");
 ABSL_FLAG(double, warmup_s, 1, "Warm-up seconds per run (not measured)");
 ABSL_FLAG(double, duration_s, 5, "Measured seconds per run");
-ABSL_FLAG(int64_t, steps, 0, "Measured steps per run instead of a duration");
+ABSL_FLAG(int64_t, steps, 0, "Measured steps per run (failed ones included) instead of a duration");
 ABSL_FLAG(double, slo_ms, 0, "Latency objective of a step in ms (goodput, sweep stop)");
 ABSL_FLAG(std::string, output, "bf16", "Output format: bf16 or mxfp8");
 ABSL_FLAG(std::string, q_format, "bf16",

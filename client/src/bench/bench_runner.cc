@@ -218,9 +218,10 @@ RunStats RunOnce(const std::vector<Worker*>& workers, const RunOptions& options)
       }
       step.ms = Ms(Clock::now() - scheduled);
       if (failed && w->broken()) break;  // its stream is gone: nothing more to send
-      if (measured && !failed) {
-        local.push_back(std::move(step));
-        if (options.steps > 0 && measured_steps.fetch_add(1) + 1 >= options.steps) stop = true;
+      if (measured && !failed) local.push_back(std::move(step));
+      // A failed step counts too: a server that refuses every step ends the run, with its errors.
+      if (measured && options.steps > 0 && measured_steps.fetch_add(1) + 1 >= options.steps) {
+        stop = true;
       }
     }
     std::lock_guard<std::mutex> lock(out.mu);

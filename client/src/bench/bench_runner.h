@@ -19,7 +19,7 @@ struct RunOptions {
   double rate = 0;        // open loop: steps per second (0 = closed loop)
   double warmup_s = 1;    // calls sent before this are not measured
   double duration_s = 5;  // measured time (when steps == 0)
-  int64_t steps = 0;      // measured steps per run instead of a duration
+  int64_t steps = 0;      // measured steps per run, failed ones included, instead of a duration
   double slo_ms = 0;      // latency objective of a step (0 = none)
   bool progress = false;  // a progress line on stderr
   uint64_t seed = 1;
