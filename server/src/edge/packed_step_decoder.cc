@@ -74,25 +74,34 @@ class Cursor {
   const uint8_t* end_;
 };
 
-bool DecodeRef(Cursor& in, RefView* ref) {
-  if (ref->set) return false;  // protobuf would merge the two
-  Cursor m(nullptr, nullptr);
-  if (!in.Sub(&m)) return false;
-  ref->set = true;
+// Reads every field of the message `m` holds: `field(m, number, wire_type)` reads one and says
+// whether it was read.
+template <typename ReadField>
+bool ReadFields(Cursor& m, ReadField&& field) {
   while (!m.done()) {
-    uint32_t field = 0, type = 0;
-    if (!m.Tag(&field, &type)) return false;
-    bool ok = false;
-    if (field == 1 && type == kLen) {
-      ok = m.String(&ref->region);
-    } else if (field == 2 && type == kVarint) {
-      ok = m.Varint(&ref->offset);
-    } else if (field == 3 && type == kVarint) {
-      ok = m.Varint(&ref->size);
-    }
-    if (!ok) return false;
+    uint32_t number = 0, type = 0;
+    if (!m.Tag(&number, &type) || !field(m, number, type)) return false;
   }
   return true;
+}
+
+// A singular message field, read by `fields` (see ReadFields) into the view whose `set` it
+// raises; a second occurrence is declined (protobuf would merge the two).
+template <typename View, typename ReadField>
+bool ReadMessage(Cursor& in, View* view, ReadField&& fields) {
+  Cursor m(nullptr, nullptr);
+  if (view->set || !in.Sub(&m)) return false;
+  view->set = true;
+  return ReadFields(m, fields);
+}
+
+bool DecodeRef(Cursor& in, RefView* ref) {
+  return ReadMessage(in, ref, [ref](Cursor& m, uint32_t field, uint32_t type) {
+    if (field == 1 && type == kLen) return m.String(&ref->region);
+    if (field == 2 && type == kVarint) return m.Varint(&ref->offset);
+    if (field == 3 && type == kVarint) return m.Varint(&ref->size);
+    return false;
+  });
 }
 
 // A role: the low 32 bits of its varint, as protobuf reads an enum.
@@ -106,54 +115,45 @@ bool DecodeRole(Cursor& in, SpanView* span) {
 bool DecodeSpan(Cursor& in, SpanView* span) {
   Cursor m(nullptr, nullptr);
   if (!in.Sub(&m)) return false;
-  while (!m.done()) {
-    uint32_t field = 0, type = 0;
-    if (!m.Tag(&field, &type)) return false;
+  return ReadFields(m, [span](Cursor& f, uint32_t field, uint32_t type) {
     uint64_t v = 0;
-    bool ok = false;
-    if (field == 1 && type == kLen) {
-      ok = m.String(&span->sequence_id);
-    } else if (field == 2 && type == kVarint) {
-      ok = m.Varint(&v);
+    if (field == 1 && type == kLen) return f.String(&span->sequence_id);
+    if (field == 2 && type == kVarint) {
+      if (!f.Varint(&v)) return false;
       span->first_position = static_cast<int64_t>(v);
-    } else if (field == 3 && type == kVarint) {
-      ok = m.Varint(&v);
-      span->num_rows = static_cast<int32_t>(v);
-    } else if (field == 4 && type == kVarint) {
-      ok = DecodeRole(m, span);
-    } else if (field == 4 && type == kLen) {
-      Cursor packed(nullptr, nullptr);
-      ok = m.Sub(&packed);
-      while (ok && !packed.done()) ok = DecodeRole(packed, span);
+      return true;
     }
-    if (!ok) return false;
-  }
-  return true;
+    if (field == 3 && type == kVarint) {
+      if (!f.Varint(&v)) return false;
+      span->num_rows = static_cast<int32_t>(v);
+      return true;
+    }
+    if (field == 4 && type == kVarint) return DecodeRole(f, span);
+    if (field == 4 && type == kLen) {
+      Cursor packed(nullptr, nullptr);
+      bool ok = f.Sub(&packed);
+      while (ok && !packed.done()) ok = DecodeRole(packed, span);
+      return ok;
+    }
+    return false;
+  });
 }
 
 bool DecodePacked(Cursor& in, PackedView* p) {
-  if (p->set) return false;  // protobuf would merge the two
-  Cursor m(nullptr, nullptr);
-  if (!in.Sub(&m)) return false;
-  p->set = true;
-  while (!m.done()) {
-    uint32_t field = 0, type = 0;
-    if (!m.Tag(&field, &type)) return false;
+  return ReadMessage(in, p, [p](Cursor& m, uint32_t field, uint32_t type) {
     // PackedInputs' region references by field number (5 is topk_width).
     RefView* const refs[] = {nullptr,  &p->kv_rows, &p->q,       &p->compressed_rows,
                              &p->topk, nullptr,     &p->q_scales};
     RefView* ref = field < std::size(refs) ? refs[field] : nullptr;
-    bool ok = false;
-    if (ref != nullptr && type == kLen) {
-      ok = DecodeRef(m, ref);
-    } else if (field == 5 && type == kVarint) {
+    if (ref != nullptr && type == kLen) return DecodeRef(m, ref);
+    if (field == 5 && type == kVarint) {
       uint64_t v = 0;
-      ok = m.Varint(&v);
+      if (!m.Varint(&v)) return false;
       p->topk_width = static_cast<int32_t>(v);
+      return true;
     }
-    if (!ok) return false;
-  }
-  return true;
+    return false;
+  });
 }
 
 }  // namespace
@@ -161,62 +161,51 @@ bool DecodePacked(Cursor& in, PackedView* p) {
 bool DecodePackedStep(std::span<const uint8_t> wire, StepView* out) {
   out->Clear();
   Cursor in(wire.data(), wire.data() + wire.size());
-  while (!in.done()) {
-    uint32_t field = 0, type = 0;
-    if (!in.Tag(&field, &type)) return false;
-    uint64_t v = 0;
-    bool ok = false;
+  const bool read = ReadFields(in, [out](Cursor& m, uint32_t field, uint32_t type) {
     if (type == kVarint) {
-      ok = in.Varint(&v);
+      uint64_t v = 0;
+      if (!m.Varint(&v)) return false;
       switch (field) {
         case 3:
           out->layer = static_cast<int32_t>(v);
-          break;
+          return true;
         case 5:
           out->output_format = static_cast<int32_t>(v);
-          break;
+          return true;
         case 6:
           out->outputs.want_lse = v != 0;
-          break;
+          return true;
         case 7:
           out->inverse_rope = v != 0;
-          break;
+          return true;
         case 8:
           out->timeout_us = static_cast<int64_t>(v);
-          break;
+          return true;
         default:
-          ok = false;
-      }
-    } else if (type == kLen) {
-      switch (field) {
-        case 1:
-          ok = in.String(&out->request_id);
-          break;
-        case 2:
-          ok = in.String(&out->model);
-          break;
-        case 4:
-          ok = out->spans.size() < kMaxDecodedSpans && DecodeSpan(in, &out->spans.emplace_back());
-          break;
-        case 9:
-          ok = DecodeRef(in, &out->outputs.out);
-          break;
-        case 10:
-          ok = DecodeRef(in, &out->outputs.mx_scales);
-          break;
-        case 11:
-          ok = DecodeRef(in, &out->outputs.lse);
-          break;
-        case 12:
-          ok = DecodePacked(in, &out->packed);
-          break;
-        default:
-          break;
+          return false;
       }
     }
-    if (!ok) return false;
-  }
-  return out->packed.set;
+    if (type != kLen) return false;
+    switch (field) {
+      case 1:
+        return m.String(&out->request_id);
+      case 2:
+        return m.String(&out->model);
+      case 4:
+        return out->spans.size() < kMaxDecodedSpans && DecodeSpan(m, &out->spans.emplace_back());
+      case 9:
+        return DecodeRef(m, &out->outputs.out);
+      case 10:
+        return DecodeRef(m, &out->outputs.mx_scales);
+      case 11:
+        return DecodeRef(m, &out->outputs.lse);
+      case 12:
+        return DecodePacked(m, &out->packed);
+      default:
+        return false;
+    }
+  });
+  return read && out->packed.set;
 }
 
 }  // namespace smla::server::edge
