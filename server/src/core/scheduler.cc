@@ -130,14 +130,14 @@ Scheduler::Queue* Scheduler::OldestLocked() {
 std::vector<std::unique_ptr<Scheduler::Queued>> Scheduler::TakeBatchLocked(Queue& queue) {
   auto& steps = queue.steps;
   const StepRequest& head = steps[0]->request;
+  // The (tenant, sequence) of every span taken, built only once a second step is considered: a
+  // step alone in its queue (a closed loop) is taken without it.
   absl::flat_hash_set<std::pair<std::string_view, std::string_view>> sequences;
+  auto take_sequences = [&sequences](const StepRequest& r) {
+    for (const SpanInput& span : r.spans) sequences.insert({r.tenant, span.sequence_id});
+  };
   int64_t rows = 0, bytes = 0;
   size_t n = 0;
-  if (steps.size() == 1) {  // alone in its queue (a closed loop): nothing to compare it with
-    rows = steps[0]->rows;
-    bytes = steps[0]->bytes;
-    n = 1;
-  }
   for (; n < steps.size(); ++n) {
     const Queued& s = *steps[n];
     const StepRequest& r = s.request;
@@ -149,13 +149,14 @@ std::vector<std::unique_ptr<Scheduler::Queued>> Scheduler::TakeBatchLocked(Queue
       if (rows + s.rows > limits_.max_batch_rows || bytes + s.bytes > limits_.max_batch_bytes) {
         break;
       }
+      if (n == 1) take_sequences(head);
       bool repeats = false;
       for (const SpanInput& span : r.spans) {
         repeats = repeats || sequences.contains({r.tenant, span.sequence_id});
       }
       if (repeats) break;
+      take_sequences(r);
     }
-    for (const SpanInput& span : r.spans) sequences.insert({r.tenant, span.sequence_id});
     rows += s.rows;
     bytes += s.bytes;
   }
