@@ -326,6 +326,15 @@ class LaunchTest : public ::testing::Test {
     }
   }
 
+  // Truncates the decode spans' sequences back to their first positions, so that the same
+  // decode step can run again.
+  absl::Status Rewind(KvStore& store) const {
+    for (const SpanData& s : decode_) {
+      if (absl::Status st = store.Truncate(kTenant, s.sequence, s.first); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
   bool InRegion(const void* p) const {
     const auto* b = static_cast<const uint8_t*>(p);
     return b >= region_.data() && b < region_.data() + region_.size();
@@ -444,9 +453,7 @@ TEST_F(LaunchTest, CopyStatsFollowTheRegisteredRanges) {
     ex.host_ranges().Remove(outputs.data());
     // Run the same positions again next time.
     std::vector<uint8_t> written = outputs;
-    for (const SpanData& s : decode_) {
-      EXPECT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
-    }
+    EXPECT_TRUE(Rewind(model.store()).ok());
     return written;
   };
   const std::vector<uint8_t> plain = run(Kind::kNone);
@@ -526,11 +533,7 @@ TEST_F(LaunchTest, OneStepsOutputsAreWrittenInPlace) {
     r.destination.mx_scales = {at + n * out_bytes, n * scale_bytes};
     r.destination.lse = {at + n * (out_bytes + scale_bytes), n * lse_bytes};
   };
-  auto rewind = [&] {
-    for (const SpanData& s : decode_) {
-      ASSERT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
-    }
-  };
+  auto rewind = [&] { ASSERT_TRUE(Rewind(model.store()).ok()); };
   // Both spans in one step: written in place.
   std::fill(outputs.begin(), outputs.end(), 0xee);
   StepRequest both = Request(decode_, true);
@@ -618,9 +621,7 @@ TEST_F(LaunchTest, QueriesAreReadInPlaceOnlyInRowOrder) {
   auto run = [&](const StepRequest& r) {
     absl::StatusOr<StepResult> got = ex.RunBatch({std::vector<const StepRequest*>{&r}})[0];
     EXPECT_TRUE(got.ok()) << got.status();
-    for (const SpanData& s : decode_) {
-      EXPECT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
-    }
+    EXPECT_TRUE(Rewind(model.store()).ok());
     return got.ok() ? got->out : std::vector<uint8_t>();
   };
   const std::vector<uint8_t> in_place = run(Request(decode_, true));
@@ -695,9 +696,7 @@ TEST_F(LaunchTest, RegionInputsAreExplainedAsTheChecksReadThem) {
     // Nothing was written: the same step with valid inputs runs.
     ASSERT_EQ(region_, valid);
     EXPECT_TRUE(ex.RunBatch({std::vector<const StepRequest*>{&r}})[0].ok());
-    for (const SpanData& s : decode_) {
-      ASSERT_TRUE(model.store().Truncate(kTenant, s.sequence, s.first).ok());
-    }
+    ASSERT_TRUE(Rewind(model.store()).ok());
   }
   ex.host_ranges().Remove(region_.data());
 }
