@@ -22,6 +22,15 @@ class Cursor {
 
   // A base-128 varint of at most ten bytes whose tenth byte holds only bit 63.
   bool Varint(uint64_t* v) { return Read(10, v); }
+  // The same into a narrower field, as protobuf reads it: an int32 or int64 keeps the low bits,
+  // a bool is whether the varint is non-zero.
+  template <typename T>
+  bool Varint(T* out) {
+    uint64_t v = 0;
+    if (!Varint(&v)) return false;
+    *out = static_cast<T>(v);
+    return true;
+  }
 
   // A field's tag: its number (at least 1) and wire type. Tags and lengths are read as protobuf
   // reads them: at most five bytes, a value below 2^32.
@@ -106,9 +115,9 @@ bool DecodeRef(Cursor& in, RefView* ref) {
 
 // A role: the low 32 bits of its varint, as protobuf reads an enum.
 bool DecodeRole(Cursor& in, SpanView* span) {
-  uint64_t v = 0;
-  if (!in.Varint(&v)) return false;
-  span->roles.push_back(static_cast<int32_t>(v));
+  int32_t role = 0;
+  if (!in.Varint(&role)) return false;
+  span->roles.push_back(role);
   return true;
 }
 
@@ -116,18 +125,9 @@ bool DecodeSpan(Cursor& in, SpanView* span) {
   Cursor m(nullptr, nullptr);
   if (!in.Sub(&m)) return false;
   return ReadFields(m, [span](Cursor& f, uint32_t field, uint32_t type) {
-    uint64_t v = 0;
     if (field == 1 && type == kLen) return f.String(&span->sequence_id);
-    if (field == 2 && type == kVarint) {
-      if (!f.Varint(&v)) return false;
-      span->first_position = static_cast<int64_t>(v);
-      return true;
-    }
-    if (field == 3 && type == kVarint) {
-      if (!f.Varint(&v)) return false;
-      span->num_rows = static_cast<int32_t>(v);
-      return true;
-    }
+    if (field == 2 && type == kVarint) return f.Varint(&span->first_position);
+    if (field == 3 && type == kVarint) return f.Varint(&span->num_rows);
     if (field == 4 && type == kVarint) return DecodeRole(f, span);
     if (field == 4 && type == kLen) {
       Cursor packed(nullptr, nullptr);
@@ -146,12 +146,7 @@ bool DecodePacked(Cursor& in, PackedView* p) {
                              &p->topk, nullptr,     &p->q_scales};
     RefView* ref = field < std::size(refs) ? refs[field] : nullptr;
     if (ref != nullptr && type == kLen) return DecodeRef(m, ref);
-    if (field == 5 && type == kVarint) {
-      uint64_t v = 0;
-      if (!m.Varint(&v)) return false;
-      p->topk_width = static_cast<int32_t>(v);
-      return true;
-    }
+    if (field == 5 && type == kVarint) return m.Varint(&p->topk_width);
     return false;
   });
 }
@@ -163,24 +158,17 @@ bool DecodePackedStep(std::span<const uint8_t> wire, StepView* out) {
   Cursor in(wire.data(), wire.data() + wire.size());
   const bool read = ReadFields(in, [out](Cursor& m, uint32_t field, uint32_t type) {
     if (type == kVarint) {
-      uint64_t v = 0;
-      if (!m.Varint(&v)) return false;
       switch (field) {
         case 3:
-          out->layer = static_cast<int32_t>(v);
-          return true;
+          return m.Varint(&out->layer);
         case 5:
-          out->output_format = static_cast<int32_t>(v);
-          return true;
+          return m.Varint(&out->output_format);
         case 6:
-          out->outputs.want_lse = v != 0;
-          return true;
+          return m.Varint(&out->outputs.want_lse);
         case 7:
-          out->inverse_rope = v != 0;
-          return true;
+          return m.Varint(&out->inverse_rope);
         case 8:
-          out->timeout_us = static_cast<int64_t>(v);
-          return true;
+          return m.Varint(&out->timeout_us);
         default:
           return false;
       }
