@@ -8,9 +8,11 @@
 //   layout and marks it ready: the next tile is read while the products run on this one;
 // - the scorer (warpgroup 0) computes S = Q.K^T for 64 heads x 64 keys (32 k-steps of
 //   m64n64k16, Q and K from shared memory), the online softmax, writes P and the rows' rescale
-//   factors to shared memory for its partner, then O[:, 0:256] += P.V with P from registers;
+//   factors to shared memory for its partner, then O[:, 0:256] += P.V with P from registers
+//   (four k-steps of m64n256k16);
 // - the partner (warpgroup 1) rescales its accumulators and computes O[:, 256:512] += P.V with
 //   P from shared memory.
+// Every shared operand (Q, the key tiles, P) lies in the 128-byte swizzled layout.
 // A buffer is free again when both consumers' products on it have completed. Registers move
 // from the loader to the scorer, which holds scores, P and half of O at once. The epilogue is
 // the tile kernel's (shared helpers), each consumer over its 256 columns.
@@ -84,7 +86,9 @@ struct WgmmaSmem {
   static constexpr int kStageStride = 160;
   static constexpr int kStage = (kFree + C::kBuffers * 8 + 15) / 16 * 16;
   static constexpr int kBytes = kStage + C::kGroupThreads * kStageStride;
-  static_assert(kTiles % 128 == 0 && kP % 128 == 0 && kReady % 8 == 0, "operands aligned");
+  // Swizzled operands start on 1 KB (wgmma::SwizzledOffset).
+  static_assert(kTiles % 1024 == 0 && kP % 1024 == 0 && kTileBytes % 1024 == 0 && kReady % 8 == 0,
+                "operands aligned");
   static_assert(kBytes <= 227 * 1024, "an sm_90 block's shared memory");
 };
 
@@ -220,7 +224,8 @@ __device__ __forceinline__ KeyShare<kFormat> ReadShare(const uint8_t* stage) {
   return v;
 }
 
-// Converts one key's share into the bf16 tile in the canonical layout and marks its validity.
+// Converts one key's share into the bf16 tile in the products' swizzled layout and marks its
+// validity.
 template <class C, int kFormat>
 __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, uint8_t* tile,
                                            int key, int buf, const WgmmaProgram& w) {
@@ -237,16 +242,16 @@ __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, 
     const uint2 b = E4m3x4ToBf16Scaled(v.codes[j].y, sc);
     const uint2 c = E4m3x4ToBf16Scaled(v.codes[j].z, sc);
     const uint2 d = E4m3x4ToBf16Scaled(v.codes[j].w, sc);
-    *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0, C::kQkWidth)) =
+    *reinterpret_cast<uint4*>(tile + wgmma::SwizzledOffset(key, e0, C::kKeys)) =
         make_uint4(a.x, a.y, b.x, b.y);
-    *reinterpret_cast<uint4*>(tile + wgmma::TileOffset(key, e0 + 8, C::kQkWidth)) =
+    *reinterpret_cast<uint4*>(tile + wgmma::SwizzledOffset(key, e0 + 8, C::kKeys)) =
         make_uint4(c.x, c.y, d.x, d.y);
   }
   if constexpr (K::kDsv4) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       *reinterpret_cast<uint4*>(
-          tile + wgmma::TileOffset(key, kNopeWidth + 8 * q + 32 * j, C::kQkWidth)) = v.rope[j];
+          tile + wgmma::SwizzledOffset(key, kNopeWidth + 8 * q + 32 * j, C::kKeys)) = v.rope[j];
     }
   }
   if (q == 0) w.valid[buf * C::kKeys + key] = ok ? 1 : 0;
@@ -323,20 +328,16 @@ __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const Wgm
 }
 
 // O (+)= P.V over one consumer's 256 value columns (from col0) of tile buffer `tile`:
-// mma(o[cb], ks, v) issues k-step ks of column block cb with value descriptor v, P coming from
+// mma(o, ks, v) issues k-step ks (an m64n256 product) with value descriptor v, P coming from
 // the scorer's registers or from shared memory.
 template <class C, class Mma>
 __device__ __forceinline__ void WeighValues(float (&o)[C::kColBlocks][32], const uint8_t* tile,
                                             int col0, Mma mma) {
+  static_assert(C::kColBlocks == 4, "one m64n256 product a k-step");
   wgmma::Arrive();
 #pragma unroll
   for (int ks = 0; ks < C::kPvSteps; ++ks) {
-#pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
-      mma(o[cb], ks,
-          wgmma::SharedKvDescriptor(tile + wgmma::TileOffset(16 * ks, col0 + 64 * cb, C::kQkWidth),
-                                    C::kQkWidth));
-    }
+    mma(o, ks, wgmma::SwizzledValues(tile, C::kKeys, ks, col0));
   }
   wgmma::Commit();
   wgmma::Wait<0>();
@@ -363,8 +364,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     wgmma::Arrive();
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
-      wgmma::Mma64x64x16(sc, wgmma::KMajorDescriptor(w.q + 256 * ks, C::kQkWidth),
-                         wgmma::KMajorDescriptor(tile + 256 * ks, C::kQkWidth), ks > 0);
+      wgmma::Mma64x64x16(sc, wgmma::SwizzledKStep(w.q, C::kHeadBlock, ks),
+                         wgmma::SwizzledKStep(tile, C::kKeys, ks), ks > 0);
     }
     wgmma::Commit();
     wgmma::Wait<0>();
@@ -416,8 +417,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     for (int ks = 0; ks < C::kPvSteps; ++ks) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t at =
-            wgmma::TileOffset(wgmma::ARow(gw, lane, j), 16 * ks + wgmma::ACol(lane, j), C::kKeys);
+        const uint32_t at = wgmma::SwizzledOffset(wgmma::ARow(gw, lane, j),
+                                                  16 * ks + wgmma::ACol(lane, j), C::kHeadBlock);
         *reinterpret_cast<uint32_t*>(w.p + at) = pf[ks][j];
       }
     }
@@ -430,8 +431,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     // anyway, and racecheck then sees the factors' stores and loads ordered (docs/gpu.md).
     wgsync::NamedSync(kPReady, C::kConsumerThreads);
 
-    WeighValues<C>(o, tile, 0, [&](float(&d)[32], int ks, uint64_t v) {
-      wgmma::Mma64x64x16RegA(d, pf[ks], v, true);
+    WeighValues<C>(o, tile, 0, [&](float(&d)[C::kColBlocks][32], int ks, uint64_t v) {
+      wgmma::Mma64x256x16RegA(d, pf[ks], v, true);
     });
     wgsync::Arrive(w.free + buf);
   }
@@ -455,9 +456,9 @@ __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::
       for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
     }
     WeighValues<C>(o, w.tiles + buf * WgmmaSmem<C>::kTileBytes, C::kGroupCols,
-                   [&](float(&d)[32], int ks, uint64_t v) {
-                     wgmma::Mma64x64x16<true>(d, wgmma::KMajorDescriptor(w.p + 256 * ks, C::kKeys),
-                                              v, true);
+                   [&](float(&d)[C::kColBlocks][32], int ks, uint64_t v) {
+                     wgmma::Mma64x256x16TransB(d, wgmma::SwizzledKStep(w.p, C::kHeadBlock, ks), v,
+                                               true);
                    });
     wgsync::Arrive(w.free + buf);
     if (u + 1 < w.u_end) wgsync::NamedSync(kPFree, C::kConsumerThreads);
@@ -608,7 +609,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   EnterGrid();  // grid_order.h: before any access to memory
   using S = WgmmaSmem<C>;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];
   WgmmaProgram w;
   w.q = smem + S::kQ;
   w.tiles = smem + S::kTiles;
@@ -635,6 +636,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.u_end = min(w.u_begin + p.tiles_per_split, keys.tiles0 + keys.tiles1);
 
   if (threadIdx.x == 0) {
+    // The swizzle is applied to absolute shared addresses: a base off 1 KB would read garbage.
+    if ((SharedAddress(smem) & 1023u) != 0) __trap();
     for (int b = 0; b < C::kBuffers; ++b) {
       wgsync::InitBarrier(w.ready + b, C::kGroupThreads);  // the loader's threads
       wgsync::InitBarrier(w.free + b, C::kConsumerThreads);
@@ -650,10 +653,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     return;
   }
 
-  // Q in the canonical layout, by the consumers while the loader reads the first tiles, in
+  // Q in the swizzled layout, by the consumers while the loader reads the first tiles, in
   // batches of four loads (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
   StageQueries<C, C::kConsumerThreads>(
-      p, row, w.head0, w.q, [](int h, int e0) { return wgmma::TileOffset(h, e0, C::kQkWidth); },
+      p, row, w.head0, w.q,
+      [](int h, int e0) { return wgmma::SwizzledOffset(h, e0, C::kHeadBlock); },
       static_cast<int>(threadIdx.x));
   wgmma::FenceOperands();
   wgsync::NamedSync(kQReady, C::kConsumerThreads);

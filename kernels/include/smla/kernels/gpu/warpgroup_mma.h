@@ -44,6 +44,19 @@ SMLA_HD constexpr uint32_t TileOffsetMn(int k, int n, int k_values) {
                                (n % 8) * 2);
 }
 
+// The 128-byte swizzle (what the attention program uses: docs/gpu.md, "Tensor cores"). A
+// K-major tile of `rows` rows is stored as column blocks of 64 values, each `rows` x 128 bytes
+// (a row's 64 values in one 128-byte line, rows one after another, 8-row atoms of 1 KB); in
+// row r the 16-byte chunk c of the line sits at chunk c ^ (r % 8). The products apply the same
+// exclusive-or to address bits 4-6 from bits 7-9, so a tile must start 1024-byte aligned. Read
+// MN-major (P.V's value operand: keys along K, values along N) the same bytes are the
+// swizzled MN-major layout, so one key tile serves both products, as with no swizzle. `rows` is
+// a multiple of 8.
+SMLA_HD constexpr uint32_t SwizzledOffset(int r, int k, int rows) {
+  return static_cast<uint32_t>((k / 64) * rows * 128 + r * 128 + (((k % 64) / 8) ^ (r % 8)) * 16 +
+                               (k % 8) * 2);
+}
+
 // Row and first column (of a bf16 pair) of register j (0..3) of `lane` in warp `warp`'s A
 // fragment of one k-step of 16.
 SMLA_HD constexpr int ARow(int warp, int lane, int j) { return 16 * warp + lane / 4 + 8 * (j % 2); }
@@ -63,12 +76,15 @@ SMLA_HD constexpr int AccumulatorOfA(int ks, int j) { return 4 * (2 * ks + j / 2
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// The descriptor of a no-swizzle operand at shared address `smem` (16-byte aligned) whose cores
-// adjacent in K lie `lead` bytes apart and adjacent in M or N `stride` bytes apart.
-__device__ __forceinline__ uint64_t Descriptor(const void* smem, uint32_t lead, uint32_t stride) {
+// The descriptor of an operand at shared address `smem` (16-byte aligned) with leading and
+// stride byte offsets `lead` and `stride`: with no swizzle, how far apart cores adjacent in K
+// and in M or N lie; `swizzle128` marks the 128-byte swizzled layout (SwizzledOffset), whose
+// offsets SwizzledKStep and SwizzledValues give.
+__device__ __forceinline__ uint64_t Descriptor(const void* smem, uint32_t lead, uint32_t stride,
+                                               bool swizzle128 = false) {
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   return uint64_t{(addr & 0x3ffff) >> 4} | (uint64_t{lead >> 4} << 16) |
-         (uint64_t{stride >> 4} << 32);
+         (uint64_t{stride >> 4} << 32) | (uint64_t{swizzle128} << 62);
 }
 
 // A K-major tile of `k_values` values per row (TileOffset), or an MN-major one of `k_values` keys
@@ -80,6 +96,21 @@ __device__ __forceinline__ uint64_t KMajorDescriptor(const void* smem, int k_val
 // The key tile of Q.K^T (TileOffset, `width` lanes a key) read as P.V's value operand.
 __device__ __forceinline__ uint64_t SharedKvDescriptor(const void* smem, int width) {
   return Descriptor(smem, static_cast<uint32_t>(width / 8) * 128, 128);
+}
+
+// K-step ks (16 values) of a swizzled K-major tile of `rows` rows (SwizzledOffset): its start
+// moves 32 bytes along the line per step and to the next column block every four steps; 8-row
+// atoms are 1 KB apart (the stride offset; the leading one is unused within a 128-byte line).
+__device__ __forceinline__ uint64_t SwizzledKStep(const uint8_t* tile, int rows, int ks) {
+  return Descriptor(tile + (ks / 4) * rows * 128 + (ks % 4) * 32, 16, 1024, true);
+}
+
+// The same tile read MN-major from key (row) 16 ks and value `col` (a multiple of 64): P.V's
+// value operand. Groups of 8 keys are 1 KB apart (stride); 64-value column blocks, the atoms
+// along N, `rows` x 128 bytes (leading).
+__device__ __forceinline__ uint64_t SwizzledValues(const uint8_t* tile, int rows, int ks, int col) {
+  return Descriptor(tile + (col / 64) * rows * 128 + 16 * ks * 128,
+                    static_cast<uint32_t>(rows) * 128, 1024, true);
 }
 
 // Shared-memory writes of ordinary stores made visible to the products' (async proxy) reads;
@@ -153,6 +184,53 @@ __device__ __forceinline__ void Mma64x64x16RegA(float (&d)[32], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
+// The 128 f32 accumulators of an m64n256 product (d[cb][i]: column block cb of 64, accumulator
+// i of its m64n64 layout) as the asm's first operands (%0..%127).
+#define SMLA_WGMMA_ACCUMULATORS_256                                                                \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "     \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "     \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "     \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "     \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, " \
+  "%109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "     \
+  "%124, %125, %126, %127}, "
+#define SMLA_WGMMA_ACCUMULATOR_OPERANDS_256(d)                                  \
+  SMLA_WGMMA_ACCUMULATOR_OPERANDS(d[0]), SMLA_WGMMA_ACCUMULATOR_OPERANDS(d[1]), \
+      SMLA_WGMMA_ACCUMULATOR_OPERANDS(d[2]), SMLA_WGMMA_ACCUMULATOR_OPERANDS(d[3])
+
+// d (+)= A (64 x 16, descriptor a) * B (16 x 256, MN-major, descriptor b): m64n256k16, bf16 in,
+// f32 accumulate: P.V over 256 value columns with P in shared memory, A read once for all four
+// column blocks.
+__device__ __forceinline__ void Mma64x256x16TransB(float (&d)[4][32], uint64_t a, uint64_t b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " SMLA_WGMMA_ACCUMULATORS_256
+      "%128, %129, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : SMLA_WGMMA_ACCUMULATOR_OPERANDS_256(d)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// The same with A from registers (ARow / ACol), as Mma64x64x16RegA.
+__device__ __forceinline__ void Mma64x256x16RegA(float (&d)[4][32], const uint32_t (&a)[4],
+                                                 uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " SMLA_WGMMA_ACCUMULATORS_256
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : SMLA_WGMMA_ACCUMULATOR_OPERANDS_256(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+#undef SMLA_WGMMA_ACCUMULATORS_256
+#undef SMLA_WGMMA_ACCUMULATOR_OPERANDS_256
 #undef SMLA_WGMMA_ACCUMULATORS
 #undef SMLA_WGMMA_ACCUMULATOR_OPERANDS
 
