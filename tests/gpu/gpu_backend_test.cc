@@ -1708,7 +1708,7 @@ TEST_F(GpuTest, WriteRowsTimeOfTheDecodeCell) {
 // at once (it stages such programs in bf16); all lanes tiny (2^-122) with huge queries; all
 // lanes near the bound with tiny queries. Every format in its geometries, 16 heads (the direct
 // kernel for fp8, and the tile kernel forced) and 64 (every head block), and paired rows of 8
-// and 16 heads, against the CPU reference.
+// and 16 heads, and the 64-head warpgroup program where it applies, against the CPU reference.
 TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
   struct Profile {
     const char* name;
@@ -1766,6 +1766,13 @@ TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
                        {OutputFormat::kBf16, true, true, 1, 16},
                        {OutputFormat::kBf16, true, true, 2, 32},
                        {OutputFormat::kBf16, true, true, 1, 64}};
+            if (direct && QkWidth(cb.geometry) == 512) {
+              // The warpgroup program's loader: fp8_dsv4 scale bytes past kFoldMax take the
+              // unfolded conversion.
+              RunConfig wg{OutputFormat::kBf16, true, true, 1, 64};
+              wg.wgmma = WgmmaUse::kAlways;
+              configs.push_back(wg);
+            }
           } else {
             configs = {{}, {OutputFormat::kBf16, true, true, 3, 0}};
             RunConfig tile{OutputFormat::kBf16, true, true, 1, 0};
