@@ -334,15 +334,29 @@ template <class C, class Mma>
 __device__ __forceinline__ void WeighValues(float (&o)[C::kColBlocks][32], const uint8_t* tile,
                                             int col0, Mma mma) {
   static_assert(C::kColBlocks == 4, "one m64n256 product a k-step");
+  const uint64_t v_desc = wgmma::SwizzledValues(tile, C::kKeys, 0, col0);
   wgmma::Arrive();
 #pragma unroll
   for (int ks = 0; ks < C::kPvSteps; ++ks) {
-    mma(o, ks, wgmma::SwizzledValues(tile, C::kKeys, ks, col0));
+    mma(o, ks, v_desc + wgmma::SwizzledValuesAdvance(C::kKeys, ks, 0));
   }
   wgmma::Commit();
   wgmma::Wait<0>();
 #pragma unroll
   for (int cb = 0; cb < C::kColBlocks; ++cb) wgmma::FenceAccumulators(o[cb]);
+}
+
+// O's rows times their factors (this lane's rows r = 0, 1: alpha[r]); skipped where every row of
+// the warp kept its maximum, whose factor 1 would leave O as it is.
+template <class C>
+__device__ __forceinline__ void RescaleRows(float (&o)[C::kColBlocks][32],
+                                            const float (&alpha)[2]) {
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int cb = 0; cb < C::kColBlocks; ++cb) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
+  }
 }
 
 // The scorer: per tile S = Q.K^T, the online softmax (maxima in m_run, this lane's share of the
@@ -353,10 +367,12 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
                                           float (&l_lane)[2]) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
+  const uint64_t q_desc = wgmma::SwizzledKStep(w.q, C::kHeadBlock, 0);
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
     const int buf = t % C::kBuffers;
     const uint8_t* tile = w.tiles + buf * WgmmaSmem<C>::kTileBytes;
+    const uint64_t k_desc = wgmma::SwizzledKStep(tile, C::kKeys, 0);
     const SegmentArgs& s = w.SegmentOf(p, u);
     wgsync::Wait(w.ready + buf, static_cast<uint32_t>((t / C::kBuffers) & 1));
 
@@ -364,8 +380,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     wgmma::Arrive();
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
-      wgmma::Mma64x64x16(sc, wgmma::SwizzledKStep(w.q, C::kHeadBlock, ks),
-                         wgmma::SwizzledKStep(tile, C::kKeys, ks), ks > 0);
+      wgmma::Mma64x64x16(sc, q_desc + wgmma::SwizzledKStepAdvance(C::kHeadBlock, ks),
+                         k_desc + wgmma::SwizzledKStepAdvance(C::kKeys, ks), ks > 0);
     }
     wgmma::Commit();
     wgmma::Wait<0>();
@@ -391,11 +407,7 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
       m_run[r] = m_new;
       l_lane[r] *= alpha[r];
     }
-#pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
-    }
+    RescaleRows<C>(o, alpha);
     // P as the A fragments of P.V's k-steps (wgmma::AccumulatorOfA): k-step ks holds keys
     // 16 ks .. 16 ks + 15.
     uint32_t pf[C::kPvSteps][4];
@@ -443,6 +455,7 @@ template <class C>
 __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::kColBlocks][32]) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
+  const uint64_t p_desc = wgmma::SwizzledKStep(w.p, C::kHeadBlock, 0);
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
     const int buf = t % C::kBuffers;
@@ -450,15 +463,11 @@ __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) alpha[r] = w.alpha[wgmma::AccRow(gw, lane, 2 * r)];
-#pragma unroll
-    for (int cb = 0; cb < C::kColBlocks; ++cb) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[cb][i] *= alpha[(i % 4) / 2];
-    }
+    RescaleRows<C>(o, alpha);
     WeighValues<C>(o, w.tiles + buf * WgmmaSmem<C>::kTileBytes, C::kGroupCols,
                    [&](float(&d)[C::kColBlocks][32], int ks, uint64_t v) {
-                     wgmma::Mma64x256x16TransB(d, wgmma::SwizzledKStep(w.p, C::kHeadBlock, ks), v,
-                                               true);
+                     wgmma::Mma64x256x16TransB(
+                         d, p_desc + wgmma::SwizzledKStepAdvance(C::kHeadBlock, ks), v, true);
                    });
     wgsync::Arrive(w.free + buf);
     if (u + 1 < w.u_end) wgsync::NamedSync(kPFree, C::kConsumerThreads);

@@ -57,6 +57,20 @@ SMLA_HD constexpr uint32_t SwizzledOffset(int r, int k, int rows) {
                                (k % 8) * 2);
 }
 
+// How far k-step ks (16 values) of a swizzled K-major tile of `rows` rows starts from its
+// k-step 0, in descriptor units (16 bytes): 32 bytes along the line per step, the next column
+// block every four steps. Added to k-step 0's descriptor it gives k-step ks's (shared addresses
+// stay below 2^18, so the sum stays within the start-address field): one add per product
+// instead of building each descriptor from its address.
+SMLA_HD constexpr uint64_t SwizzledKStepAdvance(int rows, int ks) {
+  return static_cast<uint64_t>((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4;
+}
+
+// The same for the tile read MN-major (SwizzledValues) from key 16 ks and value `col`.
+SMLA_HD constexpr uint64_t SwizzledValuesAdvance(int rows, int ks, int col) {
+  return static_cast<uint64_t>((col / 64) * rows * 128 + 16 * ks * 128) >> 4;
+}
+
 // Row and first column (of a bf16 pair) of register j (0..3) of `lane` in warp `warp`'s A
 // fragment of one k-step of 16.
 SMLA_HD constexpr int ARow(int warp, int lane, int j) { return 16 * warp + lane / 4 + 8 * (j % 2); }
@@ -102,15 +116,15 @@ __device__ __forceinline__ uint64_t SharedKvDescriptor(const void* smem, int wid
 // moves 32 bytes along the line per step and to the next column block every four steps; 8-row
 // atoms are 1 KB apart (the stride offset; the leading one is unused within a 128-byte line).
 __device__ __forceinline__ uint64_t SwizzledKStep(const uint8_t* tile, int rows, int ks) {
-  return Descriptor(tile + (ks / 4) * rows * 128 + (ks % 4) * 32, 16, 1024, true);
+  return Descriptor(tile, 16, 1024, true) + SwizzledKStepAdvance(rows, ks);
 }
 
 // The same tile read MN-major from key (row) 16 ks and value `col` (a multiple of 64): P.V's
 // value operand. Groups of 8 keys are 1 KB apart (stride); 64-value column blocks, the atoms
 // along N, `rows` x 128 bytes (leading).
 __device__ __forceinline__ uint64_t SwizzledValues(const uint8_t* tile, int rows, int ks, int col) {
-  return Descriptor(tile + (col / 64) * rows * 128 + 16 * ks * 128,
-                    static_cast<uint32_t>(rows) * 128, 1024, true);
+  return Descriptor(tile, static_cast<uint32_t>(rows) * 128, 1024, true) +
+         SwizzledValuesAdvance(rows, ks, col);
 }
 
 // Shared-memory writes of ordinary stores made visible to the products' (async proxy) reads;
