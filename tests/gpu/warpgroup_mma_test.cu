@@ -46,6 +46,19 @@ __global__ void ProductKernel(const uint16_t* a, const uint16_t* b, float* c) {
 #endif
 }
 
+// P [64 rows x kK keys] (row-major bf16 in global memory) as this lane's A fragments of each
+// k-step (ARow / ACol).
+__device__ void LoadAFragments(const uint16_t* p, int warp, int lane, uint32_t (&a)[kK / 16][4]) {
+#pragma unroll
+  for (int s = 0; s < kK / 16; ++s) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t* pair = p + ARow(warp, lane, j) * kK + 16 * s + ACol(lane, j);
+      a[s][j] = uint32_t{pair[0]} | (uint32_t{pair[1]} << 16);
+    }
+  }
+}
+
 // O = P V: P [64 rows x 64 keys] from registers or (kSharedP, as the attention's second
 // consumer reads it) from a K-major tile in shared memory; V [64 keys x 64 values] in shared
 // memory either in a tile of its own (TileOffsetMn) or as the key tile of Q.K^T lies
@@ -66,14 +79,7 @@ __global__ void PvKernel(const uint16_t* p, const uint16_t* v, float* o) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float d[32] = {};
   uint32_t a[kK / 16][4];
-#pragma unroll
-  for (int s = 0; s < kK / 16; ++s) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t* pair = p + ARow(warp, lane, j) * kK + 16 * s + ACol(lane, j);
-      a[s][j] = uint32_t{pair[0]} | (uint32_t{pair[1]} << 16);
-    }
-  }
+  LoadAFragments(p, warp, lane, a);
   Arrive();
 #pragma unroll
   for (int s = 0; s < kK / 16; ++s) {
@@ -171,14 +177,7 @@ __global__ void SwizzledPvKernel(const uint16_t* p, const uint16_t* v, float* o)
   const int col0 = 256 * (static_cast<int>(threadIdx.x) / 128);
   float d[4][32] = {};
   uint32_t a[kK / 16][4];
-#pragma unroll
-  for (int s = 0; s < kK / 16; ++s) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t* pair = p + ARow(warp, lane, j) * kK + 16 * s + ACol(lane, j);
-      a[s][j] = uint32_t{pair[0]} | (uint32_t{pair[1]} << 16);
-    }
-  }
+  LoadAFragments(p, warp, lane, a);
   Arrive();
 #pragma unroll
   for (int s = 0; s < kK / 16; ++s) {
