@@ -376,6 +376,12 @@ TEST(WarpgroupMmaTest, QueryTimesKeysMatchesTheHost) {
       [&](int k, int n) { return Bf16ToF32(b[n * kK + k]); });
 }
 
+// A kernel of the tests below, named for the trace of a failure.
+struct Way {
+  const char* name;
+  void (*kernel)(const uint16_t*, const uint16_t*, float*);
+};
+
 // Both ways of holding V, and P from shared memory. Were the offsets of a transposed operand the
 // other way round from what warpgroup_mma.h says, each would read the other's layout and both
 // would fail.
@@ -383,10 +389,6 @@ TEST(WarpgroupMmaTest, WeightsTimesValuesMatchesTheHost) {
   if (!HaveSm90()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   std::mt19937 rng(6);
   const std::vector<uint16_t> p = RandomBf16(rng, kM * kK), v = RandomBf16(rng, kK * kN);
-  struct Way {
-    const char* name;
-    void (*kernel)(const uint16_t*, const uint16_t*, float*);
-  };
   for (const Way& way : {Way{"V in a tile of its own", PvKernel<false>},
                          Way{"V as the key tile lies", PvKernel<true>},
                          Way{"V as the key tile lies, P in shared memory", PvKernel<true, true>}}) {
@@ -404,10 +406,6 @@ TEST(WarpgroupMmaTest, WideQueryTimesKeysMatchesTheHost) {
   if (!HaveSm90()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   std::mt19937 rng(7);
   const std::vector<uint16_t> a = RandomBf16(rng, kM * kWidth), b = RandomBf16(rng, kN * kWidth);
-  struct Way {
-    const char* name;
-    void (*kernel)(const uint16_t*, const uint16_t*, float*);
-  };
   for (const Way& way : {Way{"128-byte swizzle", WideProductKernel<true>},
                          Way{"no swizzle", WideProductKernel<false>}}) {
     SCOPED_TRACE(way.name);
@@ -426,10 +424,6 @@ TEST(WarpgroupMmaTest, SwizzledWeightsTimesValuesMatchesTheHost) {
   if (!HaveSm90()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   std::mt19937 rng(8);
   const std::vector<uint16_t> p = RandomBf16(rng, kM * kK), v = RandomBf16(rng, kK * kWidth);
-  struct Way {
-    const char* name;
-    void (*kernel)(const uint16_t*, const uint16_t*, float*);
-  };
   for (const Way& way : {Way{"m64n64, P in registers", SwizzledPvKernel<false, false>},
                          Way{"m64n64, P in shared memory", SwizzledPvKernel<false, true>},
                          Way{"m64n256, P in registers", SwizzledPvKernel<true, false>},
