@@ -734,6 +734,83 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
   }
 }
 
+// The warpgroup program over row pairs (PairMode::kRowHalves: 32 heads of rows 2i and 2i+1 as
+// its 64 product rows, over the union of their keys, masked per row): overlapping, identical
+// and disjoint index sets of 6-row requests, sentinels, duplicated ids, empty rows, both
+// segments in each fp8 format and mixed, sink, RoPE, an fp8 query, split-K off and on, bf16 and
+// MXFP8 outputs, bitwise reproducible; and the default plan's choice of it for enough pairs.
+TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
+  if (!gpu::WgmmaProgramSupported() || !gpu::RowPairsSupported()) {
+    GTEST_SKIP() << "no warpgroup program or row pairs in this build";
+  }
+  const std::pair<KvFormat, KvFormat> kFormats[] = {
+      {KvFormat::kFp8Dsv4, KvFormat::kFp8Dsv4},
+      {KvFormat::kFp8PerTensor, KvFormat::kFp8PerTensor},
+      {KvFormat::kFp8Dsv4, KvFormat::kFp8PerTensor}};
+  uint32_t seed = 1300;
+  for (const int mode : {kOverlapping, kIdentical, kDisjoint}) {
+    for (const auto& [format, extra_format] : kFormats) {
+      CaseSpec c;
+      c.format = format;
+      c.extra_format = extra_format;
+      c.geometry = Geometry::kRopeInside;
+      c.heads = 32;
+      c.rows = 12;
+      c.rows_per_group = 6;
+      c.group_mode = mode;
+      c.max_main = 200;
+      c.max_extra = 300;
+      c.sentinel_rate = 0.05;
+      c.empty_every = mode == kOverlapping ? 5 : 0;
+      c.sink = mode != kDisjoint;
+      c.positions = true;
+      c.fp8_q = mode == kIdentical;
+      c.seed = seed++;
+      std::vector<RunConfig> configs;
+      for (const int splits : {1, 3}) {
+        RunConfig rc{OutputFormat::kBf16, true, true, splits, 0};
+        rc.wgmma = WgmmaUse::kAlways;
+        configs.push_back(rc);
+      }
+      CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
+      const Inputs in = MakeInputs(*cpu_, c);
+      for (const int splits : {1, 3}) {
+        RunConfig a{OutputFormat::kBf16, false, true, splits, 0};
+        RunConfig b{OutputFormat::kMxfp8, true, false, splits, 0};
+        a.wgmma = b.wgmma = WgmmaUse::kAlways;
+        const Outputs plain = RunAttend(*gpu_, in, a);
+        const Outputs again = RunAttend(*gpu_, in, a);
+        const Outputs mx = RunAttend(*gpu_, in, b);
+        ASSERT_TRUE(plain.status.ok() && again.status.ok()) << plain.status << again.status;
+        ASSERT_TRUE(mx.status.ok()) << mx.status;
+        EXPECT_EQ(plain.bf16, again.bf16) << Describe(c);
+        EXPECT_EQ(0, std::memcmp(plain.lse.data(), again.lse.data(), plain.lse.size() * 4));
+        ExpectMxfp8Matches(in, plain, mx, absl::StrCat("wgmma pairs mxfp8 splits=", splits));
+      }
+    }
+  }
+  // What the default plan runs this way: a decode call of 36 pairs of 6-row requests (split
+  // three ways) and a prefill chunk of one sequence (unsplit).
+  for (const bool prefill : {false, true}) {
+    CaseSpec c;
+    c.format = c.extra_format = KvFormat::kFp8Dsv4;
+    c.geometry = Geometry::kRopeInside;
+    c.heads = 32;
+    c.rows = prefill ? 2100 : 72;
+    c.rows_per_group = prefill ? 2100 : 6;
+    c.group_mode = kOverlapping;
+    c.max_main = prefill ? 130 : 128;
+    c.max_extra = prefill ? 200 : 512;
+    c.sentinel_rate = 0.02;
+    c.empty_every = prefill ? 13 : 0;
+    c.sink = true;
+    c.positions = true;
+    c.seed = seed++;
+    CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, true, 0, 0, RowPairs::kNever}},
+              /*check_mxfp8=*/true);
+  }
+}
+
 TEST_F(GpuTest, OneSegmentNoSinkSmallPages) {
   for (int combo = 0; combo < 8; ++combo) {
     CaseSpec c;
@@ -1708,7 +1785,8 @@ TEST_F(GpuTest, WriteRowsTimeOfTheDecodeCell) {
 // at once (it stages such programs in bf16); all lanes tiny (2^-122) with huge queries; all
 // lanes near the bound with tiny queries. Every format in its geometries, 16 heads (the direct
 // kernel for fp8, and the tile kernel forced) and 64 (every head block), and paired rows of 8
-// and 16 heads, and the 64-head warpgroup program where it applies, against the CPU reference.
+// and 16 heads, and the warpgroup program where it applies (64 heads, and row pairs of 32),
+// against the CPU reference.
 TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
   struct Profile {
     const char* name;
@@ -1731,10 +1809,11 @@ TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
   for (const Profile& pr : kProfiles) {
     for (const Combo& cb : kFormats) {
       const bool direct = cb.format == KvFormat::kFp8Dsv4 || cb.format == KvFormat::kFp8PerTensor;
-      for (int heads : {16, 64, 8}) {
+      const bool wide = QkWidth(cb.geometry) == 512;
+      for (int heads : {16, 64, 8, 32}) {
         for (bool paired : {false, true}) {
-          if (paired && !(direct && heads <= 16)) continue;
-          if (heads == 8 && !paired) continue;
+          if (paired && !(direct && (heads <= 16 || (heads == 32 && wide)))) continue;
+          if ((heads == 8 || heads == 32) && !paired) continue;
           CaseSpec c;
           c.format = cb.format;
           c.extra_format = cb.format;
@@ -1761,12 +1840,16 @@ TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
             c.group_mode = kOverlapping;
             c.row_pairs = true;
             configs = {{}, {OutputFormat::kBf16, true, true, 3, 0}};
+            if (heads == 32) {
+              // The warpgroup program over the pairs (PairMode::kRowHalves).
+              for (RunConfig& rc : configs) rc.wgmma = WgmmaUse::kAlways;
+            }
           } else if (heads == 64) {
             configs = {{},
                        {OutputFormat::kBf16, true, true, 1, 16},
                        {OutputFormat::kBf16, true, true, 2, 32},
                        {OutputFormat::kBf16, true, true, 1, 64}};
-            if (direct && QkWidth(cb.geometry) == 512) {
+            if (direct && wide) {
               // The warpgroup program, which the plan does not pick for these few rows: its
               // loader's conversion at every magnitude of the profiles.
               RunConfig wg{OutputFormat::kBf16, true, true, 1, 64};
@@ -1878,6 +1961,58 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto, 16), PairMode::kNone);
   EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
   EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
+}
+
+// The warpgroup program over 32-head row pairs (PairMode::kRowHalves): by default for fp8_dsv4
+// calls of even request groups with at least one pair per 4 SMs, a decode call's pairs split as
+// often as one wave of programs allows, prefill unsplit; forced by WgmmaUse::kAlways
+// (fp8_per_tensor, fewer pairs) unless pairs are off; never for other head counts, odd groups
+// or a forced head block.
+TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
+  const DeviceInfo device = PlanDevice();
+  std::vector<int32_t> indptr, indices;
+  auto plan = [&](KvFormat format, int heads, int rows, int group, RowPairs pairs,
+                  WgmmaUse use = WgmmaUse::kAuto, int force_hb = 0) {
+    AttendParams p = PlanParams(format, Geometry::kRopeInside, heads, rows, indptr, indices);
+    p.rows_per_group = group;
+    p.row_pairs = pairs;
+    p.wgmma = use;
+    p.force_head_block = force_hb;
+    absl::StatusOr<gpu::AttendLaunch> l = gpu::PlanAttend(p, device);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : gpu::AttendLaunch{};
+  };
+  const bool on = gpu::WgmmaProgramSupported() && gpu::RowPairsSupported();
+  const KvFormat dsv4 = KvFormat::kFp8Dsv4;
+  const RowPairs kAuto = RowPairs::kAuto;
+  // (rows, splits): 36 pairs split 3 ways, 48 pairs 2, from 72 pairs one split; prefill one.
+  for (const auto& [rows, splits] : {std::pair{72, 3}, {96, 2}, {144, 1}, {384, 1}, {2100, 1}}) {
+    const gpu::AttendLaunch l = plan(dsv4, 32, rows, rows == 2100 ? 2100 : 6, kAuto);
+    EXPECT_EQ(l.paired == gpu::PairMode::kRowHalves, on) << rows;
+    EXPECT_EQ(l.wgmma, on) << rows;
+    if (on) {
+      EXPECT_FALSE(l.direct);
+      EXPECT_EQ(l.plan.splits, splits) << rows;
+      EXPECT_EQ(l.plan.programs, rows / 2 * splits) << rows;
+      EXPECT_EQ(l.plan.tiles, 10);  // two identical 640-key rows: their union is one row's
+      EXPECT_EQ(l.kernel.paired, static_cast<int32_t>(gpu::PairMode::kRowHalves));
+    }
+  }
+  EXPECT_FALSE(plan(dsv4, 32, 64, 2, kAuto).wgmma);  // 32 pairs: fewer than one per 4 SMs
+  EXPECT_EQ(plan(dsv4, 32, 22, 2, kAuto, WgmmaUse::kAlways).wgmma, on);
+  EXPECT_EQ(plan(KvFormat::kFp8PerTensor, 32, 192, 6, kAuto).paired, gpu::PairMode::kNone);
+  EXPECT_EQ(plan(KvFormat::kFp8PerTensor, 32, 192, 6, kAuto, WgmmaUse::kAlways).paired,
+            on ? gpu::PairMode::kRowHalves : gpu::PairMode::kNone);
+  EXPECT_EQ(plan(dsv4, 32, 192, 6, RowPairs::kAlways, WgmmaUse::kAlways).paired,
+            on ? gpu::PairMode::kRowHalves : gpu::PairMode::kNone);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 6, RowPairs::kNever).wgmma);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 6, RowPairs::kNever, WgmmaUse::kAlways).wgmma);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 6, kAuto, WgmmaUse::kNever).wgmma);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 0, kAuto).wgmma);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 3, kAuto).wgmma);
+  EXPECT_FALSE(plan(dsv4, 32, 192, 6, kAuto, WgmmaUse::kAuto, 32).wgmma);
+  EXPECT_NE(plan(dsv4, 16, 192, 6, kAuto).paired, gpu::PairMode::kRowHalves);
+  EXPECT_NE(plan(dsv4, 64, 192, 6, kAuto).paired, gpu::PairMode::kRowHalves);
 }
 
 // WgmmaUse::kAlways takes the 64-head warpgroup program where the plan runs 64-head programs on

@@ -320,6 +320,21 @@ __device__ __forceinline__ RowKeys RowKeysOf(const AttendKernelParams& p, int ro
   return k;
 }
 
+// A row pair's keys (AttendKernelParams::paired): the union of rows 2 pair and 2 pair + 1 in
+// each segment, written by the row-union kernel from the first row's start.
+__device__ __forceinline__ RowKeys PairKeysOf(const AttendKernelParams& p, int pair) {
+  RowKeys k;
+  k.begin0 = p.seg[0].indptr[2 * pair];
+  k.len0 = p.seg[0].union_count[pair];
+  if (p.num_segments > 1) {
+    k.begin1 = p.seg[1].indptr[2 * pair];
+    k.len1 = p.seg[1].union_count[pair];
+  }
+  k.tiles0 = (k.len0 + kTileKeys - 1) / kTileKeys;
+  k.tiles1 = (k.len1 + kTileKeys - 1) / kTileKeys;
+  return k;
+}
+
 // Values e0 .. e0 + 7 of a head's query as bf16 (fp8 queries converted exactly), zero past H.
 __device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int qk_width, int row,
                                                int head, int e0) {
@@ -337,13 +352,26 @@ __device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head h at byte
+// Which query a program's head slot h holds: head head0 + h % 2^kHeadsLog2 of row
+// row + h / 2^kHeadsLog2. The default is one row (every head slot of `row`); a warpgroup
+// program over row pairs holds two (attend_wgmma_kernel.cuh).
+template <int kHeadsLog2 = 16>
+struct QuerySlots {
+  static constexpr bool kOneRow = kHeadsLog2 >= 16;  // more slots than any head count
+  int row = 0, head0 = 0;
+  __device__ int Row(int h) const { return kOneRow ? row : row + (h >> kHeadsLog2); }
+  __device__ int Head(int h) const {
+    return kOneRow ? head0 + h : head0 + (h & ((1 << kHeadsLog2) - 1));
+  }
+};
+
+// Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head slot h at byte
 // at(h, e0) of q_s (heads past H are zero and never stored), by threads tid = 0 .. kStagers - 1.
 // Each thread issues kBatch loads before storing any, so a batch costs one memory latency rather
 // than one per unit (docs/gpu.md, "What makes the operator fast on Hopper").
-template <class C, int kStagers = C::kThreads, int kBatch = 4, class At>
-__device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int row, int head0,
-                                             uint8_t* q_s, At at, int tid = threadIdx.x) {
+template <class C, int kStagers = C::kThreads, int kBatch = 4, class Slots, class At>
+__device__ __forceinline__ void StageQueries(const AttendKernelParams& p, Slots slots, uint8_t* q_s,
+                                             At at, int tid = threadIdx.x) {
   constexpr int kUnits = C::kQkWidth / 8;
   constexpr int kTotal = C::kHeadBlock * kUnits;
   constexpr int kPerThread = (kTotal + kStagers - 1) / kStagers;
@@ -356,7 +384,8 @@ __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, int ro
       const int u = tid + (i0 + i) * kStagers;
       unit[i] = i0 + i < kPerThread && u < kTotal ? u : -1;
       if (unit[i] >= 0) {
-        v[i] = LoadQueryUnit(p, C::kQkWidth, row, head0 + u / kUnits, (u % kUnits) * 8);
+        const int h = u / kUnits;
+        v[i] = LoadQueryUnit(p, C::kQkWidth, slots.Row(h), slots.Head(h), (u % kUnits) * 8);
       }
     }
 #pragma unroll
@@ -430,7 +459,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int wg = warp % C::kW;
   const int head0 = hb * C::kHeadBlock;
 
-  StageQueries<C>(p, row, head0, reinterpret_cast<uint8_t*>(q_s),
+  StageQueries<C>(p, QuerySlots<>{row, head0}, reinterpret_cast<uint8_t*>(q_s),
                   [](int h, int e0) { return 2 * (h * C::kQStride + e0); });
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.

@@ -19,6 +19,10 @@ namespace {
 // from 12 programs (decode C=2 of 6 rows), where split direct programs were faster with 6
 // (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
 constexpr int kWgmmaSmsPerProgram = 11;
+// Row pairs on the warpgroup program pay from one pair per this many SMs (decode C=12 of 6 rows
+// on 132 SMs, split three ways), where the direct kernel was faster with fewer
+// (docs/results/kbench-h200.md, "Row pairs on the warpgroup program").
+constexpr int kWgmmaSmsPerPair = 4;
 
 int Log2(int32_t v) {
   int l = 0;
@@ -87,7 +91,8 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
 //   FitTileProgram       the tile kernel's head block, stages and shared memory
 //   ChooseDirectProgram  the direct kernel's head block and splits, where the formats take it
 //   ChooseWgmmaProgram   the 64-head warpgroup program, where asked and it fits
-//   ChooseRowPairs       paired rows over their keys' union, where that pays
+//   ChooseWgmmaPairs     the warpgroup program over 32-head row pairs, where that pays
+//   ChooseRowPairs       paired direct programs over their keys' union, where that pays
 //   LayOutWorkspace      the workspace offsets of the staged arrays and split-K partials
 //   FillKernelParams     the kernels' parameters (device pointers come from BindAttend)
 class AttendPlanner {
@@ -108,6 +113,7 @@ class AttendPlanner {
     if (absl::Status st = FitTileProgram(); !st.ok()) return st;
     ChooseDirectProgram();
     ChooseWgmmaProgram();
+    ChooseWgmmaPairs();
     ChooseRowPairs();
     LayOutWorkspace();
     FillKernelParams();
@@ -222,6 +228,43 @@ class AttendPlanner {
     l_.shared_bytes = WgmmaSharedBytes();
   }
 
+  // Row pairs on the warpgroup program (PairMode::kRowHalves): with 32 heads a row, rows 2i and
+  // 2i+1 fill the program's 64 product rows over the union of their keys, so each shared key
+  // is read and dequantised once, and the products run on 64 rows where a 32-head program
+  // would leave half of an m64 product empty. By default (RowPairs::kAuto, WgmmaUse::kAuto) on
+  // fp8_dsv4 with at least one pair per kWgmmaSmsPerPair SMs, decode and prefill; a decode call
+  // splits each pair's keys as often as one wave of programs allows (fewer pairs than SMs),
+  // prefill not. WgmmaUse::kAlways with pairs allowed takes it for fp8_per_tensor and fewer
+  // pairs too (docs/results/kbench-h200.md, "Row pairs on the warpgroup program").
+  void ChooseWgmmaPairs() {
+    auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
+    const int64_t pairs = T_ / 2;
+    const bool forced = params_.wgmma == WgmmaUse::kAlways && params_.row_pairs != RowPairs::kNever;
+    const bool automatic =
+        params_.wgmma == WgmmaUse::kAuto && params_.row_pairs == RowPairs::kAuto &&
+        dsv4(params_.main.cache.format) && (!mixed() || dsv4(params_.extra.cache.format)) &&
+        pairs * kWgmmaSmsPerPair >= device_.compute_units;
+    if (H_ != 32 || params_.force_tile_kernel || !PairableRows() || !WgmmaFits() ||
+        !(forced || automatic) || !FitUnionTable()) {
+      return;
+    }
+    const int64_t tiles = std::max<int64_t>(1, LongestPairUnionTiles(params_));
+    int64_t splits = params_.force_splits;
+    if (splits == 0) {
+      splits = T_ >= kPrefillRows ? 1 : std::max<int64_t>(1, device_.compute_units / pairs);
+    }
+    l_.direct = false;
+    l_.wgmma = true;
+    l_.paired = PairMode::kRowHalves;
+    l_.plan.head_block = 32;
+    l_.plan.head_blocks = 1;
+    l_.plan.splits =
+        static_cast<int32_t>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(tiles, kMaxSplits)));
+    l_.plan.tiles = static_cast<int32_t>(tiles);
+    l_.plan.programs = pairs * l_.plan.splits;
+    l_.shared_bytes = WgmmaSharedBytes();
+  }
+
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
   // is compiled for: as many as fit up to kDirectMaxStages, or 0 below two or without such a
   // variant. The per-SM shared memory is the per-block limit plus one 1 KB reservation; each
@@ -294,20 +337,10 @@ class AttendPlanner {
     const bool want_pairs = params_.row_pairs == RowPairs::kAlways ||
                             (params_.row_pairs == RowPairs::kAuto && half_pairs &&
                              int64_t{T_} / 2 * 4 >= device_.compute_units);
-    if (l_.direct && RowPairsSupported() && want_pairs && params_.rows_per_group >= 2 &&
-        params_.rows_per_group % 2 == 0 && T_ % 2 == 0 && (half_pairs || T_ < kPrefillRows) &&
-        (half_pairs || H_ % 16 == 0) && params_.force_head_block == 0) {
+    if (l_.direct && PairableRows() && want_pairs && (half_pairs || T_ < kPrefillRows) &&
+        (half_pairs || H_ % 16 == 0)) {
       const int n = DirectStages(pair_hb);
-      // The row-union table: kUnionSlotsPerKey entries per key of the longest first row where
-      // shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
-      const int64_t longest =
-          std::min<int64_t>(kUnionMaxRow, std::max(in_.max_main_keys, in_.max_extra_keys));
-      while (union_bits_ < kMaxUnionBits &&
-             (int64_t{1} << union_bits_) < kUnionSlotsPerKey * longest &&
-             RowUnionSharedBytes(union_bits_ + 1) <= device_.shared_memory_per_block - 1024) {
-        ++union_bits_;
-      }
-      if (n > 0 && (int64_t{1} << union_bits_) >= 2 * longest) {
+      if (n > 0 && FitUnionTable()) {
         // The kernel splits each pair's own union tiles; the split count is planned for those
         // of the longest pair.
         const int64_t est = std::max<int64_t>(1, LongestPairUnionTiles(params_));
@@ -332,7 +365,29 @@ class AttendPlanner {
         l_.shared_bytes = DirectSharedBytes(l_.qk_width, pair_hb, dstage_, n);
       }
     }
+    if (l_.paired == PairMode::kRowHalves) return;  // ChooseWgmmaPairs
     l_.program_head_block = l_.paired == PairMode::kGroups ? 32 : l_.plan.head_block;
+  }
+
+  // The caller's rows come in even groups of one sequence, the build pairs rows, and no head
+  // block is forced.
+  bool PairableRows() const {
+    return RowPairsSupported() && params_.rows_per_group >= 2 && params_.rows_per_group % 2 == 0 &&
+           T_ % 2 == 0 && params_.force_head_block == 0;
+  }
+
+  // Sizes the row-union table (union_bits_): kUnionSlotsPerKey entries per key of the longest
+  // first row where shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
+  // False where it cannot hold two entries per key.
+  bool FitUnionTable() {
+    const int64_t longest =
+        std::min<int64_t>(kUnionMaxRow, std::max(in_.max_main_keys, in_.max_extra_keys));
+    while (union_bits_ < kMaxUnionBits &&
+           (int64_t{1} << union_bits_) < kUnionSlotsPerKey * longest &&
+           RowUnionSharedBytes(union_bits_ + 1) <= device_.shared_memory_per_block - 1024) {
+      ++union_bits_;
+    }
+    return (int64_t{1} << union_bits_) >= 2 * longest;
   }
 
   void LayOutWorkspace() {

@@ -169,14 +169,28 @@ bool WgmmaProgramSupported() {
 
 int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512>>::kBytes; }
 
+#if defined(SMLA_GPU_CUDA)
+namespace {
+// The warpgroup program's two builds: one row per program, and row pairs (PairMode::kRowHalves).
+using WgmmaRows = WgmmaConfig<512>;
+using WgmmaPairs = WgmmaConfig<512, true>;
+static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaPairs>::kBytes, "one layout");
+}  // namespace
+#endif
+
 absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
                                StreamHandle stream) {
 #if defined(SMLA_GPU_CUDA)
-  using C = WgmmaConfig<512>;
-  const int64_t programs = int64_t{p.num_rows} * p.head_blocks * p.splits;
+  const bool paired = p.paired == static_cast<int32_t>(PairMode::kRowHalves);
+  if (p.paired != 0 && !paired) {
+    return absl::InternalError("the warpgroup program pairs rows only as PairMode::kRowHalves");
+  }
+  const int64_t programs = int64_t{paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  return ToStatus(Launch(&SparseMlaAttendWgmmaKernel<C>, dim3(static_cast<unsigned>(programs)),
-                         dim3(C::kThreads), static_cast<size_t>(shared_bytes), stream, p),
+  return ToStatus(Launch(paired ? &SparseMlaAttendWgmmaKernel<WgmmaPairs>
+                                : &SparseMlaAttendWgmmaKernel<WgmmaRows>,
+                         dim3(static_cast<unsigned>(programs)), dim3(WgmmaRows::kThreads),
+                         static_cast<size_t>(shared_bytes), stream, p),
                   "warpgroup attention kernel launch");
 #else
   return absl::UnimplementedError("no warpgroup attention program in this build");
@@ -189,9 +203,10 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
 #if defined(SMLA_GPU_CUDA)
-  SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(
-      reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaConfig<512>>),
-      static_cast<int>(max_bytes)));
+  for (const void* fn : {reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRows>),
+                         reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaPairs>)}) {
+    SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(fn, static_cast<int>(max_bytes)));
+  }
 #endif
   for (const DirectVariant& v : kDirectVariants) {
     SMLA_GPU_RETURN_IF_ERROR(

@@ -1,6 +1,9 @@
 // The 64-head sparse MLA attention program on sm_90a's warpgroup products (docs/operator.md
 // 4-6; docs/gpu.md, "Tensor cores"). One program of three warpgroups owns (row, 64-head block,
-// split); each key of its tiles is read and dequantised once for all 64 heads.
+// split); each key of its tiles is read and dequantised once for all 64 heads. The paired
+// variant (PairMode::kRowHalves, H = 32) owns (row pair, split) instead: its 64 product rows
+// are the 32 heads of rows 2i and 2i + 1 over the union of their keys (row_union_kernel.cu),
+// each key read once for both rows and masked per row.
 //
 // The warpgroups specialise (warpgroup_sync.h):
 // - the loader (warpgroup 2) reads each 64-key tile's fp8 rows from the pool into registers,
@@ -33,10 +36,14 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_>
+template <int kQkWidth_, bool kPaired_ = false>
 struct WgmmaConfig {
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kHeadBlock = 64;  // one m64 product's rows
+  // Paired: product rows 0-31 are row 2i's heads, 32-63 row 2i + 1's.
+  static constexpr bool kPaired = kPaired_;
+  static constexpr int kRowHeads = kPaired ? 32 : 64;  // heads of one query row in the block
+  using Slots = QuerySlots<kPaired ? 5 : 16>;
   static constexpr int kKeys = 64;
   static constexpr int kGroupThreads = 128;
   static constexpr int kThreads = 3 * kGroupThreads;  // scorer, partner, loader
@@ -96,8 +103,8 @@ struct WgmmaSmem {
 
 // What the three roles share: the row's tiles and where things lie in shared memory.
 struct WgmmaProgram {
-  int row = 0, head0 = 0, split = 0;
-  int u_begin = 0, u_end = 0;  // this split's tiles: main tiles, then extra
+  int row = 0, head0 = 0, split = 0;  // row: the first query row (2i when paired)
+  int u_begin = 0, u_end = 0;         // this split's tiles: main tiles, then extra
   int tiles0 = 0;
   int begin0 = 0, len0 = 0, begin1 = 0, len1 = 0;  // the row's range of each segment
   uint8_t* q = nullptr;
@@ -106,7 +113,7 @@ struct WgmmaProgram {
   float* alpha = nullptr;
   float* row_max = nullptr;
   float* row_sum = nullptr;
-  int32_t* valid = nullptr;
+  int32_t* valid = nullptr;  // per key: bit r set where query row row + r attends it
   uint64_t* ready = nullptr;
   uint64_t* free = nullptr;
   uint8_t* stage = nullptr;  // this loader thread's staging
@@ -124,14 +131,36 @@ __device__ __forceinline__ int GroupWarp() {
   return (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
 }
 
-// Tile u's slot of key `key` of the tile, or -1 past the row's keys.
-__device__ __forceinline__ int32_t LoaderSlot(const AttendKernelParams& p, const WgmmaProgram& w,
-                                              int u, int key) {
-  if (u >= w.u_end) return -1;
+// The query row (from the program's first) of warp gw's 16 product rows: 0, or gw / 2 when
+// paired.
+template <class C>
+__device__ __forceinline__ int QueryRowOf(int gw) {
+  return C::kPaired ? gw / 2 : 0;
+}
+
+// Which query each of the program's 64 product rows holds.
+template <class C>
+__device__ __forceinline__ typename C::Slots SlotsOf(const WgmmaProgram& w) {
+  return typename C::Slots{w.row, w.head0};
+}
+
+// Key `key` of tile u: its slot (-1 past the row's keys) and the query rows that attend it
+// (bit r: row w.row + r; the union's row mask when paired).
+struct LoaderKey {
+  int32_t slot = -1;
+  int32_t rows = 0;
+};
+template <class C>
+__device__ __forceinline__ LoaderKey LoaderKeyOf(const AttendKernelParams& p, const WgmmaProgram& w,
+                                                 int u, int key) {
+  if (u >= w.u_end) return {};
   const bool main = u < w.tiles0;
   const int k = (main ? u : u - w.tiles0) * kTileKeys + key;
-  if (k >= (main ? w.len0 : w.len1)) return -1;
-  return __ldg(w.SegmentOf(p, u).indices + (main ? w.begin0 : w.begin1) + k);
+  if (k >= (main ? w.len0 : w.len1)) return {};
+  const SegmentArgs& s = w.SegmentOf(p, u);
+  const int at = (main ? w.begin0 : w.begin1) + k;
+  if constexpr (C::kPaired) return {__ldg(s.union_indices + at), __ldg(s.union_mask + at)};
+  return {__ldg(s.indices + at), 1};
 }
 
 // The loader: keys k0 = 8 (warp) + lane % 8 and k0 + 32 of each tile; of each key's row the
@@ -224,10 +253,10 @@ __device__ __forceinline__ KeyShare<kFormat> ReadShare(const uint8_t* stage) {
   return v;
 }
 
-// Converts one key's share into the bf16 tile in the products' swizzled layout and marks its
-// validity.
+// Converts one key's share into the bf16 tile in the products' swizzled layout and records the
+// query rows that attend it (`rows`, 0 for an invalid key).
 template <class C, int kFormat>
-__device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, uint8_t* tile,
+__device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, int32_t rows, uint8_t* tile,
                                            int key, int buf, const WgmmaProgram& w) {
   using K = KeyShare<kFormat>;
   const int q = LaneId() / 8;
@@ -254,7 +283,7 @@ __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, bool ok, 
           tile + wgmma::SwizzledOffset(key, kNopeWidth + 8 * q + 32 * j, C::kKeys)) = v.rope[j];
     }
   }
-  if (q == 0) w.valid[buf * C::kKeys + key] = ok ? 1 : 0;
+  if (q == 0) w.valid[buf * C::kKeys + key] = rows;
 }
 
 // Calls f with the loader's key format as a compile-time constant (fp8_dsv4 or fp8_per_tensor).
@@ -266,25 +295,26 @@ __device__ __forceinline__ decltype(auto) WithLoaderFormat(int format, F&& f) {
   return f(std::integral_constant<int, kPerTensor>{});
 }
 
-// Stages key `key` of tile u (its segment's format); returns whether the key is valid.
+// Stages key `key` of tile u (its segment's format); returns the query rows that attend it (0
+// for an invalid key).
 template <class C>
-__device__ __forceinline__ bool StageKey(const AttendKernelParams& p, const WgmmaProgram& w, int u,
-                                         int32_t slot) {
+__device__ __forceinline__ int32_t StageKey(const AttendKernelParams& p, const WgmmaProgram& w,
+                                            int u, LoaderKey key) {
   const SegmentArgs& s = w.SegmentOf(p, u);
   return WithLoaderFormat(s.format, [&](auto format) {
-    const KeyRow k = RowOf<decltype(format)::value>(s, slot);
+    const KeyRow k = RowOf<decltype(format)::value>(s, key.slot);
     StageShare<decltype(format)::value>(k, w.stage);
-    return k.ok;
+    return k.ok ? key.rows : 0;
   });
 }
 
-// Tile t (buffer buf): key k0 from the staging (valid: ok_a), key k0 + 32 (slot_b) from
+// Tile t (buffer buf): key k0 from the staging (its rows: rows_a), key k0 + 32 (key_b) from
 // registers; `stage_next` stages the next tile's key k0 once this one's has been read.
 template <class C, int kFormat, class StageNext>
-__device__ __forceinline__ void LoadTile(const SegmentArgs& s, int32_t slot_b, bool ok_a, int k0,
-                                         const WgmmaProgram& w, int buf, int t,
+__device__ __forceinline__ void LoadTile(const SegmentArgs& s, LoaderKey key_b, int32_t rows_a,
+                                         int k0, const WgmmaProgram& w, int buf, int t,
                                          StageNext&& stage_next) {
-  const KeyRow b = RowOf<kFormat>(s, slot_b);
+  const KeyRow b = RowOf<kFormat>(s, key_b.slot);
   const KeyShare<kFormat> regs_b = LoadShare<kFormat>(b);
   AsyncWait<0>();
   asm volatile("" ::: "memory");  // the staging's loads below stay after the wait
@@ -295,9 +325,9 @@ __device__ __forceinline__ void LoadTile(const SegmentArgs& s, int32_t slot_b, b
     wgsync::Wait(w.free + buf, static_cast<uint32_t>((t / C::kBuffers - 1) & 1));
   }
   uint8_t* tile = w.tiles + buf * WgmmaSmem<C>::kTileBytes;
-  StoreShare<C, kFormat>(regs_a, ok_a, tile, k0, buf, w);
+  StoreShare<C, kFormat>(regs_a, rows_a, tile, k0, buf, w);
   stage_next();  // regs_a's values are used above: the staging's reads have completed
-  StoreShare<C, kFormat>(regs_b, b.ok, tile, k0 + 32, buf, w);
+  StoreShare<C, kFormat>(regs_b, b.ok ? key_b.rows : 0, tile, k0 + 32, buf, w);
   wgmma::FenceOperands();  // the tile's stores, before the products read it
   wgsync::Arrive(w.ready + buf);
 }
@@ -307,22 +337,23 @@ __device__ __forceinline__ void RunLoader(const AttendKernelParams& p, const Wgm
   const int k0 = 8 * GroupWarp<C>() + LaneId() % 8;  // LoadTile's keys k0 and k0 + 32
   // Ids ahead of their use: key k0's one tile earlier than key k0 + 32's, as it is staged a
   // tile earlier.
-  int32_t slot_b = LoaderSlot(p, w, w.u_begin, k0 + 32);
-  int32_t next_a = LoaderSlot(p, w, w.u_begin + 1, k0);
-  bool ok_a = w.u_begin < w.u_end && StageKey<C>(p, w, w.u_begin, LoaderSlot(p, w, w.u_begin, k0));
+  LoaderKey key_b = LoaderKeyOf<C>(p, w, w.u_begin, k0 + 32);
+  LoaderKey next_a = LoaderKeyOf<C>(p, w, w.u_begin + 1, k0);
+  int32_t rows_a =
+      w.u_begin < w.u_end ? StageKey<C>(p, w, w.u_begin, LoaderKeyOf<C>(p, w, w.u_begin, k0)) : 0;
   for (int u = w.u_begin; u < w.u_end; ++u) {
-    const int32_t after_a = LoaderSlot(p, w, u + 2, k0);
-    const int32_t next_b = LoaderSlot(p, w, u + 1, k0 + 32);
+    const LoaderKey after_a = LoaderKeyOf<C>(p, w, u + 2, k0);
+    const LoaderKey next_b = LoaderKeyOf<C>(p, w, u + 1, k0 + 32);
     const int t = u - w.u_begin;
-    const bool ok = ok_a;
+    const int32_t rows = rows_a;
     auto stage_next = [&] {
-      if (u + 1 < w.u_end) ok_a = StageKey<C>(p, w, u + 1, next_a);
+      if (u + 1 < w.u_end) rows_a = StageKey<C>(p, w, u + 1, next_a);
     };
     const SegmentArgs& s = w.SegmentOf(p, u);
     WithLoaderFormat(s.format, [&](auto format) {
-      LoadTile<C, decltype(format)::value>(s, slot_b, ok, k0, w, t % C::kBuffers, t, stage_next);
+      LoadTile<C, decltype(format)::value>(s, key_b, rows, k0, w, t % C::kBuffers, t, stage_next);
     });
-    slot_b = next_b;
+    key_b = next_b;
     next_a = after_a;
   }
 }
@@ -367,6 +398,7 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
                                           float (&l_lane)[2]) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
+  const int row_bit = QueryRowOf<C>(gw);
   const uint64_t q_desc = wgmma::SwizzledKStep(w.q, C::kHeadBlock, 0);
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
@@ -387,12 +419,14 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     wgmma::Wait<0>();
     wgmma::FenceAccumulators(sc);
 
-    // Scale and mask; row maxima over the 4 lanes that hold a row's 64 columns.
+    // Scale and mask (this warp's query row: bit row_bit of a key's rows); row maxima over the
+    // 4 lanes that hold a row's 64 columns.
     const int32_t* valid = w.valid + buf * C::kKeys;
     float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      const float x = valid[wgmma::AccCol(lane, i)] ? sc[i] * s.score_scale2 : -INFINITY;
+      const bool live = (valid[wgmma::AccCol(lane, i)] >> row_bit) & 1;
+      const float x = live ? sc[i] * s.score_scale2 : -INFINITY;
       sc[i] = x;
       tmax[(i % 4) / 2] = fmaxf(tmax[(i % 4) / 2], x);
     }
@@ -483,14 +517,16 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
                                           int group) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
+  const typename C::Slots slots = SlotsOf<C>(w);
+  const int row = w.row + QueryRowOf<C>(gw);  // every row of this warp's is one query row's
   // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
   const int col_base = C::kGroupCols * group;
   if (p.splits > 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int head = w.head0 + wgmma::AccRow(gw, lane, 2 * r);
+      const int head = slots.Head(wgmma::AccRow(gw, lane, 2 * r));
       if (head >= p.num_heads) continue;
-      const int64_t ph = (int64_t{w.row} * p.num_heads + head) * p.splits + w.split;
+      const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + w.split;
       float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
@@ -511,13 +547,13 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
 
   // Final store: normalise with the sink (as CombinePartials), then the epilogue.
   const float* cs = nullptr;
-  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[w.row]} * 64;
+  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int head = w.head0 + wgmma::AccRow(gw, lane, 2 * r);
+    const int head = slots.Head(wgmma::AccRow(gw, lane, 2 * r));
     const bool live = head < p.num_heads;
     const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
-    const int64_t out_row = int64_t{w.row} * p.num_heads + head;
+    const int64_t out_row = int64_t{row} * p.num_heads + head;
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
       // The block's 64 columns: 8 pairs of this lane, x[2 j + 0..1] at 8 j + 2 (lane % 4).
@@ -631,18 +667,22 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
   w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
+  // Paired: the program's "row" is a row pair, which takes an even share of its union's tiles
+  // (known only here).
   const auto [row, hb, split] = ProgramOf(p);
-  w.row = row;
+  w.row = C::kPaired ? 2 * row : row;
   w.split = split;
-  w.head0 = hb * C::kHeadBlock;
-  const RowKeys keys = RowKeysOf(p, row);
+  w.head0 = hb * C::kRowHeads;
+  const RowKeys keys = C::kPaired ? PairKeysOf(p, row) : RowKeysOf(p, row);
   w.begin0 = keys.begin0;
   w.len0 = keys.len0;
   w.begin1 = keys.begin1;
   w.len1 = keys.len1;
   w.tiles0 = keys.tiles0;
-  w.u_begin = split * p.tiles_per_split;
-  w.u_end = min(w.u_begin + p.tiles_per_split, keys.tiles0 + keys.tiles1);
+  const int tiles = keys.tiles0 + keys.tiles1;
+  const int per_split = C::kPaired ? (tiles + p.splits - 1) / p.splits : p.tiles_per_split;
+  w.u_begin = split * per_split;
+  w.u_end = min(w.u_begin + per_split, tiles);
 
   if (threadIdx.x == 0) {
     // The swizzle is applied to absolute shared addresses: a base off 1 KB would read garbage.
@@ -665,7 +705,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // Q in the swizzled layout, by the consumers while the loader reads the first tiles, in
   // batches of four loads (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
   StageQueries<C, C::kConsumerThreads>(
-      p, row, w.head0, w.q,
+      p, SlotsOf<C>(w), w.q,
       [](int h, int e0) { return wgmma::SwizzledOffset(h, e0, C::kHeadBlock); },
       static_cast<int>(threadIdx.x));
   wgmma::FenceOperands();

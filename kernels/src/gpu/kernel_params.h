@@ -47,11 +47,13 @@ struct SegmentArgs {
   int32_t* union_count = nullptr;    // [T / 2]
 };
 
-// How a direct program's head slots map to query rows (AttendKernelParams::paired).
+// How a paired program's head slots map to query rows (AttendKernelParams::paired).
 enum class PairMode : int32_t {
   kNone = 0,    // one row: slot h is head head_block * hb + h
   kGroups = 1,  // 32-head variant: slot h is head 16 hb + h % 16 of row 2i + h / 16
   kHalves = 2,  // 16-head variant, H <= 8: slot h is head h % 8 of row 2i + h / 8
+  // The warpgroup program, H = 32: product row h is head h % 32 of row 2i + h / 32.
+  kRowHalves = 3,
 };
 
 struct AttendKernelParams {
@@ -69,9 +71,10 @@ struct AttendKernelParams {
   int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
   int32_t fold_scales = 1;      // direct kernel: fold the fp8_dsv4 rebias into the scale
-  // Direct kernel, PairMode: a program owns rows 2i and 2i+1 of one head block over the union
-  // of their keys (SegmentArgs::union_*); the grid is T/2 * head_blocks * splits, and each
-  // program takes its share of the pair's union tiles (tiles_per_split is unused).
+  // PairMode (direct kernel, or the warpgroup program as kRowHalves): a program owns rows 2i
+  // and 2i+1 of one head block over the union of their keys (SegmentArgs::union_*); the grid is
+  // T/2 * head_blocks * splits, and each program takes its share of the pair's union tiles
+  // (tiles_per_split is unused).
   int32_t paired = 0;
   int32_t union_bits = 6;              // paired: log2 of the row-union kernel's hash table entries
   const float* sink = nullptr;         // [H] device; may be null
