@@ -96,8 +96,10 @@ struct OutputView {
 
 // Where the GPU backend pairs rows (AttendParams::row_pairs).
 enum class RowPairs : uint8_t {
-  // Where it measured faster on the H200: H = 8, whose two rows fill the 16 heads of a program
-  // that would otherwise mask half of them, with at least a quarter as many pairs as SMs.
+  // Where it measured faster on Hopper: H = 8, whose two rows fill the 16 heads of a program
+  // that would otherwise mask half of them, with at least a quarter as many pairs as SMs; and
+  // on sm_90a H = 32 on fp8_dsv4, whose two rows fill the 64 product rows of the warpgroup
+  // program, likewise with at least a quarter as many pairs as SMs (WgmmaUse::kAuto).
   kAuto,
   // Also H a multiple of 16, as the two 16-head groups of a 32-head program (an A/B switch:
   // slower there, docs/results/kbench-h200.md).
@@ -147,8 +149,9 @@ struct AttendParams {
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
   // Paired rows on the GPU backend (CUDA; RowPairs): with an even rows_per_group, rows 2i and
-  // 2i+1 of fp8_dsv4 / fp8_per_tensor decode calls run as one direct-kernel program over the
-  // union of their keys (built on the device), each shared key gathered and converted once.
+  // 2i+1 of fp8_dsv4 / fp8_per_tensor calls run as one program (the direct kernel's, or at 32
+  // heads the warpgroup program's) over the union of their keys (built on the device), each
+  // shared key gathered and converted once.
   // Results stay within docs/operator.md's tolerances and are reproducible either way.
   RowPairs row_pairs = RowPairs::kAuto;
   // What the caller vouches for, so the backend can skip work on a hot path. A caller that
