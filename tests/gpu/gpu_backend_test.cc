@@ -686,6 +686,34 @@ INSTANTIATE_TEST_SUITE_P(All, GpuMatrixTest,
                          ::testing::Combine(::testing::Range(0, 8),
                                             ::testing::Values(8, 16, 32, 64, 128)));
 
+// The warpgroup program forced (WgmmaUse::kAlways; head block force_hb, 0 for the plan's)
+// with split keys off and on: it matches the CPU backend, its MXFP8 outputs encode its bf16
+// ones (as CheckCase's check of the plan's kernels), and two runs give the same bits.
+void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
+  std::vector<RunConfig> configs;
+  for (const int splits : {1, 3}) {
+    RunConfig rc{OutputFormat::kBf16, true, true, splits, force_hb};
+    rc.wgmma = WgmmaUse::kAlways;
+    configs.push_back(rc);
+  }
+  CheckCase(cpu, gpu, c, configs, /*check_mxfp8=*/false);
+  const Inputs in = MakeInputs(cpu, c);
+  for (const int splits : {1, 3}) {
+    RunConfig a{OutputFormat::kBf16, false, true, splits, force_hb};
+    RunConfig b{OutputFormat::kMxfp8, true, false, splits, force_hb};
+    a.wgmma = b.wgmma = WgmmaUse::kAlways;
+    const Outputs plain = RunAttend(gpu, in, a);
+    const Outputs again = RunAttend(gpu, in, a);
+    const Outputs mx = RunAttend(gpu, in, b);
+    ASSERT_TRUE(plain.status.ok() && again.status.ok()) << plain.status << again.status;
+    ASSERT_TRUE(mx.status.ok()) << mx.status;
+    EXPECT_EQ(plain.bf16, again.bf16) << Describe(c);
+    EXPECT_EQ(0, std::memcmp(plain.lse.data(), again.lse.data(), plain.lse.size() * 4));
+    ExpectMxfp8Matches(in, plain, mx,
+                       absl::StrCat("wgmma mxfp8 splits=", splits, " ", Describe(c)));
+  }
+}
+
 // The 64-head warpgroup program (WgmmaUse::kAlways) on the fp8 formats of width 512 (each
 // alone, and the two segments in different formats, where the loader changes format between
 // tiles), 64 and 128 heads (one and two head blocks), both segments, sentinels, empty rows,
@@ -711,25 +739,7 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
       c.empty_every = 4;
       c.seed = static_cast<uint32_t>(900 + heads + static_cast<int>(format) +
                                      10 * static_cast<int>(extra_format));
-      std::vector<RunConfig> configs;
-      for (const int splits : {1, 3}) {
-        RunConfig rc{OutputFormat::kBf16, true, true, splits, 64};
-        rc.wgmma = WgmmaUse::kAlways;
-        configs.push_back(rc);
-      }
-      CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
-      // Its MXFP8 outputs encode its bf16 ones (as CheckCase's check of the plan's kernels).
-      const Inputs in = MakeInputs(*cpu_, c);
-      for (const int splits : {1, 3}) {
-        RunConfig a{OutputFormat::kBf16, false, true, splits, 64};
-        RunConfig b{OutputFormat::kMxfp8, true, false, splits, 64};
-        a.wgmma = b.wgmma = WgmmaUse::kAlways;
-        const Outputs plain = RunAttend(*gpu_, in, a);
-        const Outputs mx = RunAttend(*gpu_, in, b);
-        ASSERT_TRUE(plain.status.ok()) << plain.status;
-        ASSERT_TRUE(mx.status.ok()) << mx.status;
-        ExpectMxfp8Matches(in, plain, mx, absl::StrCat("wgmma mxfp8 splits=", splits));
-      }
+      CheckWgmmaCase(*cpu_, *gpu_, c, 64);
     }
   }
 }
@@ -766,27 +776,7 @@ TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
       c.positions = true;
       c.fp8_q = mode == kIdentical;
       c.seed = seed++;
-      std::vector<RunConfig> configs;
-      for (const int splits : {1, 3}) {
-        RunConfig rc{OutputFormat::kBf16, true, true, splits, 0};
-        rc.wgmma = WgmmaUse::kAlways;
-        configs.push_back(rc);
-      }
-      CheckCase(*cpu_, *gpu_, c, configs, /*check_mxfp8=*/false);
-      const Inputs in = MakeInputs(*cpu_, c);
-      for (const int splits : {1, 3}) {
-        RunConfig a{OutputFormat::kBf16, false, true, splits, 0};
-        RunConfig b{OutputFormat::kMxfp8, true, false, splits, 0};
-        a.wgmma = b.wgmma = WgmmaUse::kAlways;
-        const Outputs plain = RunAttend(*gpu_, in, a);
-        const Outputs again = RunAttend(*gpu_, in, a);
-        const Outputs mx = RunAttend(*gpu_, in, b);
-        ASSERT_TRUE(plain.status.ok() && again.status.ok()) << plain.status << again.status;
-        ASSERT_TRUE(mx.status.ok()) << mx.status;
-        EXPECT_EQ(plain.bf16, again.bf16) << Describe(c);
-        EXPECT_EQ(0, std::memcmp(plain.lse.data(), again.lse.data(), plain.lse.size() * 4));
-        ExpectMxfp8Matches(in, plain, mx, absl::StrCat("wgmma pairs mxfp8 splits=", splits));
-      }
+      CheckWgmmaCase(*cpu_, *gpu_, c, 0);
     }
   }
   // What the default plan runs this way: a decode call of 36 pairs of 6-row requests (split
