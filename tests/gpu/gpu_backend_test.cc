@@ -742,6 +742,20 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
       CheckWgmmaCase(*cpu_, *gpu_, c, 64);
     }
   }
+  // The default plan of a decode call of 150 rows: the first 132 whole, the other 18 split in
+  // two (whole units first), bf16 with and without the LSE, and MXFP8.
+  CaseSpec c;
+  c.format = c.extra_format = KvFormat::kFp8Dsv4;
+  c.geometry = Geometry::kRopeInside;
+  c.heads = 64;
+  c.rows = 150;
+  c.max_main = 130;
+  c.max_extra = 260;
+  c.sink = true;
+  c.positions = true;
+  c.empty_every = 7;
+  c.seed = 977;
+  CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, false, 0, 0}}, /*check_mxfp8=*/true);
 }
 
 // The warpgroup program over row pairs (PairMode::kRowHalves: 32 heads of rows 2i and 2i+1 as
@@ -780,13 +794,15 @@ TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
     }
   }
   // What the default plan runs this way: a decode call of 36 pairs of 6-row requests (split
-  // three ways) and a prefill chunk of one sequence (unsplit).
-  for (const bool prefill : {false, true}) {
+  // three ways), one of 150 pairs (the first 132 whole, the other 18 split in two) and a prefill
+  // chunk of one sequence (unsplit).
+  for (const int rows : {72, 300, 2100}) {
+    const bool prefill = rows == 2100;
     CaseSpec c;
     c.format = c.extra_format = KvFormat::kFp8Dsv4;
     c.geometry = Geometry::kRopeInside;
     c.heads = 32;
-    c.rows = prefill ? 2100 : 72;
+    c.rows = rows;
     c.rows_per_group = prefill ? 2100 : 6;
     c.group_mode = kOverlapping;
     c.max_main = prefill ? 130 : 128;
@@ -1975,8 +1991,8 @@ TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
   const bool on = gpu::WgmmaProgramSupported() && gpu::RowPairsSupported();
   const KvFormat dsv4 = KvFormat::kFp8Dsv4;
   const RowPairs kAuto = RowPairs::kAuto;
-  // (rows, splits): 36 pairs split 3 ways, 48 pairs 2, from 72 pairs one split; prefill one.
-  for (const auto& [rows, splits] : {std::pair{72, 3}, {96, 2}, {144, 1}, {384, 1}, {2100, 1}}) {
+  // (rows, splits): 36 pairs split 3 ways, 48 pairs 2, from 66 pairs one split; prefill one.
+  for (const auto& [rows, splits] : {std::pair{72, 3}, {96, 2}, {144, 1}, {800, 1}, {2100, 1}}) {
     const gpu::AttendLaunch l = plan(dsv4, 32, rows, rows == 2100 ? 2100 : 6, kAuto);
     EXPECT_EQ(l.paired == gpu::PairMode::kRowHalves, on) << rows;
     EXPECT_EQ(l.wgmma, on) << rows;
@@ -1986,6 +2002,23 @@ TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
       EXPECT_EQ(l.plan.programs, rows / 2 * splits) << rows;
       EXPECT_EQ(l.plan.tiles, 10);  // two identical 640-key rows: their union is one row's
       EXPECT_EQ(l.kernel.paired, static_cast<int32_t>(gpu::PairMode::kRowHalves));
+      EXPECT_EQ(l.kernel.whole_units, 0);
+    }
+  }
+  // Between one and 1.5 waves of pairs (132 SMs): the first 132 pairs whole, the rest split in
+  // two, the combine over their rows only; beyond it, none.
+  for (const int rows : {266, 300, 396, 398}) {
+    const gpu::AttendLaunch l = plan(dsv4, 32, rows, 2, kAuto);
+    if (!on) {
+      continue;
+    }
+    const bool whole_first = rows <= 396;
+    EXPECT_EQ(l.kernel.whole_units, whole_first ? 132 : 0) << rows;
+    EXPECT_EQ(l.plan.splits, whole_first ? 2 : 1) << rows;
+    EXPECT_EQ(l.plan.programs, whole_first ? 132 + (rows / 2 - 132) * 2 : rows / 2) << rows;
+    EXPECT_EQ(l.combine_first_row, whole_first ? 264 : 0) << rows;
+    if (whole_first) {
+      EXPECT_EQ(l.combine.num_rows, rows - 264) << rows;
     }
   }
   EXPECT_FALSE(plan(dsv4, 32, 64, 2, kAuto).wgmma);  // 32 pairs: fewer than one per 4 SMs
@@ -2053,6 +2086,21 @@ TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
     }
   }
   EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 6).wgmma, on);  // 12 programs of 64 heads
+  if (on) {
+    // Between one and 1.5 waves of programs (132 SMs), the first 132 rows whole and the rest
+    // split in two; not below, beyond, at 128 heads (two head blocks) or at prefill.
+    for (const int rows : {133, 192, 198}) {
+      const gpu::AttendLaunch l = plan(KvFormat::kFp8Dsv4, 64, rows);
+      EXPECT_EQ(l.kernel.whole_units, 132) << rows;
+      EXPECT_EQ(l.plan.splits, 2) << rows;
+      EXPECT_EQ(l.plan.programs, 132 + (rows - 132) * 2) << rows;
+      EXPECT_EQ(l.combine_first_row, 132) << rows;
+    }
+    for (const int rows : {96, 132, 199, 384, 8192}) {
+      EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 64, rows).kernel.whole_units, 0) << rows;
+    }
+    EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 96).kernel.whole_units, 0);
+  }
   EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 64, 96, 64).wgmma, on);
   EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 11).wgmma);
   EXPECT_FALSE(plan(KvFormat::kFp8Dsv4, 64, 6).wgmma);  // decode C=1 of 6 rows

@@ -24,6 +24,14 @@ constexpr int kWgmmaSmsPerProgram = 11;
 // (docs/results/kbench-h200.md, "Row pairs on the warpgroup program").
 constexpr int kWgmmaSmsPerPair = 4;
 
+// Between one and one and a half waves of warpgroup programs (one per SM), the first wave's
+// units run whole and only the rest split in two, which the SMs the first wave leaves free then
+// take: about 1.5 waves' time instead of 2, with partials for those units alone
+// (docs/results/kbench-h200.md, "Whole units first").
+bool WholeUnitsFirst(int64_t units, int compute_units) {
+  return units > compute_units && 2 * units <= 3 * int64_t{compute_units};
+}
+
 int Log2(int32_t v) {
   int l = 0;
   while ((1 << l) < v) ++l;
@@ -226,6 +234,21 @@ class AttendPlanner {
     if (!want_wgmma_ || l_.direct || l_.plan.head_block != 64 || !WgmmaFits()) return;
     l_.wgmma = true;
     l_.shared_bytes = WgmmaSharedBytes();
+    // Decode calls of one 64-head block between one and 1.5 waves: whole units first.
+    if (params_.force_splits == 0 && T_ < kPrefillRows && l_.plan.head_blocks == 1 &&
+        WholeUnitsFirst(T_, device_.compute_units)) {
+      SplitPastFirstWave(T_);
+    }
+  }
+
+  // WholeUnitsFirst: the first compute_units of `units` programs run whole, the rest in two
+  // splits each.
+  void SplitPastFirstWave(int64_t units) {
+    whole_units_ = device_.compute_units;
+    l_.plan.splits = 2;
+    l_.plan.programs = whole_units_ + (units - whole_units_) * 2;
+    l_.combine_first_row =
+        static_cast<int32_t>(l_.paired != PairMode::kNone ? 2 * whole_units_ : whole_units_);
   }
 
   // Row pairs on the warpgroup program (PairMode::kRowHalves): with 32 heads a row, rows 2i and
@@ -233,9 +256,10 @@ class AttendPlanner {
   // is read and dequantised once, and the products run on 64 rows where a 32-head program
   // would leave half of an m64 product empty. By default (RowPairs::kAuto, WgmmaUse::kAuto) on
   // fp8_dsv4 with at least one pair per kWgmmaSmsPerPair SMs, decode and prefill; a decode call
-  // splits each pair's keys as often as one wave of programs allows (fewer pairs than SMs),
-  // prefill not. WgmmaUse::kAlways with pairs allowed takes it for fp8_per_tensor and fewer
-  // pairs too (docs/results/kbench-h200.md, "Row pairs on the warpgroup program").
+  // splits each pair's keys as often as one wave of programs allows (fewer pairs than SMs), or
+  // runs whole units first (WholeUnitsFirst), prefill neither. WgmmaUse::kAlways with pairs allowed
+  // takes it for fp8_per_tensor and fewer pairs too (docs/results/kbench-h200.md, "Row pairs on the
+  // warpgroup program").
   void ChooseWgmmaPairs() {
     auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
     const int64_t pairs = T_ / 2;
@@ -253,6 +277,8 @@ class AttendPlanner {
     if (splits == 0) {
       splits = T_ >= kPrefillRows ? 1 : std::max<int64_t>(1, device_.compute_units / pairs);
     }
+    const bool whole_first = params_.force_splits == 0 && T_ < kPrefillRows &&
+                             WholeUnitsFirst(pairs, device_.compute_units);
     l_.direct = false;
     l_.wgmma = true;
     l_.paired = PairMode::kRowHalves;
@@ -263,6 +289,7 @@ class AttendPlanner {
     l_.plan.tiles = static_cast<int32_t>(tiles);
     l_.plan.programs = pairs * l_.plan.splits;
     l_.shared_bytes = WgmmaSharedBytes();
+    if (whole_first) SplitPastFirstWave(pairs);
   }
 
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
@@ -451,6 +478,7 @@ class AttendPlanner {
     k.head_blocks = l_.plan.head_blocks;
     k.splits = l_.plan.splits;
     k.tiles_per_split = std::max(1, (l_.plan.tiles + l_.plan.splits - 1) / l_.plan.splits);
+    k.whole_units = static_cast<int32_t>(whole_units_);
     k.stage_bytes = stage_;
     k.num_stages = num_stages_;
     k.use_tile = use_tile_ ? 1 : 0;
@@ -465,16 +493,19 @@ class AttendPlanner {
     k.mx_scales = params.out.mx_scales;
     k.lse = params.out.lse;
 
+    // The combine's rows start at combine_first_row (BindAttend offsets its workspace arrays).
     CombineKernelParams& c = l_.combine;
-    c.num_rows = T_;
+    const int64_t first = int64_t{l_.combine_first_row} * H_;  // (row, head) pairs before it
+    auto at = [&](auto* ptr, int64_t per) { return ptr == nullptr ? ptr : ptr + first * per; };
+    c.num_rows = T_ - l_.combine_first_row;
     c.num_heads = H_;
     c.splits = l_.plan.splits;
     c.cos_sin = k.cos_sin;
     c.out_mxfp8 = k.out_mxfp8;
-    c.out_bf16 = k.out_bf16;
-    c.mx_data = k.mx_data;
-    c.mx_scales = k.mx_scales;
-    c.lse = k.lse;
+    c.out_bf16 = at(k.out_bf16, kValueWidth);
+    c.mx_data = at(k.mx_data, kValueWidth);
+    c.mx_scales = at(k.mx_scales, kMxGroupsPerHead);
+    c.lse = at(k.lse, 1);
   }
 
   const AttendParams& params_;
@@ -489,7 +520,8 @@ class AttendPlanner {
   int32_t dstage_ = 0;           // a direct program's gather stage bytes
   int32_t stage_ = 0;            // the chosen program's gather stage bytes
   int num_stages_ = 0;
-  int union_bits_ = 6;  // the row-union table (paired launches)
+  int union_bits_ = 6;       // the row-union table (paired launches)
+  int64_t whole_units_ = 0;  // AttendKernelParams::whole_units
 };
 
 }  // namespace
@@ -542,9 +574,11 @@ void BindAttend(AttendLaunch& l, uint8_t* ws) {
   k.sink = static_cast<const float*>(at(l.sink));
   k.part_acc = reinterpret_cast<float*>(ws + l.off_part_acc);
   k.part_ml = reinterpret_cast<float*>(ws + l.off_part_ml);
-  l.combine.part_acc = k.part_acc;
-  l.combine.part_ml = k.part_ml;
-  l.combine.positions = k.positions;
+  // The combine's rows from combine_first_row on (FillKernelParams).
+  const int64_t first = int64_t{l.combine_first_row} * k.num_heads * k.splits;
+  l.combine.part_acc = k.part_acc + first * kValueWidth;
+  l.combine.part_ml = k.part_ml + first * 2;
+  l.combine.positions = k.positions == nullptr ? nullptr : k.positions + l.combine_first_row;
   l.combine.sink = k.sink;
 }
 

@@ -49,6 +49,9 @@ struct AttendLaunch {
   int64_t off_union_count[2] = {0, 0};
   int64_t off_part_acc = 0;
   int64_t off_part_ml = 0;
+  // The combine covers rows from here on (the warpgroup program's whole units come first and
+  // write their outputs themselves: AttendKernelParams::whole_units).
+  int32_t combine_first_row = 0;
 };
 
 // Plans a validated call. Unimplemented when a forced head block has no compiled program that

@@ -185,7 +185,8 @@ absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes
   if (p.paired != 0 && !paired) {
     return absl::InternalError("the warpgroup program pairs rows only as PairMode::kRowHalves");
   }
-  const int64_t programs = int64_t{paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
+  const int64_t units = paired ? p.num_rows / 2 : p.num_rows;
+  const int64_t programs = p.whole_units + (units - p.whole_units) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   return ToStatus(Launch(paired ? &SparseMlaAttendWgmmaKernel<WgmmaPairs>
                                 : &SparseMlaAttendWgmmaKernel<WgmmaRows>,

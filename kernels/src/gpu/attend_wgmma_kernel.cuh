@@ -18,7 +18,9 @@
 // Every shared operand (Q, the key tiles, P) lies in the 128-byte swizzled layout.
 // A buffer is free again when both consumers' products on it have completed. Registers move
 // from the loader to the scorer, which holds scores, P and half of O at once. The epilogue is
-// the tile kernel's (shared helpers), each consumer over its 256 columns.
+// the tile kernel's (shared helpers), each consumer over its 256 columns. With split keys a
+// program writes its partial state for the combine kernel; where only some units split
+// (AttendKernelParams::whole_units), the whole ones write their outputs.
 #pragma once
 
 #include <cstdint>
@@ -104,6 +106,7 @@ struct WgmmaSmem {
 // What the three roles share: the row's tiles and where things lie in shared memory.
 struct WgmmaProgram {
   int row = 0, head0 = 0, split = 0;  // row: the first query row (2i when paired)
+  int splits = 1;                     // the splits of this program's unit
   int u_begin = 0, u_end = 0;         // this split's tiles: main tiles, then extra
   int tiles0 = 0;
   int begin0 = 0, len0 = 0, begin1 = 0, len1 = 0;  // the row's range of each segment
@@ -521,7 +524,7 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
   const int row = w.row + QueryRowOf<C>(gw);  // every row of this warp's is one query row's
   // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
   const int col_base = C::kGroupCols * group;
-  if (p.splits > 1) {
+  if (w.splits > 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int head = slots.Head(wgmma::AccRow(gw, lane, 2 * r));
@@ -668,8 +671,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
   // Paired: the program's "row" is a row pair, which takes an even share of its union's tiles
-  // (known only here).
-  const auto [row, hb, split] = ProgramOf(p);
+  // (known only here). Whole units (unsplit) come first in the grid.
+  ProgramIndex at;
+  if (static_cast<int>(blockIdx.x) < p.whole_units) {
+    at.row = static_cast<int>(blockIdx.x);  // head_blocks is 1 with whole units
+  } else {
+    const int64_t pid = blockIdx.x - p.whole_units;
+    at.hb = static_cast<int>(pid % p.head_blocks);
+    at.split = static_cast<int>((pid / p.head_blocks) % p.splits);
+    at.row = p.whole_units + static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+    w.splits = p.splits;
+  }
+  const auto [row, hb, split] = at;
   w.row = C::kPaired ? 2 * row : row;
   w.split = split;
   w.head0 = hb * C::kRowHeads;
@@ -680,7 +693,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.len1 = keys.len1;
   w.tiles0 = keys.tiles0;
   const int tiles = keys.tiles0 + keys.tiles1;
-  const int per_split = C::kPaired ? (tiles + p.splits - 1) / p.splits : p.tiles_per_split;
+  const int per_split = w.splits == 1                 ? tiles
+                        : C::kPaired || p.whole_units ? (tiles + p.splits - 1) / p.splits
+                                                      : p.tiles_per_split;
   w.u_begin = split * per_split;
   w.u_end = min(w.u_begin + per_split, tiles);
 

@@ -67,10 +67,13 @@ struct AttendKernelParams {
   int32_t head_blocks = 1;  // ceil(H / head block)
   int32_t splits = 1;
   int32_t tiles_per_split = 1;  // tiles of the longest row / splits, rounded up
-  int32_t stage_bytes = 0;      // one gather stage in shared memory
-  int32_t num_stages = 2;       // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
-  int32_t use_tile = 0;         // some segment is fp8: stages are converted into a bf16 tile
-  int32_t fold_scales = 1;      // direct kernel: fold the fp8_dsv4 rebias into the scale
+  // Warpgroup program, head_blocks 1: its first `whole_units` units (rows, or row pairs) run
+  // unsplit, first in the grid, and only the rest in `splits` splits (0: every unit split).
+  int32_t whole_units = 0;
+  int32_t stage_bytes = 0;  // one gather stage in shared memory
+  int32_t num_stages = 2;   // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
+  int32_t use_tile = 0;     // some segment is fp8: stages are converted into a bf16 tile
+  int32_t fold_scales = 1;  // direct kernel: fold the fp8_dsv4 rebias into the scale
   // PairMode (direct kernel, or the warpgroup program as kRowHalves): a program owns rows 2i
   // and 2i+1 of one head block over the union of their keys (SegmentArgs::union_*); the grid is
   // T/2 * head_blocks * splits, and each program takes its share of the pair's union tiles
