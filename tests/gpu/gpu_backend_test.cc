@@ -576,10 +576,12 @@ void ExpectMxfp8Matches(const Inputs& in, const Outputs& plain, const Outputs& m
           const int l = g * 32 + i;
           const float got = MxDecodeLane(mx.mx_data[v * 512 + l], gs);
           const float want = MxDecodeLane(codes[l], scales[g]);
-          // One e4m3 step at this magnitude under the larger of the two scales.
-          const float step = DecodeE8m0(std::max(gs, scales[g])) *
-                                 std::max(std::abs(want) / 8.0f, 1.0f / 512.0f) * 1.001f +
-                             1e-38f;
+          // One e4m3 step at this magnitude (want is decoded, its scale applied; the smallest
+          // step, of the subnormals, is 2^-9 of the larger of the two scales).
+          const float step =
+              std::max(std::abs(want) / 8.0f, DecodeE8m0(std::max(gs, scales[g])) / 512.0f) *
+                  1.001f +
+              1e-38f;
           if ((std::isnan(got) || std::abs(got - want) > step) && bad++ < 5) {
             ADD_FAILURE() << what << ": row " << t << " head " << h << " lane " << l << " got "
                           << got << " want " << want;
