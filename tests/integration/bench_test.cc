@@ -188,17 +188,26 @@ TEST(BenchTest, GpuTransports) {
 }
 
 // A run of --steps ends even when the server refuses every step (here each decode step names
-// two spans, one more than the server takes), and reports the errors.
+// two spans, one more than the server takes), reports the errors and exits 3, or 0 with
+// --allow_errors.
 TEST(BenchTest, StepCountedRunEndsWhenEveryStepFails) {
   auto server = ServerProcess::Start({kDsv41, "--max_spans_per_step=1"});
   ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<std::string> args = {"--server=" + (*server)->target(),
+                                         "--cell=dsv4.1-flash decode C=2",
+                                         "--context=64",
+                                         "--layer=2",
+                                         "--prefill_chunk=64",
+                                         "--mode=stream",
+                                         "--warmup_s=0.1",
+                                         "--steps=5"};
   std::string out;
-  EXPECT_EQ(
-      RunBench({"--server=" + (*server)->target(), "--cell=dsv4.1-flash decode C=2", "--context=64",
-                "--layer=2", "--prefill_chunk=64", "--mode=stream", "--warmup_s=0.1", "--steps=5"},
-               &out, 60),
-      0)
-      << out;
+  EXPECT_EQ(RunBench(args, &out, 60), 3) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("errors: INVALID_ARGUMENT=5")) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("5 measured step(s) failed")) << out;
+  std::vector<std::string> allowed = args;
+  allowed.push_back("--allow_errors");
+  EXPECT_EQ(RunBench(allowed, &out, 60), 0) << out;
   EXPECT_THAT(out, ::testing::HasSubstr("errors: INVALID_ARGUMENT=5")) << out;
   EXPECT_EQ((*server)->Terminate(), 0);
 }

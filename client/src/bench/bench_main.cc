@@ -67,6 +67,9 @@ ABSL_FLAG(double, warmup_s, 1, "Warm-up seconds per run (not measured)");
 ABSL_FLAG(double, duration_s, 5, "Measured seconds per run");
 ABSL_FLAG(int64_t, steps, 0, "Measured steps per run (failed ones included) instead of a duration");
 ABSL_FLAG(double, slo_ms, 0, "Latency objective of a step in ms (goodput, sweep stop)");
+ABSL_FLAG(bool, allow_errors, false,
+          "Exit 0 even when measured steps failed (overload and fault experiments); without it "
+          "failed steps make the exit status 3");
 ABSL_FLAG(std::string, output, "bf16", "Output format: bf16 or mxfp8");
 ABSL_FLAG(std::string, q_format, "bf16",
           "Query format on the wire, for every transport: bf16, or mxfp8 (e4m3 codes and a "
@@ -400,7 +403,21 @@ int Run() {
   pool.Teardown(&report);
   if (!report.stop_reason.empty()) std::printf("sweep ended: %s\n", report.stop_reason.c_str());
   if (absl::Status st = WriteReports(report); !st.ok()) return Fail(st);
-  return exit_code;
+  if (exit_code != 0) return exit_code;
+  // A run whose steps failed measured something other than what was asked: say so in the exit
+  // status, so that a script does not take its numbers (the reports are written all the same).
+  int64_t failed = 0;
+  for (const RunStats& r : report.runs) {
+    for (const auto& [code, n] : r.errors) failed += n;
+  }
+  if (failed > 0 && !absl::GetFlag(FLAGS_allow_errors)) {
+    std::fprintf(stderr,
+                 "smla-bench: %lld measured step(s) failed (the errors lines above); exit status "
+                 "3 (--allow_errors accepts them)\n",
+                 static_cast<long long>(failed));
+    return 3;
+  }
+  return 0;
 }
 
 }  // namespace
