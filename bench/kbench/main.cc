@@ -193,7 +193,8 @@ struct Result {
   Cell cell;
   std::string plan;
   int head_block = 0, splits = 0;
-  bool paired = false;  // rows 2i, 2i+1 in one program (AttendParams::row_pairs)
+  bool paired = false;  // rows of a unit in one program (AttendParams::row_pairs)
+  int union_rows = 0;   // rows per paired unit
   std::string program;  // the attention program that ran: direct, tile or wgmma
   double median_us = 0, min_us = 0;
   int runs = 0;
@@ -206,6 +207,12 @@ struct Result {
   double gather_gbps = 0;
   std::string output;
 };
+
+// The plan's row pairing after `sep`: "paired" (two rows a program), "N rows", or nothing.
+std::string PairLabel(const Result& r, const char* sep) {
+  if (!r.paired) return "";
+  return r.union_rows > 2 ? absl::StrCat(sep, r.union_rows, " rows") : absl::StrCat(sep, "paired");
+}
 
 // Everything one prepared call needs on the device.
 struct PreparedCall {
@@ -406,8 +413,9 @@ class Runner {
     r.name = c.Name();
     r.cell = c;
     r.paired = calls[0].launch.paired != gpu::PairMode::kNone;
+    r.union_rows = r.paired ? calls[0].launch.kernel.union_rows : 0;
     r.program = calls[0].launch.wgmma ? "wgmma" : calls[0].launch.direct ? "direct" : "tile";
-    r.plan = calls[0].launch.plan.ToString() + (r.paired ? " paired" : "");
+    r.plan = calls[0].launch.plan.ToString() + PairLabel(r, " ");
     r.head_block = calls[0].launch.plan.head_block;
     r.splits = calls[0].launch.plan.splits;
     r.median_us = Median(ms) * 1e3;
@@ -534,6 +542,7 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     c["head_block"] = r.head_block;
     c["splits"] = r.splits;
     c["paired"] = r.paired;
+    c["union_rows"] = r.union_rows;
     c["program"] = r.program;
     c["median_us"] = Round(r.median_us, 2);
     c["min_us"] = Round(r.min_us, 2);
@@ -631,7 +640,7 @@ bool WriteMarkdown(const std::string& path, const std::vector<Result>& results) 
     std::fprintf(md,
                  "| %s | %s | %s | %d, %d%s | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f |\n",
                  r.name.c_str(), models::LayerLabel(r.cell.layer()).c_str(), r.output.c_str(),
-                 r.head_block, r.splits, r.paired ? ", paired" : "", r.median_us, r.tflops,
+                 r.head_block, r.splits, PairLabel(r, ", ").c_str(), r.median_us, r.tflops,
                  r.bytes / 1e6, r.gbps, r.ratio_gather, r.ratio_gemm, r.ratio_mma);
   }
   std::fclose(md);
@@ -653,7 +662,7 @@ void PrintResults(const std::vector<Result>& results) {
     }
     std::printf("%-50s %10.1f %8.1f %8.0f %6.2f %6.2f  %s hb=%d splits=%d%s%s\n", r.name.c_str(),
                 r.median_us, r.tflops, r.gbps, r.ratio_gather, r.ratio_gemm, r.program.c_str(),
-                r.head_block, r.splits, r.paired ? " paired" : "", mark.c_str());
+                r.head_block, r.splits, PairLabel(r, " ").c_str(), mark.c_str());
   }
   if (bar_cells > 0) {
     std::printf("bar cells: %d, below 50%% of the gather ceiling: %d\n", bar_cells, bar_fail);

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -760,12 +762,13 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
   CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, false, 0, 0}}, /*check_mxfp8=*/true);
 }
 
-// The warpgroup program over row pairs (PairMode::kRowHalves: 32 heads of rows 2i and 2i+1 as
-// its 64 product rows, over the union of their keys, masked per row): overlapping, identical
-// and disjoint index sets of 6-row requests, sentinels, duplicated ids, empty rows, both
-// segments in each fp8 format and mixed, sink, RoPE, an fp8 query, split-K off and on, bf16 and
-// MXFP8 outputs, bitwise reproducible; and the default plan's choice of it for enough pairs.
-TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
+// The warpgroup program over row groups (PairMode::kRowGroups: the H heads of a unit's g rows
+// as its 64 product rows, over the union of their keys, masked per row): 32 heads in pairs, 16
+// heads in units of 3 and 4 rows, 8 heads in units of 6 and 8 (48 or 64 product rows live);
+// overlapping, identical and disjoint index sets, sentinels, duplicated ids, empty rows, rows
+// too long for the union table (concatenated), both segments in each fp8 format and mixed,
+// sink, RoPE, an fp8 query, split-K off and on, bf16 and MXFP8 outputs, bitwise reproducible.
+TEST_F(GpuTest, WgmmaRowGroupsMatchCpu) {
   if (!gpu::WgmmaProgramSupported() || !gpu::RowPairsSupported()) {
     GTEST_SKIP() << "no warpgroup program or row pairs in this build";
   }
@@ -773,16 +776,20 @@ TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
       {KvFormat::kFp8Dsv4, KvFormat::kFp8Dsv4},
       {KvFormat::kFp8PerTensor, KvFormat::kFp8PerTensor},
       {KvFormat::kFp8Dsv4, KvFormat::kFp8PerTensor}};
+  // (heads, rows per group): units of 2, 3, 6, 4 and 8 rows.
+  const std::pair<int, int> kUnits[] = {{32, 6}, {16, 6}, {8, 6}, {16, 4}, {8, 8}};
   uint32_t seed = 1300;
+  int n = 0;
   for (const int mode : {kOverlapping, kIdentical, kDisjoint}) {
     for (const auto& [format, extra_format] : kFormats) {
+      const auto [heads, group] = kUnits[n++ % std::size(kUnits)];
       CaseSpec c;
       c.format = format;
       c.extra_format = extra_format;
       c.geometry = Geometry::kRopeInside;
-      c.heads = 32;
-      c.rows = 12;
-      c.rows_per_group = 6;
+      c.heads = heads;
+      c.rows = 2 * group;
+      c.rows_per_group = group;
       c.group_mode = mode;
       c.max_main = 200;
       c.max_extra = 300;
@@ -795,17 +802,45 @@ TEST_F(GpuTest, WgmmaRowPairsMatchCpu) {
       CheckWgmmaCase(*cpu_, *gpu_, c, 0);
     }
   }
-  // What the default plan runs this way: a decode call of 36 pairs of 6-row requests (split
-  // three ways), one of 150 pairs (the first 132 whole, the other 18 split in two) and a prefill
-  // chunk of one sequence (unsplit).
-  for (const int rows : {72, 300, 2100}) {
-    const bool prefill = rows == 2100;
+  // Every unit size on overlapping sets, and rows past the union table's longest (2,049 keys
+  // and more: the units are concatenated).
+  for (const auto& [heads, group] : kUnits) {
+    for (const int max_main : {300, 2300}) {
+      CaseSpec c;
+      c.format = c.extra_format = KvFormat::kFp8Dsv4;
+      c.geometry = Geometry::kRopeInside;
+      c.heads = heads;
+      c.rows = 2 * group;
+      c.rows_per_group = group;
+      c.group_mode = kOverlapping;
+      c.max_main = max_main;
+      c.max_extra = 140;
+      c.sentinel_rate = 0.02;
+      c.sink = true;
+      c.positions = true;
+      c.seed = seed++;
+      CheckWgmmaCase(*cpu_, *gpu_, c, 0);
+    }
+  }
+}
+
+// What the default plan runs on the warpgroup program over row groups: 32 heads in a decode
+// call of 36 pairs of 6-row requests (split three ways), one of 150 pairs (the first 132 whole,
+// the other 18 split in two) and a prefill chunk of one sequence (unsplit); 16 and 8 heads in
+// decode calls of 6-row requests and in prefill chunks.
+TEST_F(GpuTest, WgmmaRowGroupsPlannedMatchCpu) {
+  uint32_t seed = 1400;
+  const std::tuple<int, int, int> kPlanned[] = {{32, 72, 6},    {32, 300, 6},     {32, 2100, 2100},
+                                                {16, 192, 6},   {16, 2100, 2100}, {8, 384, 6},
+                                                {8, 2104, 2104}};
+  for (const auto& [heads, rows, group] : kPlanned) {
+    const bool prefill = rows >= 2100;
     CaseSpec c;
     c.format = c.extra_format = KvFormat::kFp8Dsv4;
     c.geometry = Geometry::kRopeInside;
-    c.heads = 32;
+    c.heads = heads;
     c.rows = rows;
-    c.rows_per_group = prefill ? 2100 : 6;
+    c.rows_per_group = group;
     c.group_mode = kOverlapping;
     c.max_main = prefill ? 130 : 128;
     c.max_extra = prefill ? 200 : 512;
@@ -1849,7 +1884,7 @@ TEST_F(GpuTest, MagnitudeProfilesMatchCpu) {
             c.row_pairs = true;
             configs = {{}, {OutputFormat::kBf16, true, true, 3, 0}};
             if (heads == 32) {
-              // The warpgroup program over the pairs (PairMode::kRowHalves).
+              // The warpgroup program over the pairs (PairMode::kRowGroups).
               for (RunConfig& rc : configs) rc.wgmma = WgmmaUse::kAlways;
             }
           } else if (heads == 64) {
@@ -1967,16 +2002,21 @@ TEST(GpuPlanTest, RowPairsWhereTheyPay) {
   EXPECT_EQ(plan(8, 63, 1, RowPairs::kAuto), PairMode::kNone);
   EXPECT_EQ(plan(8, 66, 3, RowPairs::kAuto), PairMode::kNone);
   EXPECT_EQ(plan(8, 192, 6, RowPairs::kAuto, 16), PairMode::kNone);
-  EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), on ? PairMode::kHalves : PairMode::kNone);
+  // Prefill at 8 heads: units of 6 rows on the warpgroup program where the build has it.
+  EXPECT_EQ(plan(8, 2100, 6, RowPairs::kAuto), on && gpu::WgmmaProgramSupported()
+                                                   ? PairMode::kRowGroups
+                                               : on ? PairMode::kHalves
+                                                    : PairMode::kNone);
   EXPECT_EQ(plan(16, 2100, 6, RowPairs::kAlways), PairMode::kNone);  // prefill: halves only
 }
 
-// The warpgroup program over 32-head row pairs (PairMode::kRowHalves): by default for fp8_dsv4
-// calls of even request groups with at least one pair per 4 SMs, a decode call's pairs split as
-// often as one wave of programs allows, prefill unsplit; forced by WgmmaUse::kAlways
-// (fp8_per_tensor, fewer pairs) unless pairs are off; never for other head counts, odd groups
-// or a forced head block.
-TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
+// The warpgroup program over row groups (PairMode::kRowGroups): by default for fp8_dsv4 calls
+// with at least one unit per 4 SMs, at 32 heads (pairs of even request groups) a decode call's
+// pairs split as often as one wave of programs allows, prefill unsplit; at 16 and 8 heads
+// prefill only, in units of the most rows that fit 64 product rows and divide the groups;
+// forced by WgmmaUse::kAlways (fp8_per_tensor, fewer units, decode at 16 heads) unless pairs
+// are off; never for 64 heads, groups of one row or a forced head block.
+TEST(GpuPlanTest, WgmmaRowGroupsWhereTheyPay) {
   const DeviceInfo device = PlanDevice();
   std::vector<int32_t> indptr, indices;
   auto plan = [&](KvFormat format, int heads, int rows, int group, RowPairs pairs,
@@ -1996,14 +2036,14 @@ TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
   // (rows, splits): 36 pairs split 3 ways, 48 pairs 2, from 66 pairs one split; prefill one.
   for (const auto& [rows, splits] : {std::pair{72, 3}, {96, 2}, {144, 1}, {800, 1}, {2100, 1}}) {
     const gpu::AttendLaunch l = plan(dsv4, 32, rows, rows == 2100 ? 2100 : 6, kAuto);
-    EXPECT_EQ(l.paired == gpu::PairMode::kRowHalves, on) << rows;
+    EXPECT_EQ(l.paired == gpu::PairMode::kRowGroups, on) << rows;
     EXPECT_EQ(l.wgmma, on) << rows;
     if (on) {
       EXPECT_FALSE(l.direct);
       EXPECT_EQ(l.plan.splits, splits) << rows;
       EXPECT_EQ(l.plan.programs, rows / 2 * splits) << rows;
       EXPECT_EQ(l.plan.tiles, 10);  // two identical 640-key rows: their union is one row's
-      EXPECT_EQ(l.kernel.paired, static_cast<int32_t>(gpu::PairMode::kRowHalves));
+      EXPECT_EQ(l.kernel.paired, static_cast<int32_t>(gpu::PairMode::kRowGroups));
       EXPECT_EQ(l.kernel.whole_units, 0);
     }
   }
@@ -2027,17 +2067,42 @@ TEST(GpuPlanTest, WgmmaRowPairsWhereTheyPay) {
   EXPECT_EQ(plan(dsv4, 32, 22, 2, kAuto, WgmmaUse::kAlways).wgmma, on);
   EXPECT_EQ(plan(KvFormat::kFp8PerTensor, 32, 192, 6, kAuto).paired, gpu::PairMode::kNone);
   EXPECT_EQ(plan(KvFormat::kFp8PerTensor, 32, 192, 6, kAuto, WgmmaUse::kAlways).paired,
-            on ? gpu::PairMode::kRowHalves : gpu::PairMode::kNone);
+            on ? gpu::PairMode::kRowGroups : gpu::PairMode::kNone);
   EXPECT_EQ(plan(dsv4, 32, 192, 6, RowPairs::kAlways, WgmmaUse::kAlways).paired,
-            on ? gpu::PairMode::kRowHalves : gpu::PairMode::kNone);
+            on ? gpu::PairMode::kRowGroups : gpu::PairMode::kNone);
   EXPECT_FALSE(plan(dsv4, 32, 192, 6, RowPairs::kNever).wgmma);
   EXPECT_FALSE(plan(dsv4, 32, 192, 6, RowPairs::kNever, WgmmaUse::kAlways).wgmma);
   EXPECT_FALSE(plan(dsv4, 32, 192, 6, kAuto, WgmmaUse::kNever).wgmma);
   EXPECT_FALSE(plan(dsv4, 32, 192, 0, kAuto).wgmma);
   EXPECT_FALSE(plan(dsv4, 32, 192, 3, kAuto).wgmma);
   EXPECT_FALSE(plan(dsv4, 32, 192, 6, kAuto, WgmmaUse::kAuto, 32).wgmma);
-  EXPECT_NE(plan(dsv4, 16, 192, 6, kAuto).paired, gpu::PairMode::kRowHalves);
-  EXPECT_NE(plan(dsv4, 64, 192, 6, kAuto).paired, gpu::PairMode::kRowHalves);
+  EXPECT_NE(plan(dsv4, 16, 192, 6, kAuto).paired, gpu::PairMode::kRowGroups);
+  EXPECT_NE(plan(dsv4, 64, 192, 6, kAuto).paired, gpu::PairMode::kRowGroups);
+  EXPECT_NE(plan(dsv4, 64, 2100, 2100, kAuto).paired, gpu::PairMode::kRowGroups);
+  // (heads, rows, group) -> rows per unit, for prefill calls by default and a forced decode call.
+  const std::tuple<int, int, int, int> kUnits[] = {
+      {16, 2100, 2100, 4}, {16, 2100, 6, 3}, {8, 2104, 2104, 8}, {8, 2100, 6, 6}};
+  for (const auto& [heads, rows, group, g] : kUnits) {
+    const gpu::AttendLaunch l = plan(dsv4, heads, rows, group, kAuto);
+    EXPECT_EQ(l.paired == gpu::PairMode::kRowGroups, on) << heads << " " << group;
+    if (!on) continue;
+    EXPECT_EQ(l.kernel.union_rows, g) << heads << " " << group;
+    EXPECT_EQ(l.kernel.row_heads_log2, heads == 16 ? 4 : 3);
+    EXPECT_EQ(l.plan.head_block, heads);
+    EXPECT_EQ(l.plan.splits, 1);
+    EXPECT_EQ(l.plan.programs, rows / g);
+  }
+  const gpu::AttendLaunch forced = plan(dsv4, 16, 192, 6, kAuto, WgmmaUse::kAlways);
+  EXPECT_EQ(forced.paired == gpu::PairMode::kRowGroups, on);
+  if (on) {
+    EXPECT_EQ(forced.kernel.union_rows, 3);
+    EXPECT_EQ(forced.plan.splits, 2);  // 64 units on 132 SMs
+    EXPECT_EQ(forced.plan.programs, 128);
+  }
+  EXPECT_FALSE(plan(dsv4, 16, 2100, 1, kAuto).wgmma);
+  EXPECT_FALSE(plan(dsv4, 8, 2100, 2, kAuto).wgmma);  // 16 of 64 product rows
+  EXPECT_FALSE(plan(dsv4, 16, 2100, 2100, RowPairs::kNever).wgmma);
+  EXPECT_FALSE(plan(dsv4, 16, 2100, 2100, kAuto, WgmmaUse::kAuto, 16).wgmma);
 }
 
 // WgmmaUse::kAlways takes the 64-head warpgroup program where the plan runs 64-head programs on

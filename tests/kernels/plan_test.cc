@@ -1,6 +1,8 @@
 #include "smla/kernels/plan.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -248,18 +250,32 @@ TEST(MaxSegmentLength, LongestRow) {
   EXPECT_EQ(MaxSegmentLength(std::vector<int32_t>{0}), 0);
 }
 
-// The row-union kernel keeps every entry of the first row, drops the second row's invalid ids
-// and matches each key of the first row with its first entry in the second.
-TEST(PairUnionLength, CountsWhatTheRowUnionKernelWrites) {
-  constexpr int64_t kSlots = 100;
-  using Ids = std::vector<int32_t>;
-  EXPECT_EQ(PairUnionLength(Ids{1, 2, 3}, Ids{4, 5}, kSlots), 5);
-  EXPECT_EQ(PairUnionLength(Ids{1, 2, 3}, Ids{3, 2, 1}, kSlots), 3);
-  EXPECT_EQ(PairUnionLength(Ids{1, 2}, Ids{2, 2, 6}, kSlots), 4);  // the second 2 is its own
-  EXPECT_EQ(PairUnionLength(Ids{1, 1}, Ids{1}, kSlots), 2);        // so is the first row's
-  EXPECT_EQ(PairUnionLength(Ids{-1, 7, 100}, Ids{-1, 7, 100, 8}, kSlots), 4);
-  EXPECT_EQ(PairUnionLength(Ids{}, Ids{5, -3}, kSlots), 1);
-  EXPECT_EQ(PairUnionLength(Ids{5}, Ids{}, kSlots), 1);
+// The row-union kernel keeps every entry of the first row, drops later rows' invalid ids and
+// matches each key an earlier row holds with its first entry in each later row.
+int64_t Union(std::initializer_list<std::vector<int32_t>> rows) {
+  std::vector<std::span<const int32_t>> spans(rows.begin(), rows.end());
+  return UnionLength(spans, 100);
+}
+
+TEST(UnionLength, CountsWhatTheRowUnionKernelWritesForPairs) {
+  EXPECT_EQ(Union({{1, 2, 3}, {4, 5}}), 5);
+  EXPECT_EQ(Union({{1, 2, 3}, {3, 2, 1}}), 3);
+  EXPECT_EQ(Union({{1, 2}, {2, 2, 6}}), 4);  // the second 2 is its own
+  EXPECT_EQ(Union({{1, 1}, {1}}), 2);        // so is the first row's
+  EXPECT_EQ(Union({{-1, 7, 100}, {-1, 7, 100, 8}}), 4);
+  EXPECT_EQ(Union({{}, {5, -3}}), 1);
+  EXPECT_EQ(Union({{5}, {}}), 1);
+  EXPECT_EQ(Union({}), 0);
+}
+
+TEST(UnionLength, CountsWhatTheRowUnionKernelWritesForLongerUnits) {
+  EXPECT_EQ(Union({{1, 2}, {2, 3}, {3, 4}, {1, 4}}), 4);
+  // A key a later row enters is matched by the rows after it, once per row.
+  EXPECT_EQ(Union({{1}, {2, 2}, {2, 2}, {2}}), 4);
+  // A row's first occurrence takes the entry even where an earlier row matched it.
+  EXPECT_EQ(Union({{1}, {1}, {1}, {1, 1}}), 2);
+  EXPECT_EQ(Union({{-1, 1}, {-1}, {1, 5, 5}, {5}}), 4);
+  EXPECT_EQ(Union({{1}}), 1);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #include "smla/kernels/plan.h"
 
 #include <algorithm>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "smla/base/align.h"
 
@@ -186,17 +187,31 @@ int64_t MaxSegmentLength(std::span<const int32_t> indptr) {
   return best;
 }
 
-int64_t PairUnionLength(std::span<const int32_t> a, std::span<const int32_t> b, int64_t num_slots) {
+int64_t UnionLength(std::span<const std::span<const int32_t>> rows, int64_t num_slots) {
+  if (rows.empty()) return 0;
   auto valid = [num_slots](int32_t id) { return id >= 0 && id < num_slots; };
-  // Keys of a not yet matched by an entry of b: a key's first entry in b takes a's entry.
-  absl::flat_hash_set<int32_t> unmatched;
-  unmatched.reserve(a.size());
-  for (int32_t id : a) {
-    if (valid(id)) unmatched.insert(id);
+  // Each held key and the last row whose first occurrence of it took its entry (or the row
+  // that entered it).
+  absl::flat_hash_map<int32_t, size_t> held;
+  held.reserve(rows[0].size());
+  for (int32_t id : rows[0]) {
+    if (valid(id)) held.try_emplace(id, 0);
   }
-  int64_t n = static_cast<int64_t>(a.size());
-  for (int32_t id : b) {
-    if (valid(id) && unmatched.erase(id) == 0) ++n;
+  auto n = static_cast<int64_t>(rows[0].size());
+  std::vector<int32_t> entered;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    entered.clear();
+    for (int32_t id : rows[r]) {
+      if (!valid(id)) continue;
+      auto it = held.find(id);
+      if (it != held.end() && it->second < r) {
+        it->second = r;  // the key's first entry takes this row's first occurrence
+        continue;
+      }
+      ++n;
+      if (it == held.end()) entered.push_back(id);
+    }
+    for (int32_t id : entered) held.try_emplace(id, r);
   }
   return n;
 }

@@ -794,24 +794,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   if (p.q_before_launch != 0) f16_q = stage_q();
   WaitForPriorGrid();
 
-  int begin0, len0, begin1 = 0, len1 = 0;
-  if (paired) {
-    begin0 = p.seg[0].indptr[2 * row];
-    len0 = p.seg[0].union_count[row];
-    if (p.num_segments > 1) {
-      begin1 = p.seg[1].indptr[2 * row];
-      len1 = p.seg[1].union_count[row];
-    }
-  } else {
-    begin0 = p.seg[0].indptr[row];
-    len0 = p.seg[0].indptr[row + 1] - begin0;
-    if (p.num_segments > 1) {
-      begin1 = p.seg[1].indptr[row];
-      len1 = p.seg[1].indptr[row + 1] - begin1;
-    }
-  }
-  const int tiles0 = (len0 + kTileKeys - 1) / kTileKeys;
-  const int tiles1 = (len1 + kTileKeys - 1) / kTileKeys;
+  // A paired program's row is a pair (union_rows 2).
+  const auto [begin0, len0, begin1, len1, tiles0, tiles1] =
+      paired ? UnitKeysOf(p, row) : RowKeysOf(p, row);
   // A paired program takes an even share of its pair's union tiles (known only here).
   const int per_split = paired ? (tiles0 + tiles1 + p.splits - 1) / p.splits : p.tiles_per_split;
   const int t_begin = split * per_split;

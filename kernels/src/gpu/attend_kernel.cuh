@@ -294,8 +294,8 @@ __device__ __forceinline__ void ConvertTile(int format, const uint8_t* stage, ui
 struct ProgramIndex {
   int row = 0, hb = 0, split = 0;
 };
-__device__ __forceinline__ ProgramIndex ProgramOf(const AttendKernelParams& p) {
-  const int64_t pid = blockIdx.x;
+__device__ __forceinline__ ProgramIndex ProgramOf(const AttendKernelParams& p,
+                                                  int64_t pid = blockIdx.x) {
   ProgramIndex w;
   w.hb = static_cast<int>(pid % p.head_blocks);
   w.split = static_cast<int>((pid / p.head_blocks) % p.splits);
@@ -320,15 +320,16 @@ __device__ __forceinline__ RowKeys RowKeysOf(const AttendKernelParams& p, int ro
   return k;
 }
 
-// A row pair's keys (AttendKernelParams::paired): the union of rows 2 pair and 2 pair + 1 in
-// each segment, written by the row-union kernel from the first row's start.
-__device__ __forceinline__ RowKeys PairKeysOf(const AttendKernelParams& p, int pair) {
+// A unit's keys (AttendKernelParams::paired): the union of rows g unit .. g unit + g - 1 (g =
+// union_rows) in each segment, written by the row-union kernel from the first row's start.
+__device__ __forceinline__ RowKeys UnitKeysOf(const AttendKernelParams& p, int unit) {
   RowKeys k;
-  k.begin0 = p.seg[0].indptr[2 * pair];
-  k.len0 = p.seg[0].union_count[pair];
+  const int row = unit * p.union_rows;
+  k.begin0 = p.seg[0].indptr[row];
+  k.len0 = p.seg[0].union_count[unit];
   if (p.num_segments > 1) {
-    k.begin1 = p.seg[1].indptr[2 * pair];
-    k.len1 = p.seg[1].union_count[pair];
+    k.begin1 = p.seg[1].indptr[row];
+    k.len1 = p.seg[1].union_count[unit];
   }
   k.tiles0 = (k.len0 + kTileKeys - 1) / kTileKeys;
   k.tiles1 = (k.len1 + kTileKeys - 1) / kTileKeys;
@@ -352,23 +353,28 @@ __device__ __forceinline__ uint4 LoadQueryUnit(const AttendKernelParams& p, int 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Which query a program's head slot h holds: head head0 + h % 2^kHeadsLog2 of row
-// row + h / 2^kHeadsLog2. The default is one row (every head slot of `row`); a warpgroup
-// program over row pairs holds two (attend_wgmma_kernel.cuh).
-template <int kHeadsLog2 = 16>
+// Which query a program's head slot h holds: head head0 + h of row `row` (one row's heads).
 struct QuerySlots {
-  static constexpr bool kOneRow = kHeadsLog2 >= 16;  // more slots than any head count
   int row = 0, head0 = 0;
-  __device__ int Row(int h) const { return kOneRow ? row : row + (h >> kHeadsLog2); }
-  __device__ int Head(int h) const {
-    return kOneRow ? head0 + h : head0 + (h & ((1 << kHeadsLog2) - 1));
-  }
+  __device__ int Row(int) const { return row; }
+  __device__ int Head(int h) const { return head0 + h; }
+  __device__ bool Live(int) const { return true; }
+};
+
+// The same for a unit of rows (a warpgroup program over a row group, attend_wgmma_kernel.cuh):
+// head h % 2^heads_log2 of row row + h / 2^heads_log2, for the unit's first `rows` rows (slots
+// past them are empty).
+struct RowGroupSlots {
+  int row = 0, heads_log2 = 0, rows = 1;
+  __device__ int Row(int h) const { return row + (h >> heads_log2); }
+  __device__ int Head(int h) const { return h & ((1 << heads_log2) - 1); }
+  __device__ bool Live(int h) const { return (h >> heads_log2) < rows; }
 };
 
 // Stages a head block's queries in shared memory: values e0 .. e0 + 7 of head slot h at byte
-// at(h, e0) of q_s (heads past H are zero and never stored), by threads tid = 0 .. kStagers - 1.
-// Each thread issues kBatch loads before storing any, so a batch costs one memory latency rather
-// than one per unit (docs/gpu.md, "What makes the operator fast on Hopper").
+// at(h, e0) of q_s (heads past H and empty slots are zero and never stored), by threads tid = 0 ..
+// kStagers - 1. Each thread issues kBatch loads before storing any, so a batch costs one memory
+// latency rather than one per unit (docs/gpu.md, "What makes the operator fast on Hopper").
 template <class C, int kStagers = C::kThreads, int kBatch = 4, class Slots, class At>
 __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, Slots slots, uint8_t* q_s,
                                              At at, int tid = threadIdx.x) {
@@ -385,7 +391,9 @@ __device__ __forceinline__ void StageQueries(const AttendKernelParams& p, Slots 
       unit[i] = i0 + i < kPerThread && u < kTotal ? u : -1;
       if (unit[i] >= 0) {
         const int h = u / kUnits;
-        v[i] = LoadQueryUnit(p, C::kQkWidth, slots.Row(h), slots.Head(h), (u % kUnits) * 8);
+        v[i] = slots.Live(h)
+                   ? LoadQueryUnit(p, C::kQkWidth, slots.Row(h), slots.Head(h), (u % kUnits) * 8)
+                   : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
@@ -459,7 +467,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int wg = warp % C::kW;
   const int head0 = hb * C::kHeadBlock;
 
-  StageQueries<C>(p, QuerySlots<>{row, head0}, reinterpret_cast<uint8_t*>(q_s),
+  StageQueries<C>(p, QuerySlots{row, head0}, reinterpret_cast<uint8_t*>(q_s),
                   [](int h, int e0) { return 2 * (h * C::kQStride + e0); });
 
   // This program's tiles: main tiles then extra tiles, split evenly by the longest row.

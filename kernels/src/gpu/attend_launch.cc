@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -53,43 +55,49 @@ SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   return a;
 }
 
-// Keys of the union the row-union kernel builds for rows [a0, a1) and [a1, b1) of a segment.
-int64_t PairKeys(const Segment& s, int32_t a0, int32_t a1, int32_t b1) {
-  const int32_t na = a1 - a0, nb = b1 - a1;
-  if (na > kUnionMaxRow || nb > kUnionMaxRow) return na + nb;  // the kernel concatenates them
-  // Windows ending at positions p and p + 1: [p - W + 1, p + 1] once both are full, else the
-  // second, which holds the first.
-  if (s.sliding_window) return na == nb ? na + 1 : std::max(na, nb);
+// Keys of the union the row-union kernel builds for a segment's rows [row, row + g).
+int64_t UnitKeys(const Segment& s, int32_t row, int g) {
+  std::vector<std::span<const int32_t>> rows;
+  int64_t total = 0, longest = 0;
+  for (int r = 0; r < g; ++r) {
+    const int32_t a = s.indptr[row + r], b = s.indptr[row + r + 1];
+    rows.push_back(s.indices_on_device ? std::span<const int32_t>() : s.indices.subspan(a, b - a));
+    total += b - a;
+    longest = std::max<int64_t>(longest, b - a);
+  }
+  if (longest > kUnionMaxRow) return total;  // the kernel concatenates them
+  // Windows ending at consecutive positions p .. p + g - 1 cover [p - W + 1, p + g - 1] once
+  // full and [0, p + g - 1] before: the first window and g - 1 keys.
+  if (s.sliding_window) {
+    const int64_t first = s.indptr[row + 1] - s.indptr[row];
+    return std::min(total, std::max(longest, first + g - 1));
+  }
   // Other indices in backend memory cannot be read here: their concatenation bounds the union.
-  if (s.indices_on_device) return na + nb;
-  return PairUnionLength(s.indices.subspan(a0, na), s.indices.subspan(a1, nb), s.cache.num_slots());
+  if (s.indices_on_device) return total;
+  return UnionLength(rows, s.cache.num_slots());
 }
 
-// 64-key tiles of the union the row-union kernel builds for the call's longest row pair (the
-// most entries over both segments; rows past kUnionMaxRow are concatenated there): the plan's
-// tiles per pair, from the call's own keys rather than an assumed overlap.
-int64_t LongestPairUnionTiles(const AttendParams& params) {
+// 64-key tiles of the union the row-union kernel builds for the call's longest unit of g rows
+// (the most entries over both segments; rows past kUnionMaxRow are concatenated there): the
+// plan's tiles per unit, from the call's own keys rather than an assumed overlap.
+int64_t LongestUnitUnionTiles(const AttendParams& params, int g) {
   const int nseg = params.has_extra ? 2 : 1;
   auto segment = [&](int sg) -> const Segment& { return sg == 0 ? params.main : params.extra; };
   int64_t longest = -1;
-  int32_t pair = 0;
-  for (int32_t i = 0; 2 * i + 1 < params.num_rows; ++i) {
+  int32_t unit = 0;
+  for (int32_t i = 0; g * (i + 1) <= params.num_rows; ++i) {
     int64_t n = 0;
     for (int sg = 0; sg < nseg; ++sg) {
-      n += segment(sg).indptr[2 * i + 2] - segment(sg).indptr[2 * i];
+      n += segment(sg).indptr[g * (i + 1)] - segment(sg).indptr[g * i];
     }
     if (n > longest) {
       longest = n;
-      pair = i;
+      unit = i;
     }
   }
   int64_t tiles = 0;
   for (int sg = 0; sg < nseg; ++sg) {
-    const Segment& s = segment(sg);
-    const int32_t a0 = s.indptr[2 * pair];
-    const int32_t a1 = s.indptr[2 * pair + 1];
-    const int32_t b1 = s.indptr[2 * pair + 2];
-    tiles += (PairKeys(s, a0, a1, b1) + kKeyTile - 1) / kKeyTile;
+    tiles += (UnitKeys(segment(sg), g * unit, g) + kKeyTile - 1) / kKeyTile;
   }
   return tiles;
 }
@@ -99,7 +107,7 @@ int64_t LongestPairUnionTiles(const AttendParams& params) {
 //   FitTileProgram       the tile kernel's head block, stages and shared memory
 //   ChooseDirectProgram  the direct kernel's head block and splits, where the formats take it
 //   ChooseWgmmaProgram   the 64-head warpgroup program, where asked and it fits
-//   ChooseWgmmaPairs     the warpgroup program over 32-head row pairs, where that pays
+//   ChooseWgmmaGroups    the warpgroup program over row groups (H <= 32), where that pays
 //   ChooseRowPairs       paired direct programs over their keys' union, where that pays
 //   LayOutWorkspace      the workspace offsets of the staged arrays and split-K partials
 //   FillKernelParams     the kernels' parameters (device pointers come from BindAttend)
@@ -121,7 +129,7 @@ class AttendPlanner {
     if (absl::Status st = FitTileProgram(); !st.ok()) return st;
     ChooseDirectProgram();
     ChooseWgmmaProgram();
-    ChooseWgmmaPairs();
+    ChooseWgmmaGroups();
     ChooseRowPairs();
     LayOutWorkspace();
     FillKernelParams();
@@ -247,49 +255,70 @@ class AttendPlanner {
     whole_units_ = device_.compute_units;
     l_.plan.splits = 2;
     l_.plan.programs = whole_units_ + (units - whole_units_) * 2;
-    l_.combine_first_row =
-        static_cast<int32_t>(l_.paired != PairMode::kNone ? 2 * whole_units_ : whole_units_);
+    l_.combine_first_row = static_cast<int32_t>(
+        l_.paired != PairMode::kNone ? union_rows_ * whole_units_ : whole_units_);
   }
 
-  // Row pairs on the warpgroup program (PairMode::kRowHalves): with 32 heads a row, rows 2i and
-  // 2i+1 fill the program's 64 product rows over the union of their keys, so each shared key
-  // is read and dequantised once, and the products run on 64 rows where a 32-head program
-  // would leave half of an m64 product empty. By default (RowPairs::kAuto, WgmmaUse::kAuto) on
-  // fp8_dsv4 with at least one pair per kWgmmaSmsPerPair SMs, decode and prefill; a decode call
-  // splits each pair's keys as often as one wave of programs allows (fewer pairs than SMs), or
-  // runs whole units first (WholeUnitsFirst), prefill neither. WgmmaUse::kAlways with pairs allowed
-  // takes it for fp8_per_tensor and fewer pairs too (docs/results/kbench-h200.md, "Row pairs on the
-  // warpgroup program").
-  void ChooseWgmmaPairs() {
+  // Row groups on the warpgroup program (PairMode::kRowGroups): with H <= 32 heads a row, the g
+  // rows of a unit (GroupRows) fill the program's 64 product rows over the union of their keys,
+  // so each shared key is read and dequantised once for all of them, and the products run on
+  // g H rows where an H-head program would leave most of an m64 product empty. By default
+  // (RowPairs::kAuto, WgmmaUse::kAuto) on fp8_dsv4 with at least one unit per kWgmmaSmsPerPair
+  // SMs whose units fill at least half of the product rows: at 32 heads (pairs) in decode and
+  // prefill calls, at 8 and 16 heads (units of up to 8 and 4 rows) in prefill calls only, where
+  // the direct kernel was faster at decode. A decode call splits each unit's keys as often as
+  // one wave of programs allows (fewer units than SMs), or runs whole units first
+  // (WholeUnitsFirst), prefill neither. WgmmaUse::kAlways with pairs allowed takes it for
+  // fp8_per_tensor, fewer units and other calls too (docs/results/kbench-h200.md, "Row groups
+  // on the warpgroup program").
+  void ChooseWgmmaGroups() {
     auto dsv4 = [](KvFormat f) { return f == KvFormat::kFp8Dsv4; };
-    const int64_t pairs = T_ / 2;
+    const int g = GroupRows();
+    if (g == 0 || params_.force_tile_kernel || !WgmmaFits()) return;
+    const int64_t units = T_ / g;
     const bool forced = params_.wgmma == WgmmaUse::kAlways && params_.row_pairs != RowPairs::kNever;
     const bool automatic =
         params_.wgmma == WgmmaUse::kAuto && params_.row_pairs == RowPairs::kAuto &&
         dsv4(params_.main.cache.format) && (!mixed() || dsv4(params_.extra.cache.format)) &&
-        pairs * kWgmmaSmsPerPair >= device_.compute_units;
-    if (H_ != 32 || params_.force_tile_kernel || !PairableRows() || !WgmmaFits() ||
-        !(forced || automatic) || !FitUnionTable()) {
-      return;
-    }
-    const int64_t tiles = std::max<int64_t>(1, LongestPairUnionTiles(params_));
-    int64_t splits = params_.force_splits;
-    if (splits == 0) {
-      splits = T_ >= kPrefillRows ? 1 : std::max<int64_t>(1, device_.compute_units / pairs);
-    }
-    const bool whole_first = params_.force_splits == 0 && T_ < kPrefillRows &&
-                             WholeUnitsFirst(pairs, device_.compute_units);
+        (H_ == 32 || T_ >= kPrefillRows) && 2 * g * H_ >= 64 &&
+        units * kWgmmaSmsPerPair >= device_.compute_units;
+    if (!(forced || automatic) || !FitUnionTable(g)) return;
+    const int64_t tiles = std::max<int64_t>(1, LongestUnitUnionTiles(params_, g));
+    union_rows_ = g;
     l_.direct = false;
     l_.wgmma = true;
-    l_.paired = PairMode::kRowHalves;
-    l_.plan.head_block = 32;
+    l_.paired = PairMode::kRowGroups;
+    l_.plan.head_block = H_;
     l_.plan.head_blocks = 1;
+    l_.plan.tiles = static_cast<int32_t>(tiles);
+    l_.shared_bytes = WgmmaSharedBytes();
+    if (params_.force_splits == 0 && T_ < kPrefillRows &&
+        WholeUnitsFirst(units, device_.compute_units)) {
+      SplitPastFirstWave(units);
+      return;
+    }
+    int64_t splits = params_.force_splits;
+    if (splits == 0) {
+      splits = T_ >= kPrefillRows ? 1 : std::max<int64_t>(1, device_.compute_units / units);
+    }
     l_.plan.splits =
         static_cast<int32_t>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(tiles, kMaxSplits)));
-    l_.plan.tiles = static_cast<int32_t>(tiles);
-    l_.plan.programs = pairs * l_.plan.splits;
-    l_.shared_bytes = WgmmaSharedBytes();
-    if (whole_first) SplitPastFirstWave(pairs);
+    l_.plan.programs = units * l_.plan.splits;
+  }
+
+  // Rows per unit of the warpgroup program over row groups: the most rows (up to
+  // kMaxUnionRows) whose heads fit its 64 product rows and that divide the caller's groups
+  // (AttendParams::rows_per_group) and the call's rows; 0 where fewer than two, or where H is
+  // not a power of two of at most 32, the build does not pair rows or a head block is forced.
+  int GroupRows() const {
+    if (!RowPairsSupported() || params_.rows_per_group < 2 || params_.force_head_block != 0 ||
+        H_ > 32 || 64 % H_ != 0) {
+      return 0;
+    }
+    for (int g = std::min(64 / H_, kMaxUnionRows); g >= 2; --g) {
+      if (params_.rows_per_group % g == 0 && T_ % g == 0) return g;
+    }
+    return 0;
   }
 
   // Gather stages of a direct program of hb head slots when as many run per SM as its variant
@@ -367,10 +396,10 @@ class AttendPlanner {
     if (l_.direct && PairableRows() && want_pairs && (half_pairs || T_ < kPrefillRows) &&
         (half_pairs || H_ % 16 == 0)) {
       const int n = DirectStages(pair_hb);
-      if (n > 0 && FitUnionTable()) {
+      if (n > 0 && FitUnionTable(2)) {
         // The kernel splits each pair's own union tiles; the split count is planned for those
         // of the longest pair.
-        const int64_t est = std::max<int64_t>(1, LongestPairUnionTiles(params_));
+        const int64_t est = std::max<int64_t>(1, LongestUnitUnionTiles(params_, 2));
         const int64_t pairs = T_ / 2;
         const int32_t hbs = half_pairs ? 1 : H_ / 16;
         // Splits by the direct cost model (plan.h), a pair counting as a unit of pair_hb heads
@@ -382,6 +411,7 @@ class AttendPlanner {
                   .splits;
         }
         l_.paired = half_pairs ? PairMode::kHalves : PairMode::kGroups;
+        union_rows_ = 2;
         l_.plan.head_block = 16;
         l_.plan.head_blocks = static_cast<int32_t>(hbs);
         l_.plan.splits = splits;
@@ -392,7 +422,7 @@ class AttendPlanner {
         l_.shared_bytes = DirectSharedBytes(l_.qk_width, pair_hb, dstage_, n);
       }
     }
-    if (l_.paired == PairMode::kRowHalves) return;  // ChooseWgmmaPairs
+    if (l_.paired == PairMode::kRowGroups) return;  // ChooseWgmmaGroups
     l_.program_head_block = l_.paired == PairMode::kGroups ? 32 : l_.plan.head_block;
   }
 
@@ -403,18 +433,20 @@ class AttendPlanner {
            T_ % 2 == 0 && params_.force_head_block == 0;
   }
 
-  // Sizes the row-union table (union_bits_): kUnionSlotsPerKey entries per key of the longest
-  // first row where shared memory allows (rows past kUnionMaxRow are concatenated, not hashed).
-  // False where it cannot hold two entries per key.
-  bool FitUnionTable() {
+  // Sizes the row-union table (union_bits_) for units of g rows: kUnionSlotsPerKey entries per
+  // key of the longest row, and at least two per key of a unit's rows but its last, where shared
+  // memory allows (rows past kUnionMaxRow are concatenated, not hashed). False where it cannot
+  // hold two entries per key of those rows (the kernel would concatenate the longest units).
+  bool FitUnionTable(int g) {
     const int64_t longest =
         std::min<int64_t>(kUnionMaxRow, std::max(in_.max_main_keys, in_.max_extra_keys));
+    const int64_t held = 2 * (g - 1) * longest;
     while (union_bits_ < kMaxUnionBits &&
-           (int64_t{1} << union_bits_) < kUnionSlotsPerKey * longest &&
+           (int64_t{1} << union_bits_) < std::max(kUnionSlotsPerKey * longest, held) &&
            RowUnionSharedBytes(union_bits_ + 1) <= device_.shared_memory_per_block - 1024) {
       ++union_bits_;
     }
-    return (int64_t{1} << union_bits_) >= 2 * longest;
+    return (int64_t{1} << union_bits_) >= held;
   }
 
   void LayOutWorkspace() {
@@ -454,7 +486,7 @@ class AttendPlanner {
             static_cast<int64_t>((sg == 0 ? params_.main.indices : params_.extra.indices).size());
         l_.off_union_indices[sg] = add(4 * nnz);
         l_.off_union_mask[sg] = add(nnz);
-        l_.off_union_count[sg] = add(4 * (int64_t{T_} / 2));
+        l_.off_union_count[sg] = add(4 * (int64_t{T_} / union_rows_));
       }
     }
     const int64_t part_rows = l_.plan.splits > 1 ? int64_t{T_} * H_ * l_.plan.splits : 0;
@@ -486,6 +518,8 @@ class AttendPlanner {
     k.fold_scales = params.no_scale_fold ? 0 : 1;
     k.paired = static_cast<int32_t>(l_.paired);
     k.union_bits = union_bits_;
+    k.union_rows = union_rows_;
+    k.row_heads_log2 = Log2(H_);
     k.cos_sin = params.epilogue.cos_sin;
     k.out_mxfp8 = params.out.format == OutputFormat::kMxfp8 ? 1 : 0;
     k.out_bf16 = static_cast<uint16_t*>(params.out.bf16);
@@ -521,6 +555,7 @@ class AttendPlanner {
   int32_t stage_ = 0;            // the chosen program's gather stage bytes
   int num_stages_ = 0;
   int union_bits_ = 6;       // the row-union table (paired launches)
+  int union_rows_ = 2;       // rows per unit of paired launches
   int64_t whole_units_ = 0;  // AttendKernelParams::whole_units
 };
 

@@ -22,11 +22,11 @@ struct AttendLaunch {
   int64_t shared_bytes = 0;
   bool direct = false;  // the direct kernel (attend_direct_kernel.cuh) instead of the tile one
   bool wgmma = false;   // the 64-head warpgroup program (attend_wgmma_kernel.cuh) instead
-  // Paired rows (AttendKernelParams::paired): rows 2i and 2i+1 run together after the
-  // row-union kernel, in the direct kernel as the 32-head variant's two 16-head groups
+  // Paired rows (AttendKernelParams::paired): a unit of rows runs together after the row-union
+  // kernel: in the direct kernel rows 2i and 2i+1 as the 32-head variant's two 16-head groups
   // (plan.head_block is then 16 and program_head_block 32) or as the two 8-head halves of a
-  // 16-head program, or in the warpgroup program as the two 32-head halves of its 64 product
-  // rows (wgmma; plan.head_block 32).
+  // 16-head program; in the warpgroup program the kernel's union_rows rows of H heads each in
+  // its 64 product rows (wgmma; plan.head_block H).
   PairMode paired = PairMode::kNone;
   int program_head_block = 16;
   AttendKernelParams kernel;  // device pointers into the workspace set by BindAttend

@@ -142,6 +142,9 @@ absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int h
                                                  qk_width, " with ", head_block, "-head programs",
                                                  half_pairs ? " of paired 8-head rows" : ""));
   }
+  if (p.paired != 0 && p.union_rows != 2) {
+    return absl::InternalError("the direct kernel's paired programs hold two rows");
+  }
   const int64_t programs =
       int64_t{p.paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
@@ -171,25 +174,28 @@ int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512>>::kBytes; }
 
 #if defined(SMLA_GPU_CUDA)
 namespace {
-// The warpgroup program's two builds: one row per program, and row pairs (PairMode::kRowHalves).
+// The warpgroup program's two builds: one row per program, and row groups (PairMode::kRowGroups).
 using WgmmaRows = WgmmaConfig<512>;
-using WgmmaPairs = WgmmaConfig<512, true>;
-static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaPairs>::kBytes, "one layout");
+using WgmmaGroups = WgmmaConfig<512, true>;
+static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaGroups>::kBytes, "one layout");
 }  // namespace
 #endif
 
 absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes,
                                StreamHandle stream) {
 #if defined(SMLA_GPU_CUDA)
-  const bool paired = p.paired == static_cast<int32_t>(PairMode::kRowHalves);
-  if (p.paired != 0 && !paired) {
-    return absl::InternalError("the warpgroup program pairs rows only as PairMode::kRowHalves");
+  const bool grouped = p.paired == static_cast<int32_t>(PairMode::kRowGroups);
+  if (p.paired != 0 && !grouped) {
+    return absl::InternalError("the warpgroup program groups rows only as PairMode::kRowGroups");
   }
-  const int64_t units = paired ? p.num_rows / 2 : p.num_rows;
+  if (grouped && (p.union_rows < 2 || (p.union_rows << p.row_heads_log2) > 64)) {
+    return absl::InternalError("the warpgroup program's row group exceeds its 64 product rows");
+  }
+  const int64_t units = grouped ? p.num_rows / p.union_rows : p.num_rows;
   const int64_t programs = p.whole_units + (units - p.whole_units) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  return ToStatus(Launch(paired ? &SparseMlaAttendWgmmaKernel<WgmmaPairs>
-                                : &SparseMlaAttendWgmmaKernel<WgmmaRows>,
+  return ToStatus(Launch(grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroups>
+                                 : &SparseMlaAttendWgmmaKernel<WgmmaRows>,
                          dim3(static_cast<unsigned>(programs)), dim3(WgmmaRows::kThreads),
                          static_cast<size_t>(shared_bytes), stream, p),
                   "warpgroup attention kernel launch");
@@ -205,7 +211,7 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
   }
 #if defined(SMLA_GPU_CUDA)
   for (const void* fn : {reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRows>),
-                         reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaPairs>)}) {
+                         reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroups>)}) {
     SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(fn, static_cast<int>(max_bytes)));
   }
 #endif

@@ -1,9 +1,9 @@
 // The 64-head sparse MLA attention program on sm_90a's warpgroup products (docs/operator.md
 // 4-6; docs/gpu.md, "Tensor cores"). One program of three warpgroups owns (row, 64-head block,
-// split); each key of its tiles is read and dequantised once for all 64 heads. The paired
-// variant (PairMode::kRowHalves, H = 32) owns (row pair, split) instead: its 64 product rows
-// are the 32 heads of rows 2i and 2i + 1 over the union of their keys (row_union_kernel.cu),
-// each key read once for both rows and masked per row.
+// split); each key of its tiles is read and dequantised once for all 64 heads. The grouped
+// variant (PairMode::kRowGroups, H <= 32) owns (unit, split) instead: its 64 product rows are
+// the H heads of each of a unit's g rows (g H <= 64) over the union of their keys
+// (row_union_kernel.cu), each key read once for every row and masked per row.
 //
 // The warpgroups specialise (warpgroup_sync.h):
 // - the loader (warpgroup 2) reads each 64-key tile's fp8 rows from the pool into registers,
@@ -38,14 +38,14 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, bool kPaired_ = false>
+template <int kQkWidth_, bool kGrouped_ = false>
 struct WgmmaConfig {
   static constexpr int kQkWidth = kQkWidth_;
   static constexpr int kHeadBlock = 64;  // one m64 product's rows
-  // Paired: product rows 0-31 are row 2i's heads, 32-63 row 2i + 1's.
-  static constexpr bool kPaired = kPaired_;
-  static constexpr int kRowHeads = kPaired ? 32 : 64;  // heads of one query row in the block
-  using Slots = QuerySlots<kPaired ? 5 : 16>;
+  // Grouped: product row h is head h % H of the unit's row h / H (AttendKernelParams::union_rows,
+  // row_heads_log2).
+  static constexpr bool kGrouped = kGrouped_;
+  using Slots = std::conditional_t<kGrouped, RowGroupSlots, QuerySlots>;
   static constexpr int kKeys = 64;
   static constexpr int kGroupThreads = 128;
   static constexpr int kThreads = 3 * kGroupThreads;  // scorer, partner, loader
@@ -105,7 +105,8 @@ struct WgmmaSmem {
 
 // What the three roles share: the row's tiles and where things lie in shared memory.
 struct WgmmaProgram {
-  int row = 0, head0 = 0, split = 0;  // row: the first query row (2i when paired)
+  int row = 0, head0 = 0, split = 0;  // row: the first query row (g i when grouped)
+  int heads_log2 = 0, rows = 1;       // grouped: the head slots' rows (RowGroupSlots)
   int splits = 1;                     // the splits of this program's unit
   int u_begin = 0, u_end = 0;         // this split's tiles: main tiles, then extra
   int tiles0 = 0;
@@ -134,21 +135,18 @@ __device__ __forceinline__ int GroupWarp() {
   return (static_cast<int>(threadIdx.x) % C::kGroupThreads) / kWarpSize;
 }
 
-// The query row (from the program's first) of warp gw's 16 product rows: 0, or gw / 2 when
-// paired.
-template <class C>
-__device__ __forceinline__ int QueryRowOf(int gw) {
-  return C::kPaired ? gw / 2 : 0;
-}
-
 // Which query each of the program's 64 product rows holds.
 template <class C>
 __device__ __forceinline__ typename C::Slots SlotsOf(const WgmmaProgram& w) {
-  return typename C::Slots{w.row, w.head0};
+  if constexpr (C::kGrouped) {
+    return RowGroupSlots{w.row, w.heads_log2, w.rows};
+  } else {
+    return QuerySlots{w.row, w.head0};
+  }
 }
 
 // Key `key` of tile u: its slot (-1 past the row's keys) and the query rows that attend it
-// (bit r: row w.row + r; the union's row mask when paired).
+// (bit r: row w.row + r; the union's row mask when grouped).
 struct LoaderKey {
   int32_t slot = -1;
   int32_t rows = 0;
@@ -162,7 +160,7 @@ __device__ __forceinline__ LoaderKey LoaderKeyOf(const AttendKernelParams& p, co
   if (k >= (main ? w.len0 : w.len1)) return {};
   const SegmentArgs& s = w.SegmentOf(p, u);
   const int at = (main ? w.begin0 : w.begin1) + k;
-  if constexpr (C::kPaired) return {__ldg(s.union_indices + at), __ldg(s.union_mask + at)};
+  if constexpr (C::kGrouped) return {__ldg(s.union_indices + at), __ldg(s.union_mask + at)};
   return {__ldg(s.indices + at), 1};
 }
 
@@ -401,7 +399,12 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
                                           float (&l_lane)[2]) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
-  const int row_bit = QueryRowOf<C>(gw);
+  // This lane's accumulator rows' query rows (from the program's first): their bits of a key's
+  // rows.
+  int row_bit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    row_bit[r] = SlotsOf<C>(w).Row(wgmma::AccRow(gw, lane, 2 * r)) - w.row;
   const uint64_t q_desc = wgmma::SwizzledKStep(w.q, C::kHeadBlock, 0);
   for (int u = w.u_begin; u < w.u_end; ++u) {
     const int t = u - w.u_begin;
@@ -422,13 +425,13 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     wgmma::Wait<0>();
     wgmma::FenceAccumulators(sc);
 
-    // Scale and mask (this warp's query row: bit row_bit of a key's rows); row maxima over the
-    // 4 lanes that hold a row's 64 columns.
+    // Scale and mask (each accumulator row's bit of a key's rows); row maxima over the 4 lanes
+    // that hold a row's 64 columns.
     const int32_t* valid = w.valid + buf * C::kKeys;
     float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      const bool live = (valid[wgmma::AccCol(lane, i)] >> row_bit) & 1;
+      const bool live = (valid[wgmma::AccCol(lane, i)] >> row_bit[(i % 4) / 2]) & 1;
       const float x = live ? sc[i] * s.score_scale2 : -INFINITY;
       sc[i] = x;
       tmax[(i % 4) / 2] = fmaxf(tmax[(i % 4) / 2], x);
@@ -521,14 +524,15 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
   const typename C::Slots slots = SlotsOf<C>(w);
-  const int row = w.row + QueryRowOf<C>(gw);  // every row of this warp's is one query row's
   // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
   const int col_base = C::kGroupCols * group;
   if (w.splits > 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int head = slots.Head(wgmma::AccRow(gw, lane, 2 * r));
-      if (head >= p.num_heads) continue;
+      const int slot = wgmma::AccRow(gw, lane, 2 * r);
+      const int row = slots.Row(slot);
+      const int head = slots.Head(slot);
+      if (!slots.Live(slot) || head >= p.num_heads) continue;
       const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + w.split;
       float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
@@ -548,13 +552,20 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
     return;
   }
 
-  // Final store: normalise with the sink (as CombinePartials), then the epilogue.
-  const float* cs = nullptr;
-  if (p.positions != nullptr) cs = p.cos_sin + int64_t{p.positions[row]} * 64;
+  // Final store: normalise with the sink (as CombinePartials), then the epilogue. The inverse
+  // RoPE's row of cos / sin: the program's one query row's, or each accumulator row's when
+  // grouped.
+  auto rope_row = [&](int row) {
+    return p.positions == nullptr ? nullptr : p.cos_sin + int64_t{p.positions[row]} * 64;
+  };
+  const float* cs_program = C::kGrouped ? nullptr : rope_row(w.row);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int head = slots.Head(wgmma::AccRow(gw, lane, 2 * r));
-    const bool live = head < p.num_heads;
+    const int slot = wgmma::AccRow(gw, lane, 2 * r);
+    const int row = slots.Row(slot);
+    const int head = slots.Head(slot);
+    const bool live = slots.Live(slot) && head < p.num_heads;
+    const float* cs = C::kGrouped ? (live ? rope_row(row) : nullptr) : cs_program;
     const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
     const int64_t out_row = int64_t{row} * p.num_heads + head;
 #pragma unroll
@@ -670,32 +681,34 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
   w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
-  // Paired: the program's "row" is a row pair, which takes an even share of its union's tiles
-  // (known only here). Whole units (unsplit) come first in the grid.
+  // Grouped: the program's "row" is a unit of rows, which takes an even share of its union's
+  // tiles (known only here). Whole units (unsplit) come first in the grid.
   ProgramIndex at;
   if (static_cast<int>(blockIdx.x) < p.whole_units) {
     at.row = static_cast<int>(blockIdx.x);  // head_blocks is 1 with whole units
   } else {
-    const int64_t pid = blockIdx.x - p.whole_units;
-    at.hb = static_cast<int>(pid % p.head_blocks);
-    at.split = static_cast<int>((pid / p.head_blocks) % p.splits);
-    at.row = p.whole_units + static_cast<int>(pid / (int64_t{p.head_blocks} * p.splits));
+    at = ProgramOf(p, blockIdx.x - p.whole_units);
+    at.row += p.whole_units;
     w.splits = p.splits;
   }
   const auto [row, hb, split] = at;
-  w.row = C::kPaired ? 2 * row : row;
+  w.row = C::kGrouped ? row * p.union_rows : row;
   w.split = split;
-  w.head0 = hb * C::kRowHeads;
-  const RowKeys keys = C::kPaired ? PairKeysOf(p, row) : RowKeysOf(p, row);
+  w.head0 = hb * C::kHeadBlock;  // 0 when grouped (one head block)
+  if constexpr (C::kGrouped) {
+    w.heads_log2 = p.row_heads_log2;
+    w.rows = p.union_rows;
+  }
+  const RowKeys keys = C::kGrouped ? UnitKeysOf(p, row) : RowKeysOf(p, row);
   w.begin0 = keys.begin0;
   w.len0 = keys.len0;
   w.begin1 = keys.begin1;
   w.len1 = keys.len1;
   w.tiles0 = keys.tiles0;
   const int tiles = keys.tiles0 + keys.tiles1;
-  const int per_split = w.splits == 1                 ? tiles
-                        : C::kPaired || p.whole_units ? (tiles + p.splits - 1) / p.splits
-                                                      : p.tiles_per_split;
+  const int per_split = w.splits == 1                  ? tiles
+                        : C::kGrouped || p.whole_units ? (tiles + p.splits - 1) / p.splits
+                                                       : p.tiles_per_split;
   w.u_begin = split * per_split;
   w.u_end = min(w.u_begin + per_split, tiles);
 

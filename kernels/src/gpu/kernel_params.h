@@ -39,12 +39,13 @@ struct SegmentArgs {
   int32_t format = 0;      // KvFormat
   float score_scale2 = 0;  // softmax_scale * q_scale * sigma * log2(e)
   float p_scale = 1;       // sigma folded into P before the PV product (else 1)
-  // Paired rows (AttendKernelParams::paired): the union of rows 2i and 2i+1's keys, written by
-  // the row-union kernel at the pair's CSR range indptr[2i] .. indptr[2i+2] (its capacity),
-  // with per-entry row masks (bit r: row 2i + r attends the key) and the union length per pair.
+  // Paired rows (AttendKernelParams::paired): the union of the keys of unit i's rows g i ..
+  // g i + g - 1 (g = AttendKernelParams::union_rows), written by the row-union kernel at the
+  // unit's CSR range indptr[g i] .. indptr[g i + g] (its capacity), with per-entry row masks
+  // (bit r: row g i + r attends the key) and the union length per unit.
   int32_t* union_indices = nullptr;  // [nnz] device workspace
   uint8_t* union_mask = nullptr;     // [nnz]
-  int32_t* union_count = nullptr;    // [T / 2]
+  int32_t* union_count = nullptr;    // [T / g]
 };
 
 // How a paired program's head slots map to query rows (AttendKernelParams::paired).
@@ -52,9 +53,14 @@ enum class PairMode : int32_t {
   kNone = 0,    // one row: slot h is head head_block * hb + h
   kGroups = 1,  // 32-head variant: slot h is head 16 hb + h % 16 of row 2i + h / 16
   kHalves = 2,  // 16-head variant, H <= 8: slot h is head h % 8 of row 2i + h / 8
-  // The warpgroup program, H = 32: product row h is head h % 32 of row 2i + h / 32.
-  kRowHalves = 3,
+  // The warpgroup program, H = 2^row_heads_log2 <= 32: its 64 product rows hold the rows of a
+  // unit of g = union_rows rows, product row h head h % H of row g i + h / H (rows past g H
+  // are empty).
+  kRowGroups = 3,
 };
+
+// Rows a unit of the row-union kernel may hold: its row masks are bytes.
+inline constexpr int kMaxUnionRows = 8;
 
 struct AttendKernelParams {
   const void* q = nullptr;  // [T, H, Dqk] bf16, or e4m3 codes when q_fp8
@@ -74,11 +80,14 @@ struct AttendKernelParams {
   int32_t num_stages = 2;   // 1..kMaxStages: tiles gathered ahead of the one in use, plus it
   int32_t use_tile = 0;     // some segment is fp8: stages are converted into a bf16 tile
   int32_t fold_scales = 1;  // direct kernel: fold the fp8_dsv4 rebias into the scale
-  // PairMode (direct kernel, or the warpgroup program as kRowHalves): a program owns rows 2i
-  // and 2i+1 of one head block over the union of their keys (SegmentArgs::union_*); the grid is
-  // T/2 * head_blocks * splits, and each program takes its share of the pair's union tiles
-  // (tiles_per_split is unused).
+  // PairMode (direct kernel, or the warpgroup program as kRowGroups): a program owns the
+  // union_rows rows g i .. g i + g - 1 of a unit (pairs for the direct kernel) of one head block
+  // over the union of their keys (SegmentArgs::union_*); the grid is T / g * head_blocks *
+  // splits, and each program takes its share of the unit's union tiles (tiles_per_split is
+  // unused).
   int32_t paired = 0;
+  int32_t union_rows = 2;              // paired: rows per unit, 2 .. kMaxUnionRows
+  int32_t row_heads_log2 = 0;          // kRowGroups: log2(H)
   int32_t union_bits = 6;              // paired: log2 of the row-union kernel's hash table entries
   const float* sink = nullptr;         // [H] device; may be null
   const int32_t* positions = nullptr;  // [T] device; may be null (no inverse RoPE)
@@ -151,20 +160,21 @@ int32_t DirectStageBytes(KvFormat format, int qk_width);
 int64_t DirectSharedBytes(int qk_width, int head_block, int stage_bytes, int num_stages);
 // Programs per SM the direct variant is compiled for (0: no such variant).
 int DirectVariantBlocks(int qk_width, int head_block);
-// Rows whose union the row-union kernel handles with de-duplication (a pair with a longer row
-// is concatenated instead: correct, without the saving).
+// Rows whose union the row-union kernel handles with de-duplication (a unit with a longer row,
+// or with more keys before its last row than half its table, is concatenated instead: correct,
+// without the saving).
 inline constexpr int kUnionMaxRow = 2048;
 // Whether this build pairs rows (CUDA; gfx950 keeps one row per program for now).
 bool RowPairsSupported();
 // The row-union kernel's hash table: 2^union_bits entries of 12 bytes, up to kMaxUnionBits, and
-// where shared memory allows kUnionSlotsPerKey entries per key of a pair's first row (linear
+// where shared memory allows kUnionSlotsPerKey entries per key of a unit's longest row (linear
 // probing by a whole warp waits for its longest probe, and each probe is an atomic).
 inline constexpr int kMaxUnionBits = 14;
 inline constexpr int kUnionSlotsPerKey = 8;
 int64_t RowUnionSharedBytes(int union_bits);
 // Lets the row-union kernel use up to max_bytes of shared memory (once per device).
 absl::Status PrepareRowUnion(int64_t max_bytes);
-// Builds the pairs' key unions of every segment (SegmentArgs::union_*) for a paired launch.
+// Builds the units' key unions of every segment (SegmentArgs::union_*) for a paired launch.
 absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream);
 absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int head_block,
                                 int64_t shared_bytes, StreamHandle stream);

@@ -1,13 +1,15 @@
 // The row-union kernel of paired launches (kernel_params.h, AttendKernelParams::paired): for
-// each pair of rows (2i, 2i+1) and each segment, the union of the two rows' keys with a row
-// mask per entry, written into the pair's own CSR range indptr[2i] .. indptr[2i+2] of the
-// workspace (the union never exceeds the two rows together). One program per (pair, segment):
-// row 2i's entries keep their places (mask 1; its sentinels mask 0); the first occurrence of a
-// key in row 2i+1 marks the first occurrence of that key in row 2i (mask 3) through a
-// shared-memory hash table, and every other valid entry of row 2i+1 is appended in row order
-// (mask 2); row 2i+1's sentinels are dropped. Every occurrence of a key in a row stays one
-// entry with that row's bit (duplicated ids keep their multiplicity), and the result does not
-// depend on thread timing, so runs are bitwise reproducible.
+// each unit of g = union_rows consecutive rows and each segment, the union of the rows' keys
+// with a row mask per entry, written into the unit's own CSR range (the union never exceeds the
+// rows together). One program per (unit, segment), one row after another: the first row's
+// entries keep their places (mask 1; its sentinels mask 0); in each later row r, the first
+// occurrence of a key an earlier row holds sets bit r of that key's first entry, found through a
+// shared-memory hash table, and every other valid entry is appended in row order with bit r (and
+// entered in the table for the rows after); sentinels past the first row are dropped. Every
+// occurrence of a key in a row stays one entry with that row's bit (duplicated ids keep their
+// multiplicity), and the result does not depend on thread timing, so runs are bitwise
+// reproducible. The table keeps each first entry's rows so far, so a row adds its bit with a
+// store rather than a read of global memory.
 #include <algorithm>
 #include <cstdint>
 
@@ -22,14 +24,17 @@ constexpr int kUnionThreads = 256;
 constexpr int kUnionWarps = kUnionThreads / kWarpSize;
 constexpr int kUnionPer = kUnionMaxRow / kUnionThreads;  // entries of a row per thread
 constexpr int32_t kNone = 0x7fffffff;
+constexpr int kEntryBits = 11;  // an entry's index within its row, in a claim
 static_assert(kUnionMaxRow % kUnionThreads == 0, "whole entries per thread");
+static_assert(kUnionMaxRow <= (1 << kEntryBits) && kMaxUnionRows <= (1 << (30 - kEntryBits)),
+              "claims fit an int");
 static_assert((1 << kMaxUnionBits) >= kUnionSlotsPerKey * kUnionMaxRow,
               "kMaxUnionBits covers the longest row");
 
-// A table of 2^bits entries, kUnionSlotsPerKey per key of row 2i where the launch's table allows.
-__device__ __forceinline__ int TableBits(int la, int max_bits) {
+// The smallest table of at least `entries` entries (64 or more) within the launch's table.
+__device__ __forceinline__ int TableBits(int entries, int max_bits) {
   int bits = 6;
-  while (bits < max_bits && (1 << bits) < kUnionSlotsPerKey * la) ++bits;
+  while (bits < max_bits && (1 << bits) < entries) ++bits;
   return bits;
 }
 
@@ -48,53 +53,89 @@ __device__ __forceinline__ int FindSlot(const int32_t* keys, int32_t slot, int b
   }
 }
 
-__global__ void __launch_bounds__(kUnionThreads)
-    RowUnionKernel(const __grid_constant__ AttendKernelParams p) {
-  EnterGrid();  // grid_order.h: before any access to memory
-  // The hash table (RowUnionSharedBytes): keys, then the first entry of row 2i and of row 2i+1
-  // with each key.
-  extern __shared__ int32_t table[];
-  int32_t* keys = table;
-  int32_t* first_a = table + (1 << p.union_bits);
-  int32_t* first_b = table + 2 * (1 << p.union_bits);
-  __shared__ int warp_count[kUnionPer][kUnionWarps];  // appended entries per round and warp
-  const SegmentArgs& s = p.seg[blockIdx.y];
-  const int pair = blockIdx.x;
-  const int a0 = s.indptr[2 * pair];
-  const int a1 = s.indptr[2 * pair + 1];
-  const int b1 = s.indptr[2 * pair + 2];
-  const int la = a1 - a0;
-  const int lb = b1 - a1;
-  int32_t* ui = s.union_indices + a0;
-  uint8_t* um = s.union_mask + a0;
-  const int32_t* src = s.indices + a0;
-  if (la > kUnionMaxRow || lb > kUnionMaxRow) {
-    // Too long for the table: the concatenation (each entry its own row's).
-    for (int i = threadIdx.x; i < la + lb; i += kUnionThreads) {
-      const int32_t slot = src[i];
-      const bool ok = slot >= 0 && slot < s.num_slots;
-      ui[i] = slot;
-      um[i] = ok ? (i < la ? 1 : 2) : 0;
+// Enters `slot` with its union entry `at` (a key entered twice keeps its first entry); returns
+// its table entry.
+__device__ __forceinline__ int Enter(int32_t* keys, int32_t* first, int32_t slot, int at,
+                                     int bits) {
+  uint32_t h = UnionHash(slot, bits);
+  while (true) {
+    const int32_t prev = atomicCAS(&keys[h], -1, slot);
+    if (prev == -1 || prev == slot) {
+      atomicMin(&first[h], at);
+      return static_cast<int>(h);
     }
-    if (threadIdx.x == 0) s.union_count[pair] = la + lb;
-    return;
+    h = (h + 1) & ((1u << bits) - 1);
   }
-  // Both rows' ids are loaded first (one round trip); entry k of a thread is entry
-  // threadIdx.x + k kUnionThreads of its row, so short rows still spread over every thread.
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  int32_t a[kUnionPer], b[kUnionPer];
+}
+
+// Row r's claim on a key for its entry i: a later row's claims are larger than an earlier
+// one's, and within a row the first entry's is the largest.
+__device__ __forceinline__ int32_t Claim(int r, int i) {
+  return (r << kEntryBits) | ((1 << kEntryBits) - 1 - i);
+}
+
+// Row r's ids, entry k of this thread at threadIdx.x + k kUnionThreads (-1 past the row), so
+// short rows still spread over every thread.
+__device__ __forceinline__ void LoadRow(const int32_t* row, int len, int32_t (&ids)[kUnionPer]) {
 #pragma unroll
   for (int k = 0; k < kUnionPer; ++k) {
     const int i = threadIdx.x + k * kUnionThreads;
-    a[k] = i < la ? src[i] : -1;
-    b[k] = i < lb ? src[la + i] : -1;
+    ids[k] = i < len ? row[i] : -1;
   }
-  const int bits = TableBits(la, p.union_bits);
+}
+
+// kRows: the rows per unit when fixed at compile time (pairs, the common case: straight-line
+// code), 0 for AttendKernelParams::union_rows.
+template <int kRows>
+__global__ void __launch_bounds__(kUnionThreads)
+    RowUnionKernel(const __grid_constant__ AttendKernelParams p) {
+  EnterGrid();  // grid_order.h: before any access to memory
+  // The hash table (RowUnionSharedBytes): keys, each key's first union entry, the largest claim
+  // on it (Claim), and the rows that attend that entry so far (its mask).
+  extern __shared__ int32_t table[];
+  int32_t* keys = table;
+  int32_t* first = table + (1 << p.union_bits);
+  int32_t* claim = table + 2 * (1 << p.union_bits);
+  uint8_t* rows_of = reinterpret_cast<uint8_t*>(table + 3 * (1 << p.union_bits));
+  __shared__ int warp_count[kUnionPer][kUnionWarps];  // appended entries per round and warp
+  __shared__ int bound[kMaxUnionRows + 1];            // the unit's indptr, from its first row's
+  const SegmentArgs& s = p.seg[blockIdx.y];
+  const int g = kRows > 0 ? kRows : p.union_rows;
+  const int unit = blockIdx.x;
+  const int tid = threadIdx.x;
+  if (tid <= g) bound[tid] = s.indptr[unit * g + tid];
+  __syncthreads();
+  const int a0 = bound[0];
+  int longest = 0;
+  for (int r = 0; r < g; ++r) longest = max(longest, bound[r + 1] - bound[r]);
+  // Keys the table may hold: those of every row but the last.
+  const int held = bound[g - 1] - a0;
+  int32_t* ui = s.union_indices + a0;
+  uint8_t* um = s.union_mask + a0;
+  const int32_t* src = s.indices + a0;
+  if (longest > kUnionMaxRow || 2 * held > (1 << p.union_bits)) {
+    // Too long for the table: the concatenation (each entry its own row's).
+    for (int r = 0; r < g; ++r) {
+      for (int i = bound[r] - a0 + threadIdx.x; i < bound[r + 1] - a0; i += kUnionThreads) {
+        const int32_t slot = src[i];
+        ui[i] = slot;
+        um[i] = slot >= 0 && slot < s.num_slots ? (1 << r) : 0;
+      }
+    }
+    if (threadIdx.x == 0) s.union_count[unit] = bound[g] - a0;
+    return;
+  }
+  // The first two rows' ids in one round trip; each later row's while the row before it is
+  // merged.
+  const int la = bound[1] - a0;
+  int32_t a[kUnionPer], next[kUnionPer];
+  LoadRow(src, la, a);
+  LoadRow(src + la, bound[2] - bound[1], next);
+  const int bits = TableBits(max(kUnionSlotsPerKey * longest, 2 * held), p.union_bits);
   for (int i = threadIdx.x; i < (1 << bits); i += kUnionThreads) {
     keys[i] = -1;
-    first_a[i] = kNone;
-    first_b[i] = kNone;
+    first[i] = kNone;
+    claim[i] = -1;
   }
   __syncthreads();
 #pragma unroll
@@ -105,70 +146,76 @@ __global__ void __launch_bounds__(kUnionThreads)
     const bool ok = a[k] >= 0 && a[k] < s.num_slots;
     ui[i] = a[k];
     um[i] = ok ? 1 : 0;
-    if (!ok) continue;
-    uint32_t h = UnionHash(a[k], bits);
-    while (true) {
-      const int32_t prev = atomicCAS(&keys[h], -1, a[k]);
-      if (prev == -1 || prev == a[k]) {
-        atomicMin(&first_a[h], i);
-        break;
-      }
-      h = (h + 1) & ((1u << bits) - 1);
-    }
+    if (ok) rows_of[Enter(keys, first, a[k], i, bits)] = 1;
   }
   __syncthreads();
-  int at[kUnionPer];  // the table entry of row 2i+1's key, -1 = not in row 2i or no valid slot
-#pragma unroll
-  for (int k = 0; k < kUnionPer; ++k) {
-    const int j = threadIdx.x + k * kUnionThreads;
-    at[k] = -1;
-    if (j < lb && b[k] >= 0 && b[k] < s.num_slots) {
-      at[k] = FindSlot(keys, b[k], bits);
-      if (at[k] >= 0) atomicMin(&first_b[at[k]], j);
-    }
-  }
-  __syncthreads();
-  // Row 2i+1 in order: the first occurrence of a key of row 2i marks that key's first entry in
-  // row 2i; every other valid entry is appended, at its rank among the appended entries (per
-  // round of kUnionThreads entries: the rounds before, the warps before, the lanes below).
-  LaneMask ballot[kUnionPer];
-  const int rounds = (lb + kUnionThreads - 1) / kUnionThreads;
-#pragma unroll
-  for (int k = 0; k < kUnionPer; ++k) {
-    ballot[k] = 0;
-    if (k >= rounds) break;
-    const int j = threadIdx.x + k * kUnionThreads;
-    bool append = false;
-    if (j < lb && b[k] >= 0 && b[k] < s.num_slots) {
-      if (at[k] >= 0 && first_b[at[k]] == j) {
-        um[first_a[at[k]]] = 3;
-      } else {
-        append = true;
-      }
-    }
-    ballot[k] = WarpBallot(append);
-    if (lane == 0) warp_count[k][warp] = __popcll(static_cast<unsigned long long>(ballot[k]));
-  }
-  __syncthreads();
-  int base = la;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
   const LaneMask below = (LaneMask{1} << lane) - 1;
+  int base = la;  // union entries so far
+  for (int r = 1; r < g; ++r) {
+    const int lb = bound[r + 1] - bound[r];
+    const int rounds = (lb + kUnionThreads - 1) / kUnionThreads;
+    int32_t b[kUnionPer];
 #pragma unroll
-  for (int k = 0; k < kUnionPer; ++k) {
-    if (k >= rounds) break;
-    int before = 0, total = 0;
+    for (int k = 0; k < kUnionPer; ++k) b[k] = next[k];
+    if (r + 1 < g) LoadRow(src + (bound[r + 1] - a0), bound[r + 2] - bound[r + 1], next);
+    int at[kUnionPer];  // the table entry of the key, -1 = not held or no valid slot
 #pragma unroll
-    for (int w = 0; w < kUnionWarps; ++w) {
-      before += w < warp ? warp_count[k][w] : 0;
-      total += warp_count[k][w];
+    for (int k = 0; k < kUnionPer; ++k) {
+      const int j = threadIdx.x + k * kUnionThreads;
+      at[k] = -1;
+      if (j < lb && b[k] >= 0 && b[k] < s.num_slots) {
+        at[k] = FindSlot(keys, b[k], bits);
+        if (at[k] >= 0) atomicMax(&claim[at[k]], Claim(r, j));
+      }
     }
-    if ((ballot[k] >> lane) & 1) {
-      const int to = base + before + __popcll(static_cast<unsigned long long>(ballot[k] & below));
-      ui[to] = b[k];
-      um[to] = 2;
+    __syncthreads();
+    // The first occurrence of a held key adds row r to its first entry's mask; every other valid
+    // entry is appended, at its rank among the appended entries (per round of kUnionThreads
+    // entries: the rounds before, the warps before, the lanes below).
+    LaneMask ballot[kUnionPer];
+#pragma unroll
+    for (int k = 0; k < kUnionPer; ++k) {
+      ballot[k] = 0;
+      if (k >= rounds) break;
+      const int j = threadIdx.x + k * kUnionThreads;
+      bool append = false;
+      if (j < lb && b[k] >= 0 && b[k] < s.num_slots) {
+        if (at[k] >= 0 && claim[at[k]] == Claim(r, j)) {
+          // The entry's rows so far are in the table: a store, not a read of global memory.
+          const auto rows = static_cast<uint8_t>(rows_of[at[k]] | (1 << r));
+          rows_of[at[k]] = rows;
+          um[first[at[k]]] = rows;
+        } else {
+          append = true;
+        }
+      }
+      ballot[k] = WarpBallot(append);
+      if (lane == 0) warp_count[k][warp] = __popcll(static_cast<unsigned long long>(ballot[k]));
     }
-    base += total;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kUnionPer; ++k) {
+      if (k >= rounds) break;
+      int before = 0, total = 0;
+#pragma unroll
+      for (int w = 0; w < kUnionWarps; ++w) {
+        before += w < warp ? warp_count[k][w] : 0;
+        total += warp_count[k][w];
+      }
+      if ((ballot[k] >> lane) & 1) {
+        const int to = base + before + __popcll(static_cast<unsigned long long>(ballot[k] & below));
+        ui[to] = b[k];
+        um[to] = static_cast<uint8_t>(1 << r);
+        // A key no earlier row holds is entered for the rows after, with this row alone.
+        if (r + 1 < g && at[k] < 0) rows_of[Enter(keys, first, b[k], to, bits)] = 1 << r;
+      }
+      base += total;
+    }
+    __syncthreads();  // the table and warp_count, before the next row
   }
-  if (threadIdx.x == 0) s.union_count[pair] = base;
+  if (threadIdx.x == 0) s.union_count[unit] = base;
 }
 
 }  // namespace
@@ -181,23 +228,32 @@ bool RowPairsSupported() {
 #endif
 }
 
-int64_t RowUnionSharedBytes(int union_bits) { return int64_t{3} * 4 << union_bits; }
+int64_t RowUnionSharedBytes(int union_bits) { return int64_t{13} << union_bits; }
 
 absl::Status PrepareRowUnion(int64_t max_bytes) {
   // The largest table that fits beside the kernel's static shared memory (the plan asks for no
   // more than RowUnionSharedBytes allows within the per-block limit).
   const int64_t bytes = std::min(max_bytes - 1024, RowUnionSharedBytes(kMaxUnionBits));
-  return ToStatus(SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(&RowUnionKernel),
-                                           static_cast<int>(bytes)),
-                  "row-union kernel shared memory");
+  for (const void* fn : {reinterpret_cast<const void*>(&RowUnionKernel<2>),
+                         reinterpret_cast<const void*>(&RowUnionKernel<0>)}) {
+    if (absl::Status st = ToStatus(SetMaxDynamicSharedBytes(fn, static_cast<int>(bytes)),
+                                   "row-union kernel shared memory");
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream) {
-  const int pairs = p.num_rows / 2;
-  if (pairs == 0) return absl::OkStatus();
+  if (p.union_rows < 2 || p.union_rows > kMaxUnionRows) {
+    return absl::InternalError("row-union kernel: rows per unit out of range");
+  }
+  const int units = p.num_rows / p.union_rows;
+  if (units == 0) return absl::OkStatus();
   const auto bytes = static_cast<size_t>(RowUnionSharedBytes(p.union_bits));
-  return ToStatus(Launch(RowUnionKernel,
-                         dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(p.num_segments)),
+  return ToStatus(Launch(p.union_rows == 2 ? &RowUnionKernel<2> : &RowUnionKernel<0>,
+                         dim3(static_cast<unsigned>(units), static_cast<unsigned>(p.num_segments)),
                          dim3(kUnionThreads), bytes, stream, p),
                   "row-union kernel launch");
 }

@@ -98,8 +98,9 @@ struct OutputView {
 enum class RowPairs : uint8_t {
   // Where it measured faster on Hopper: H = 8, whose two rows fill the 16 heads of a program
   // that would otherwise mask half of them, with at least a quarter as many pairs as SMs; and
-  // on sm_90a H = 32 on fp8_dsv4, whose two rows fill the 64 product rows of the warpgroup
-  // program, likewise with at least a quarter as many pairs as SMs (WgmmaUse::kAuto).
+  // on sm_90a on fp8_dsv4 (WgmmaUse::kAuto), likewise with at least a quarter as many units as
+  // SMs, units of rows filling the 64 product rows of the warpgroup program: pairs at H = 32,
+  // and at H = 8 and 16 in prefill calls.
   kAuto,
   // Also H a multiple of 16, as the two 16-head groups of a 32-head program (an A/B switch:
   // slower there, docs/results/kbench-h200.md).
@@ -148,10 +149,11 @@ struct AttendParams {
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
-  // Paired rows on the GPU backend (CUDA; RowPairs): with an even rows_per_group, rows 2i and
-  // 2i+1 of fp8_dsv4 / fp8_per_tensor calls run as one program (the direct kernel's, or at 32
-  // heads the warpgroup program's) over the union of their keys (built on the device), each
-  // shared key gathered and converted once.
+  // Paired rows on the GPU backend (CUDA; RowPairs): consecutive rows of a group of
+  // fp8_dsv4 / fp8_per_tensor calls run as one program over the union of their keys (built on
+  // the device), each shared key gathered and converted once: rows 2i and 2i+1 in the direct
+  // kernel (even rows_per_group), or at 8-32 heads a unit of 2-8 rows in the warpgroup
+  // program (docs/gpu.md, "Row groups on the warpgroup program").
   // Results stay within docs/operator.md's tolerances and are reproducible either way.
   RowPairs row_pairs = RowPairs::kAuto;
   // What the caller vouches for, so the backend can skip work on a hot path. A caller that

@@ -122,9 +122,10 @@ LaunchPlan OverridePlan(LaunchPlan plan, int32_t num_rows, int32_t num_heads,
 // Longest segment in a CSR indptr ([T+1]).
 int64_t MaxSegmentLength(std::span<const int32_t> indptr);
 
-// The entries the row-union kernel (gpu/row_union_kernel.cu) writes for one segment of a row
-// pair, a = row 2i and b = row 2i+1: every entry of a (its sentinels stay, masked off), and every
-// valid entry of b (0 <= id < num_slots) except the first occurrence of each key that a holds.
-int64_t PairUnionLength(std::span<const int32_t> a, std::span<const int32_t> b, int64_t num_slots);
+// The entries the row-union kernel (gpu/row_union_kernel.cu) writes for one segment of a unit of
+// rows: every entry of the first row (its sentinels stay, masked off), and of each later row
+// every valid entry (0 <= id < num_slots) except the first occurrence of each key that an
+// earlier row holds.
+int64_t UnionLength(std::span<const std::span<const int32_t>> rows, int64_t num_slots);
 
 }  // namespace smla::kernels
