@@ -145,8 +145,7 @@ absl::Status LaunchAttendDirect(const AttendKernelParams& p, int qk_width, int h
   if (p.paired != 0 && p.union_rows != 2) {
     return absl::InternalError("the direct kernel's paired programs hold two rows");
   }
-  const int64_t programs =
-      int64_t{p.paired ? p.num_rows / 2 : p.num_rows} * p.head_blocks * p.splits;
+  const int64_t programs = ProgramUnits(p) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   return ToStatus(Launch(v->fn, dim3(static_cast<unsigned>(programs)), dim3(256),
                          static_cast<size_t>(shared_bytes), stream, p),
@@ -191,7 +190,7 @@ absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes
   if (grouped && (p.union_rows < 2 || (p.union_rows << p.row_heads_log2) > 64)) {
     return absl::InternalError("the warpgroup program's row group exceeds its 64 product rows");
   }
-  const int64_t units = grouped ? p.num_rows / p.union_rows : p.num_rows;
+  const int64_t units = ProgramUnits(p);
   const int64_t programs = p.whole_units + (units - p.whole_units) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
   return ToStatus(Launch(grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroups>

@@ -73,7 +73,7 @@ struct AttendKernelParams {
   int32_t head_blocks = 1;  // ceil(H / head block)
   int32_t splits = 1;
   int32_t tiles_per_split = 1;  // tiles of the longest row / splits, rounded up
-  // Warpgroup program, head_blocks 1: its first `whole_units` units (rows, or row pairs) run
+  // Warpgroup program, head_blocks 1: its first `whole_units` units (rows, or row groups) run
   // unsplit, first in the grid, and only the rest in `splits` splits (0: every unit split).
   int32_t whole_units = 0;
   int32_t stage_bytes = 0;  // one gather stage in shared memory
@@ -102,6 +102,11 @@ struct AttendKernelParams {
   float* part_acc = nullptr;  // [T, H, splits, 512] f32, unnormalised
   float* part_ml = nullptr;   // [T, H, splits, 2] f32: m (base 2), l
 };
+
+// The units a launch's programs own: rows, or a paired launch's units of union_rows rows.
+inline int64_t ProgramUnits(const AttendKernelParams& p) {
+  return p.paired != 0 ? p.num_rows / p.union_rows : p.num_rows;
+}
 
 struct CombineKernelParams {
   int32_t num_rows = 0;
@@ -166,9 +171,10 @@ int DirectVariantBlocks(int qk_width, int head_block);
 inline constexpr int kUnionMaxRow = 2048;
 // Whether this build pairs rows (CUDA; gfx950 keeps one row per program for now).
 bool RowPairsSupported();
-// The row-union kernel's hash table: 2^union_bits entries of 12 bytes, up to kMaxUnionBits, and
-// where shared memory allows kUnionSlotsPerKey entries per key of a unit's longest row (linear
-// probing by a whole warp waits for its longest probe, and each probe is an atomic).
+// The row-union kernel's hash table: 2^union_bits entries of 13 bytes (key, first entry, claim,
+// row mask), up to kMaxUnionBits, and where shared memory allows kUnionSlotsPerKey entries per
+// key of a unit's longest row (linear probing by a whole warp waits for its longest probe, and
+// each probe is an atomic).
 inline constexpr int kMaxUnionBits = 14;
 inline constexpr int kUnionSlotsPerKey = 8;
 int64_t RowUnionSharedBytes(int union_bits);

@@ -249,7 +249,7 @@ absl::Status LaunchRowUnion(const AttendKernelParams& p, StreamHandle stream) {
   if (p.union_rows < 2 || p.union_rows > kMaxUnionRows) {
     return absl::InternalError("row-union kernel: rows per unit out of range");
   }
-  const int units = p.num_rows / p.union_rows;
+  const int64_t units = ProgramUnits(p);
   if (units == 0) return absl::OkStatus();
   const auto bytes = static_cast<size_t>(RowUnionSharedBytes(p.union_bits));
   return ToStatus(Launch(p.union_rows == 2 ? &RowUnionKernel<2> : &RowUnionKernel<0>,
