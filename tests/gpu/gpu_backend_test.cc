@@ -762,6 +762,23 @@ TEST_F(GpuTest, WgmmaProgramMatchesCpu) {
   CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, false, 0, 0}}, /*check_mxfp8=*/true);
 }
 
+// A case of `rows` rows of `heads` heads in request groups of `group` rows with overlapping index
+// sets, both segments fp8_dsv4, a few sentinels, sink and RoPE: the row-group tests' set-up.
+CaseSpec RowGroupCase(int heads, int rows, int group, uint32_t seed) {
+  CaseSpec c;
+  c.format = c.extra_format = KvFormat::kFp8Dsv4;
+  c.geometry = Geometry::kRopeInside;
+  c.heads = heads;
+  c.rows = rows;
+  c.rows_per_group = group;
+  c.group_mode = kOverlapping;
+  c.sentinel_rate = 0.02;
+  c.sink = true;
+  c.positions = true;
+  c.seed = seed;
+  return c;
+}
+
 // The warpgroup program over row groups (PairMode::kRowGroups: the H heads of a unit's g rows
 // as its 64 product rows, over the union of their keys, masked per row): 32 heads in pairs, 16
 // heads in units of 3 and 4 rows, 8 heads in units of 6 and 8 (48 or 64 product rows live);
@@ -783,22 +800,16 @@ TEST_F(GpuTest, WgmmaRowGroupsMatchCpu) {
   for (const int mode : {kOverlapping, kIdentical, kDisjoint}) {
     for (const auto& [format, extra_format] : kFormats) {
       const auto [heads, group] = kUnits[n++ % std::size(kUnits)];
-      CaseSpec c;
+      CaseSpec c = RowGroupCase(heads, 2 * group, group, seed++);
       c.format = format;
       c.extra_format = extra_format;
-      c.geometry = Geometry::kRopeInside;
-      c.heads = heads;
-      c.rows = 2 * group;
-      c.rows_per_group = group;
       c.group_mode = mode;
       c.max_main = 200;
       c.max_extra = 300;
       c.sentinel_rate = 0.05;
       c.empty_every = mode == kOverlapping ? 5 : 0;
       c.sink = mode != kDisjoint;
-      c.positions = true;
       c.fp8_q = mode == kIdentical;
-      c.seed = seed++;
       CheckWgmmaCase(*cpu_, *gpu_, c, 0);
     }
   }
@@ -806,19 +817,9 @@ TEST_F(GpuTest, WgmmaRowGroupsMatchCpu) {
   // and more: the units are concatenated).
   for (const auto& [heads, group] : kUnits) {
     for (const int max_main : {300, 2300}) {
-      CaseSpec c;
-      c.format = c.extra_format = KvFormat::kFp8Dsv4;
-      c.geometry = Geometry::kRopeInside;
-      c.heads = heads;
-      c.rows = 2 * group;
-      c.rows_per_group = group;
-      c.group_mode = kOverlapping;
+      CaseSpec c = RowGroupCase(heads, 2 * group, group, seed++);
       c.max_main = max_main;
       c.max_extra = 140;
-      c.sentinel_rate = 0.02;
-      c.sink = true;
-      c.positions = true;
-      c.seed = seed++;
       CheckWgmmaCase(*cpu_, *gpu_, c, 0);
     }
   }
@@ -835,20 +836,10 @@ TEST_F(GpuTest, WgmmaRowGroupsPlannedMatchCpu) {
                                                 {8, 2104, 2104}};
   for (const auto& [heads, rows, group] : kPlanned) {
     const bool prefill = rows >= 2100;
-    CaseSpec c;
-    c.format = c.extra_format = KvFormat::kFp8Dsv4;
-    c.geometry = Geometry::kRopeInside;
-    c.heads = heads;
-    c.rows = rows;
-    c.rows_per_group = group;
-    c.group_mode = kOverlapping;
+    CaseSpec c = RowGroupCase(heads, rows, group, seed++);
     c.max_main = prefill ? 130 : 128;
     c.max_extra = prefill ? 200 : 512;
-    c.sentinel_rate = 0.02;
     c.empty_every = prefill ? 13 : 0;
-    c.sink = true;
-    c.positions = true;
-    c.seed = seed++;
     CheckCase(*cpu_, *gpu_, c, {{}, {OutputFormat::kBf16, true, true, 0, 0, RowPairs::kNever}},
               /*check_mxfp8=*/true);
   }
