@@ -68,9 +68,6 @@ struct DirectConfig {
                 "Q and P row strides: odd numbers of 16-byte units (conflict-free ldmatrix)");
 };
 
-// fp8_dsv4 scale bytes up to this fold the 2^120 rebias into the scale (one multiply per pair).
-inline constexpr uint32_t kFoldMax = 134;
-
 // With f16 operands (direct::kF16Operands): Q is staged as f16 times a per-head power of two
 // 2^kq (q_scale holds 2^-kq), with a bf16 copy of the rope chunk times the same 2^kq (the
 // fp8_dsv4 rope keys are bf16); P is staged twice, bf16 and f16 times 2^15.
@@ -124,29 +121,10 @@ __device__ __forceinline__ void DirectScores(const uint8_t* stage, int stride, c
     } else {
       const uint2 x = *reinterpret_cast<const uint2*>(row + ch * 64 + direct::QkRun(c, 0));
       const uint2 y = *reinterpret_cast<const uint2*>(row + ch * 64 + direct::QkRun(c, 1));
-      uint2 w[4];
-      if constexpr (kDsv4) {
-        const uint32_t word = ch < 4 ? rec.x : rec.y;
-        const uint32_t byte = (word >> (8 * (ch % 4))) & 0xffu;
-        if constexpr (kFold) {
-          const KvScale f = E8m0PairTimes2p120(byte, byte);
-          w[0] = E4m3x4ToBf16Times(x.x, f);
-          w[1] = E4m3x4ToBf16Times(x.y, f);
-          w[2] = E4m3x4ToBf16Times(y.x, f);
-          w[3] = E4m3x4ToBf16Times(y.y, f);
-        } else {
-          const KvScale scale = E8m0ToBf16x2(byte);
-          w[0] = E4m3x4ToBf16Scaled(x.x, scale);
-          w[1] = E4m3x4ToBf16Scaled(x.y, scale);
-          w[2] = E4m3x4ToBf16Scaled(y.x, scale);
-          w[3] = E4m3x4ToBf16Scaled(y.y, scale);
-        }
-      } else {
-        w[0] = E4m3x4ToBf16(x.x);
-        w[1] = E4m3x4ToBf16(x.y);
-        w[2] = E4m3x4ToBf16(y.x);
-        w[3] = E4m3x4ToBf16(y.y);
-      }
+      const uint32_t byte = ((ch < 4 ? rec.x : rec.y) >> (8 * (ch % 4))) & 0xffu;
+      const uint2 w[4] = {
+          E4m3x4ToBf16Keyed<kDsv4, kFold>(x.x, byte), E4m3x4ToBf16Keyed<kDsv4, kFold>(x.y, byte),
+          E4m3x4ToBf16Keyed<kDsv4, kFold>(y.x, byte), E4m3x4ToBf16Keyed<kDsv4, kFold>(y.y, byte)};
 #pragma unroll
       for (int i = 0; i < 4; ++i) b[2 * i] = w[i].x, b[2 * i + 1] = w[i].y;
     }
@@ -340,10 +318,8 @@ __device__ __forceinline__ bool DirectTileFolds(const uint8_t* stage) {
   uint32_t top = 0;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
-    const uint2 r = *reinterpret_cast<const uint2*>(rec + (lane + k * kWarpSize) * kDsv4ScaleBytes);
-#pragma unroll
-    for (int b = 0; b < kDsv4Groups; ++b)
-      top = max(top, ((b < 4 ? r.x : r.y) >> (8 * (b % 4))) & 0xffu);
+    top = max(top, MaxScaleByte(*reinterpret_cast<const uint2*>(rec + (lane + k * kWarpSize) *
+                                                                          kDsv4ScaleBytes)));
   }
   return WarpAll(top <= kFoldMax);
 }

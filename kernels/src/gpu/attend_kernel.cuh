@@ -23,6 +23,33 @@
 
 namespace smla::kernels::gpu {
 
+// fp8_dsv4 scale bytes up to this fold the 2^120 rebias into the scale (one multiply per pair:
+// E8m0PairTimes2p120 is a normal bf16 up to 2^127).
+inline constexpr uint32_t kFoldMax = 134;
+
+// The largest scale byte of an fp8_dsv4 scale record (its kDsv4Groups bytes; the pad byte is
+// not a scale): the record folds when it is at most kFoldMax.
+__device__ __forceinline__ uint32_t MaxScaleByte(uint2 rec) {
+  uint32_t top = 0;
+#pragma unroll
+  for (int b = 0; b < kDsv4Groups; ++b)
+    top = max(top, ((b < 4 ? rec.x : rec.y) >> (8 * (b % 4))) & 0xffu);
+  return top;
+}
+
+// Four e4m3 codes of a key to bf16: fp8_dsv4 codes times their group's scale byte (folded with
+// the rebias where kFold), fp8_per_tensor codes as they are (their scale applies elsewhere).
+template <bool kDsv4, bool kFold>
+__device__ __forceinline__ uint2 E4m3x4ToBf16Keyed(uint32_t codes, uint32_t scale_byte) {
+  if constexpr (!kDsv4) {
+    return E4m3x4ToBf16(codes);
+  } else if constexpr (kFold) {
+    return E4m3x4ToBf16Times(codes, E8m0PairTimes2p120(scale_byte, scale_byte));
+  } else {
+    return E4m3x4ToBf16Scaled(codes, E8m0ToBf16x2(scale_byte));
+  }
+}
+
 // kW warps per 16 heads: for Q.K^T warp w takes keys [w*K/kW, (w+1)*K/kW) of a K-key tile,
 // for P.V output columns [w*512/kW, (w+1)*512/kW). 32-key tiles halve the shared memory of
 // the stages and the dequantised tile so that two programs fit on an SM and overlap. kQInRegs keeps
