@@ -255,23 +255,23 @@ __device__ __forceinline__ KeyShare<kFormat> ReadShare(const uint8_t* stage) {
 }
 
 // Converts one key's share into the bf16 tile in the products' swizzled layout and records the
-// query rows that attend it (`rows`, 0 for an invalid key).
-template <class C, int kFormat>
-__device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, int32_t rows, uint8_t* tile,
-                                           int key, int buf, const WgmmaProgram& w) {
+// query rows that attend it (`rows`, 0 for an invalid key). kFold: every fp8_dsv4 scale byte of
+// the warp's shares is at most kFoldMax (E4m3x4ToBf16Keyed).
+template <class C, int kFormat, bool kFold>
+__device__ __forceinline__ void StoreShareAs(const KeyShare<kFormat>& v, int32_t rows,
+                                             uint8_t* tile, int key, int buf,
+                                             const WgmmaProgram& w) {
   using K = KeyShare<kFormat>;
   const int q = LaneId() / 8;
 #pragma unroll
   for (int j = 0; j < K::kCodeChunks; ++j) {
-    KvScale sc = UnitKvScale();
-    if constexpr (K::kDsv4) {
-      sc = E8m0ToBf16x2(((j < 4 ? v.scales.x : v.scales.y) >> (8 * (j % 4))) & 0xff);
-    }
+    const uint32_t byte = ((j < 4 ? v.scales.x : v.scales.y) >> (8 * (j % 4))) & 0xff;
+    auto convert = [&](uint32_t codes) { return E4m3x4ToBf16Keyed<K::kDsv4, kFold>(codes, byte); };
     const int e0 = 16 * q + 64 * j;
-    const uint2 a = E4m3x4ToBf16Scaled(v.codes[j].x, sc);
-    const uint2 b = E4m3x4ToBf16Scaled(v.codes[j].y, sc);
-    const uint2 c = E4m3x4ToBf16Scaled(v.codes[j].z, sc);
-    const uint2 d = E4m3x4ToBf16Scaled(v.codes[j].w, sc);
+    const uint2 a = convert(v.codes[j].x);
+    const uint2 b = convert(v.codes[j].y);
+    const uint2 c = convert(v.codes[j].z);
+    const uint2 d = convert(v.codes[j].w);
     *reinterpret_cast<uint4*>(tile + wgmma::SwizzledOffset(key, e0, C::kKeys)) =
         make_uint4(a.x, a.y, b.x, b.y);
     *reinterpret_cast<uint4*>(tile + wgmma::SwizzledOffset(key, e0 + 8, C::kKeys)) =
@@ -285,6 +285,24 @@ __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, int32_t r
     }
   }
   if (q == 0) w.valid[buf * C::kKeys + key] = rows;
+}
+
+// StoreShareAs, folded where the whole warp's scale bytes allow it (the usual case; a record
+// past kFoldMax is a scale above 2^7).
+template <class C, int kFormat>
+__device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, int32_t rows, uint8_t* tile,
+                                           int key, int buf, const WgmmaProgram& w) {
+  if constexpr (KeyShare<kFormat>::kDsv4) {
+    // MaxScaleByte's value in byte-parallel form: its byte loop spills in the loader.
+    const uint32_t both = __vmaxu4(v.scales.x, v.scales.y & 0x00ffffffu);  // 7 scales, a pad byte
+    const uint32_t top =
+        max(max(both & 0xff, (both >> 8) & 0xff), max((both >> 16) & 0xff, both >> 24));
+    if (WarpAll(top <= kFoldMax)) {
+      StoreShareAs<C, kFormat, true>(v, rows, tile, key, buf, w);
+      return;
+    }
+  }
+  StoreShareAs<C, kFormat, false>(v, rows, tile, key, buf, w);
 }
 
 // Calls f with the loader's key format as a compile-time constant (fp8_dsv4 or fp8_per_tensor).

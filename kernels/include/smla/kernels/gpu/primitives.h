@@ -143,16 +143,28 @@ __device__ __forceinline__ float2 E4m3x2ToFloat2(uint16_t codes) {
 using KvScale = __nv_bfloat162;
 __device__ __forceinline__ KvScale UnitKvScale() { return __float2bfloat162_rn(1.0f); }
 
+// Two e4m3 codes of `codes` in bf16 bit positions: each code's sign at bit 15 of its half, its
+// other seven bits at bits 4-10. prmt puts each code in the low byte of its half and its sign,
+// replicated, in the high byte (a selector nibble of 0-7 copies a byte, 8 more replicates its
+// sign); one shift and one mask then keep a copy of the sign at bit 15: three instructions a
+// pair. kE4m3Codes01 takes codes 0 and 1, kE4m3Codes23 codes 2 and 3.
+inline constexpr uint32_t kE4m3Codes01 = 0x9180;
+inline constexpr uint32_t kE4m3Codes23 = 0xb3a2;
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t E4m3PairBits(uint32_t codes) {
+  uint32_t x;
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(x) : "r"(codes), "n"(kSelector));
+  return (x << 4) & 0x87f087f0u;
+}
+
 // Four e4m3 codes (byte i of `codes`) to four bf16 values times `scale` (bf16x2, both halves
 // equal), as two packed words: codes 0-1 and 2-3. The code's bits are placed in a bf16 whose
 // exponent field is the code's (bias 127 instead of 7) and multiplied by 2^120, which is exact
 // for normal and subnormal codes; the scale multiply then rounds once to nearest even, which
 // equals rounding the exact f32 product (docs/operator.md section 3).
 __device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat162 scale) {
-  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
-  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
-  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
+  const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
   const __nv_bfloat162 k2p120 =
       __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
   __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
@@ -187,10 +199,8 @@ __device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_s
 // Four e4m3 codes to bf16 without a scale (fp8_per_tensor folds its scale elsewhere): the
 // same exact bit placement as E4m3x4ToBf16Scaled, one multiply per pair.
 __device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
-  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
-  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
-  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
+  const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
   const __nv_bfloat162 k2p120 =
       __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
   const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
@@ -202,10 +212,8 @@ __device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
 // E4m3x4ToBf16Scaled gives code * 2^-120 exactly, so a factor of 2^(120+k) yields the rounded
 // code * 2^k, identical to the two-multiply form whenever 2^(120+k) is a normal bf16.
 __device__ __forceinline__ uint2 E4m3x4ToBf16Times(uint32_t codes, __nv_bfloat162 factor) {
-  const uint32_t lo = __byte_perm(codes, 0, 0x4140);
-  const uint32_t hi = __byte_perm(codes, 0, 0x4342);
-  const uint32_t wl = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-  const uint32_t wh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
+  const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
   const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), factor);
   const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), factor);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
