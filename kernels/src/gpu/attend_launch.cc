@@ -52,6 +52,9 @@ SegmentArgs SegmentFor(const Segment& sg, float softmax_scale, float q_scale) {
   const float sigma = sg.cache.format == KvFormat::kFp8PerTensor ? sg.cache.scale : 1.0f;
   a.score_scale2 = softmax_scale * q_scale * sigma * kLog2e;
   a.p_scale = sigma;
+  // Weights up to 2^8 keep p * sigma finite for any sigma below 2^100 (docs/gpu.md, "Lazy
+  // rescaling").
+  a.rescale_slack = sigma <= 0x1p100f ? 8.0f : 0.0f;
   return a;
 }
 

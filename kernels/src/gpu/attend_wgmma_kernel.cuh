@@ -458,10 +458,12 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tmax[r] = RowGroupMax<4>(tmax[r]);
-      const float m_new = fmaxf(m_run[r], tmax[r]);
+      // The maximum moves only past the slack (SegmentArgs::rescale_slack): most tiles then
+      // leave every factor 1, and both consumers skip O's rescale.
+      const float m_new = tmax[r] > m_run[r] + s.rescale_slack ? tmax[r] : m_run[r];
       // A fully masked prefix keeps m = -inf; subtracting 0 then gives p = 0, not NaN.
       m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[r] - m_use[r]);
+      alpha[r] = Exp2Ftz(m_run[r] - m_use[r]);
       m_run[r] = m_new;
       l_lane[r] *= alpha[r];
     }
@@ -474,8 +476,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i0 = wgmma::AccumulatorOfA(ks, j);
-        const float p0 = exp2f(sc[i0] - m_use[j % 2]);
-        const float p1 = exp2f(sc[i0 + 1] - m_use[j % 2]);
+        const float p0 = Exp2Ftz(sc[i0] - m_use[j % 2]);
+        const float p1 = Exp2Ftz(sc[i0 + 1] - m_use[j % 2]);
         l_lane[j % 2] += p0 + p1;
         pf[ks][j] = PackBf16(p0 * s.p_scale, p1 * s.p_scale);
       }

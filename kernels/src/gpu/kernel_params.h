@@ -39,6 +39,9 @@ struct SegmentArgs {
   int32_t format = 0;      // KvFormat
   float score_scale2 = 0;  // softmax_scale * q_scale * sigma * log2(e)
   float p_scale = 1;       // sigma folded into P before the PV product (else 1)
+  // The warpgroup program's running maxima move only when a tile's maximum passes them by more
+  // than this (base 2), so its weights reach 2^rescale_slack (times p_scale, which bounds it).
+  float rescale_slack = 0;
   // Paired rows (AttendKernelParams::paired): the union of the keys of unit i's rows g i ..
   // g i + g - 1 (g = AttendKernelParams::union_rows), written by the row-union kernel at the
   // unit's CSR range indptr[g i] .. indptr[g i + g] (its capacity), with per-entry row masks
