@@ -28,13 +28,13 @@ namespace smla::kernels::gpu {
 inline constexpr uint32_t kFoldMax = 134;
 
 // The largest scale byte of an fp8_dsv4 scale record (its kDsv4Groups bytes; the pad byte is
-// not a scale): the record folds when it is at most kFoldMax.
+// not a scale): the record folds when it is at most kFoldMax. Byte-parallel (one byte-wise max
+// of the two words, then its four bytes): a loop over the seven bytes spills in the warpgroup
+// program's loader.
+static_assert(kDsv4Groups == 7, "scales in bytes 0-6 of the record, a pad byte in 7");
 __device__ __forceinline__ uint32_t MaxScaleByte(uint2 rec) {
-  uint32_t top = 0;
-#pragma unroll
-  for (int b = 0; b < kDsv4Groups; ++b)
-    top = max(top, ((b < 4 ? rec.x : rec.y) >> (8 * (b % 4))) & 0xffu);
-  return top;
+  const uint32_t both = MaxBytes4(rec.x, rec.y & 0x00ffffffu);
+  return max(max(both & 0xffu, (both >> 8) & 0xffu), max((both >> 16) & 0xffu, both >> 24));
 }
 
 // Four e4m3 codes of a key to bf16: fp8_dsv4 codes times their group's scale byte (folded with

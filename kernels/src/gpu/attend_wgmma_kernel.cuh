@@ -293,11 +293,7 @@ template <class C, int kFormat>
 __device__ __forceinline__ void StoreShare(const KeyShare<kFormat>& v, int32_t rows, uint8_t* tile,
                                            int key, int buf, const WgmmaProgram& w) {
   if constexpr (KeyShare<kFormat>::kDsv4) {
-    // MaxScaleByte's value in byte-parallel form: its byte loop spills in the loader.
-    const uint32_t both = __vmaxu4(v.scales.x, v.scales.y & 0x00ffffffu);  // 7 scales, a pad byte
-    const uint32_t top =
-        max(max(both & 0xff, (both >> 8) & 0xff), max((both >> 16) & 0xff, both >> 24));
-    if (WarpAll(top <= kFoldMax)) {
+    if (WarpAll(MaxScaleByte(v.scales) <= kFoldMax)) {
       StoreShareAs<C, kFormat, true>(v, rows, tile, key, buf, w);
       return;
     }

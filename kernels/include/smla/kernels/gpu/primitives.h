@@ -43,6 +43,8 @@ __device__ __forceinline__ LaneMask WarpBallot(bool pred) {
 }
 // Whether the predicate holds in every lane.
 __device__ __forceinline__ bool WarpAll(bool pred) { return __all_sync(0xffffffffu, pred); }
+// The byte-wise maximum of two words of four unsigned bytes.
+__device__ __forceinline__ uint32_t MaxBytes4(uint32_t a, uint32_t b) { return __vmaxu4(a, b); }
 // v of lane `src`.
 __device__ __forceinline__ uint32_t WarpShuffle(uint32_t v, int src) {
   return __shfl_sync(0xffffffffu, v, src);

@@ -93,6 +93,13 @@ __device__ __forceinline__ LaneMask WarpBallot(bool pred) {
 
 // Whether the predicate holds in every lane of the wavefront.
 __device__ __forceinline__ bool WarpAll(bool pred) { return __all(pred) != 0; }
+// The byte-wise maximum of two words of four unsigned bytes (CUDA's __vmaxu4).
+__device__ __forceinline__ uint32_t MaxBytes4(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+#pragma unroll
+  for (int i = 0; i < 32; i += 8) r |= max((a >> i) & 0xffu, (b >> i) & 0xffu) << i;
+  return r;
+}
 
 // This lane's index in its wavefront.
 __device__ __forceinline__ int LaneId() {
