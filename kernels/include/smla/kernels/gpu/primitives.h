@@ -159,21 +159,38 @@ __device__ __forceinline__ uint32_t E4m3PairBits(uint32_t codes) {
   return (x << 4) & 0x87f087f0u;
 }
 
-// Four e4m3 codes (byte i of `codes`) to four bf16 values times `scale` (bf16x2, both halves
-// equal), as two packed words: codes 0-1 and 2-3. The code's bits are placed in a bf16 whose
-// exponent field is the code's (bias 127 instead of 7) and multiplied by 2^120, which is exact
-// for normal and subnormal codes; the scale multiply then rounds once to nearest even, which
-// equals rounding the exact f32 product (docs/operator.md section 3).
-__device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat162 scale) {
+// Four e4m3 codes (byte i of `codes`) times `factor` (bf16x2), as two packed words (codes 0-1
+// and 2-3) with one rounding per value. The code's bits are placed in a bf16 whose exponent
+// field is the code's (bias 127 instead of 7), which is code * 2^-120 exactly for normal and
+// subnormal codes, so a factor of 2^(120+k) yields the rounded code * 2^k whenever 2^(120+k)
+// is a normal bf16.
+__device__ __forceinline__ uint2 E4m3x4ToBf16Times(uint32_t codes, __nv_bfloat162 factor) {
   const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
   const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
-  const __nv_bfloat162 k2p120 =
-      __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
-  __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
-  __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
-  a = __hmul2(a, scale);
-  b = __hmul2(b, scale);
+  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), factor);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), factor);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+// 2^120 in both halves: the factor that gives the codes' exact values.
+__device__ __forceinline__ __nv_bfloat162 E4m3Rebias() {
+  return __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+}
+
+// Four e4m3 codes to four bf16 values times `scale` (bf16x2, both halves equal): the codes'
+// exact values, then the scale multiply rounds once to nearest even, which equals rounding the
+// exact f32 product (docs/operator.md section 3).
+__device__ __forceinline__ uint2 E4m3x4ToBf16Scaled(uint32_t codes, __nv_bfloat162 scale) {
+  const uint2 v = E4m3x4ToBf16Times(codes, E4m3Rebias());
+  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v.x), scale);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v.y), scale);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+// Four e4m3 codes to bf16 without a scale (fp8_per_tensor folds its scale elsewhere): one
+// multiply per pair.
+__device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
+  return E4m3x4ToBf16Times(codes, E4m3Rebias());
 }
 
 // 2^(byte-127) of a UE8M0 scale byte as bf16x2 (byte 0 is the subnormal 2^-127).
@@ -198,28 +215,6 @@ __device__ __forceinline__ uint16_t MxEncodePair(float x0, float x1, float inv_s
   return static_cast<uint16_t>(v);
 }
 
-// Four e4m3 codes to bf16 without a scale (fp8_per_tensor folds its scale elsewhere): the
-// same exact bit placement as E4m3x4ToBf16Scaled, one multiply per pair.
-__device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t codes) {
-  const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
-  const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
-  const __nv_bfloat162 k2p120 =
-      __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
-  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), k2p120);
-  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), k2p120);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-}
-
-// Four e4m3 codes times `factor` (bf16x2) with one rounding per value: the bit placement of
-// E4m3x4ToBf16Scaled gives code * 2^-120 exactly, so a factor of 2^(120+k) yields the rounded
-// code * 2^k, identical to the two-multiply form whenever 2^(120+k) is a normal bf16.
-__device__ __forceinline__ uint2 E4m3x4ToBf16Times(uint32_t codes, __nv_bfloat162 factor) {
-  const uint32_t wl = E4m3PairBits<kE4m3Codes01>(codes);
-  const uint32_t wh = E4m3PairBits<kE4m3Codes23>(codes);
-  const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wl), factor);
-  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&wh), factor);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-}
 // 2^(byte - 7) per half for UE8M0 bytes <= 134: the scale 2^(byte-127) times 2^120.
 __device__ __forceinline__ __nv_bfloat162 E8m0PairTimes2p120(uint32_t lo, uint32_t hi) {
   const uint32_t w = ((lo + 120) << 7) | ((hi + 120) << 23);
