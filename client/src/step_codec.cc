@@ -98,6 +98,15 @@ grpc::ByteBuffer EncodeStepRequest(std::shared_ptr<const v1::StepRequest> reques
 
 absl::Status DecodeStepResponse(const grpc::ByteBuffer& buffer, v1::ParallelCopier* copier,
                                 v1::StepResponse* response) {
+  // The bytes of the tensors `response` held are kept across its Clear and take the new ones:
+  // a string already as long as the new tensor is overwritten as it is, where resize would
+  // first write that many zeros (megabytes a call, on the caller's thread).
+  std::string kept_out, kept_scales, kept_lse;
+  if (response->has_out()) kept_out.swap(*response->mutable_out()->mutable_inline_data());
+  if (response->has_mx_scales()) {
+    kept_scales.swap(*response->mutable_mx_scales()->mutable_inline_data());
+  }
+  if (response->has_lse()) kept_lse.swap(*response->mutable_lse()->mutable_inline_data());
   response->Clear();
   if (buffer.Length() < v1::kWalkFromBytes) {
     grpc::ByteBuffer view(buffer);  // shares the slices
@@ -114,6 +123,11 @@ absl::Status DecodeStepResponse(const grpc::ByteBuffer& buffer, v1::ParallelCopi
   for (const auto& t : reader.tensors()) {
     // The reader's tensors are fields of `response`, which this call owns.
     std::string* data = const_cast<v1::Tensor*>(t.tensor)->mutable_inline_data();
+    std::string* kept = t.tensor == &response->out()         ? &kept_out
+                        : t.tensor == &response->mx_scales() ? &kept_scales
+                        : t.tensor == &response->lse()       ? &kept_lse
+                                                             : nullptr;
+    if (kept != nullptr) data->swap(*kept);
     data->resize(t.size);
     reader.AppendPieces(t, reinterpret_cast<uint8_t*>(data->data()), &pieces);
   }

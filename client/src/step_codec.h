@@ -20,7 +20,10 @@ grpc::ByteBuffer EncodeStepRequest(std::shared_ptr<const v1::StepRequest> reques
 
 // Parses `buffer` into `response` (cleared first). Messages past a few hundred KiB are parsed
 // without their tensors' bytes, which `copier` then copies into the message (null: on this
-// thread). INVALID_ARGUMENT when protobuf could not parse the bytes.
+// thread), reusing the strings of the tensors `response` held: a caller that decodes into one
+// response object call after call (without clearing it in between) has its output bytes
+// overwritten in place rather than zeroed and written. INVALID_ARGUMENT when protobuf could not
+// parse the bytes.
 absl::Status DecodeStepResponse(const grpc::ByteBuffer& buffer, v1::ParallelCopier* copier,
                                 v1::StepResponse* response);
 

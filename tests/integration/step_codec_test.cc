@@ -4,6 +4,7 @@
 // parses.
 #include "step_codec.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -101,6 +102,37 @@ TEST(StepCodecTest, DecodedResponseIsWhatProtobufParses) {
       EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want, got));
     }
   }
+}
+
+// Decoding into the response object of the previous call reuses its tensors' strings (a 2 MiB
+// output lands in the 3 MiB string of the call before instead of a new one), and the result is
+// still exactly what protobuf parses: sizes that shrink and grow, a tensor that goes away, one
+// that moves between fields.
+TEST(StepCodecTest, DecodingAgainKeepsTheTensorsStrings) {
+  std::mt19937_64 rng(4);
+  v1::ParallelCopier copier(2);
+  auto response = [&](size_t out_bytes, size_t lse_bytes, size_t scale_bytes) {
+    v1::StepResponse r;
+    r.set_request_id("again");
+    r.mutable_out()->set_dtype(v1::DTYPE_E4M3);
+    r.mutable_out()->set_inline_data(RandomBytes(out_bytes, rng));
+    if (lse_bytes > 0) r.mutable_lse()->set_inline_data(RandomBytes(lse_bytes, rng));
+    if (scale_bytes > 0) r.mutable_mx_scales()->set_inline_data(RandomBytes(scale_bytes, rng));
+    return r;
+  };
+  const v1::StepResponse calls[] = {
+      response(size_t{3} << 20, 8192, 0), response(size_t{2} << 20, 0, 65536),
+      response(size_t{4} << 20, 4096, 65536), response(size_t{1} << 20, 0, 0)};
+  v1::StepResponse got;
+  size_t capacity = 0;
+  for (const v1::StepResponse& want : calls) {
+    ASSERT_TRUE(DecodeStepResponse(Sliced(want.SerializeAsString(), rng), &copier, &got).ok());
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want, got));
+    // Protobuf's Clear frees the tensors, so only a kept string can be larger than its bytes.
+    EXPECT_GE(got.out().inline_data().capacity(), capacity);
+    capacity = std::max(capacity, got.out().inline_data().capacity());
+  }
+  EXPECT_GE(capacity, size_t{4} << 20);
 }
 
 TEST(StepCodecTest, MalformedResponseIsInvalidArgument) {

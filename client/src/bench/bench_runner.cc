@@ -197,7 +197,8 @@ RunStats RunOnce(const std::vector<Worker*>& workers, const RunOptions& options)
       bool failed = false;
       Clock::time_point call_start = scheduled;
       for (size_t slot = 0; slot < w->Layers().size(); ++slot) {
-        resp.Clear();
+        // Not cleared between calls: every transport's reply replaces it, and the inline one
+        // then writes its outputs into the strings of the call before (DecodeStepResponse).
         absl::Status st = w->Call(slot, &resp);
         const auto now = Clock::now();
         progress_calls++;
