@@ -62,6 +62,9 @@ ABSL_FLAG(bool, tile_kernel, false,
 ABSL_FLAG(std::string, wgmma, "auto",
           "the sm_90a warpgroup program for 64-head blocks on fp8 pools of width 512: auto (where "
           "the plan takes it), always (wherever the plan runs 64 heads) or never (A/B)");
+ABSL_FLAG(bool, q_tensor_map, false,
+          "the warpgroup program's queries by the tensor copy engine (TMA) instead of loads "
+          "(A/B; AttendParams::wgmma_q_tensor_map)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -92,6 +95,7 @@ struct Options {
   bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
   kernels::WgmmaUse wgmma = kernels::WgmmaUse::kAuto;  // AttendParams::wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
+  bool q_tensor_map = false;                           // AttendParams::wgmma_q_tensor_map (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };
@@ -375,6 +379,7 @@ class Runner {
       p.force_tile_kernel = opt_.tile_kernel;
       p.wgmma = opt_.wgmma;
       p.no_scale_fold = opt_.no_fold;
+      p.wgmma_q_tensor_map = opt_.q_tensor_map;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
       p.rows_per_group = c.rows_per_request();
       p.row_pairs = opt_.pairs;
@@ -496,6 +501,7 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   o.gemm = absl::GetFlag(FLAGS_gemm);
   o.tile_kernel = absl::GetFlag(FLAGS_tile_kernel);
   o.no_fold = !absl::GetFlag(FLAGS_fold);
+  o.q_tensor_map = absl::GetFlag(FLAGS_q_tensor_map);
   o.pairs = AutoAlwaysNever<kernels::RowPairs>("pairs", absl::GetFlag(FLAGS_pairs));
   o.wgmma = AutoAlwaysNever<kernels::WgmmaUse>("wgmma", absl::GetFlag(FLAGS_wgmma));
   if (o.out != "auto" && o.out != "bf16" && o.out != "mxfp8") {

@@ -398,6 +398,7 @@ struct RunConfig {
   bool mirrored_arrays = false;
   bool tile_kernel = false;          // AttendParams::force_tile_kernel
   WgmmaUse wgmma = WgmmaUse::kAuto;  // AttendParams::wgmma
+  bool q_tensor_map = false;         // AttendParams::wgmma_q_tensor_map
   bool q_before_launch = false;      // AttendParams::q_before_launch
 };
 
@@ -450,6 +451,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.row_pairs = c.row_pairs ? RowPairs::kAlways : rc.pairs;
   p.force_tile_kernel = rc.tile_kernel;
   p.wgmma = rc.wgmma;
+  p.wgmma_q_tensor_map = rc.q_tensor_map;
   p.q_before_launch = rc.q_before_launch;
   std::vector<uint8_t> host;
   Buffer mirror;
@@ -691,14 +693,18 @@ INSTANTIATE_TEST_SUITE_P(All, GpuMatrixTest,
                                             ::testing::Values(8, 16, 32, 64, 128)));
 
 // The warpgroup program forced (WgmmaUse::kAlways; head block force_hb, 0 for the plan's)
-// with split keys off and on: it matches the CPU backend, its MXFP8 outputs encode its bf16
-// ones (as CheckCase's check of the plan's kernels), and two runs give the same bits.
+// with split keys off and on, its queries staged by loads and by the tensor copy engine: it
+// matches the CPU backend, its MXFP8 outputs encode its bf16 ones (as CheckCase's check of the
+// plan's kernels), two runs give the same bits, and both ways of staging Q give the same bits.
 void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
   std::vector<RunConfig> configs;
   for (const int splits : {1, 3}) {
-    RunConfig rc{OutputFormat::kBf16, true, true, splits, force_hb};
-    rc.wgmma = WgmmaUse::kAlways;
-    configs.push_back(rc);
+    for (const bool mapped : {false, true}) {
+      RunConfig rc{OutputFormat::kBf16, true, true, splits, force_hb};
+      rc.wgmma = WgmmaUse::kAlways;
+      rc.q_tensor_map = mapped;
+      configs.push_back(rc);
+    }
   }
   CheckCase(cpu, gpu, c, configs, /*check_mxfp8=*/false);
   const Inputs in = MakeInputs(cpu, c);
@@ -706,13 +712,19 @@ void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
     RunConfig a{OutputFormat::kBf16, false, true, splits, force_hb};
     RunConfig b{OutputFormat::kMxfp8, true, false, splits, force_hb};
     a.wgmma = b.wgmma = WgmmaUse::kAlways;
+    b.q_tensor_map = true;
+    RunConfig mapped = a;
+    mapped.q_tensor_map = true;
     const Outputs plain = RunAttend(gpu, in, a);
     const Outputs again = RunAttend(gpu, in, a);
+    const Outputs by_map = RunAttend(gpu, in, mapped);
     const Outputs mx = RunAttend(gpu, in, b);
     ASSERT_TRUE(plain.status.ok() && again.status.ok()) << plain.status << again.status;
-    ASSERT_TRUE(mx.status.ok()) << mx.status;
+    ASSERT_TRUE(by_map.status.ok() && mx.status.ok()) << by_map.status << mx.status;
     EXPECT_EQ(plain.bf16, again.bf16) << Describe(c);
+    EXPECT_EQ(plain.bf16, by_map.bf16) << "Q by the tensor copy engine: " << Describe(c);
     EXPECT_EQ(0, std::memcmp(plain.lse.data(), again.lse.data(), plain.lse.size() * 4));
+    EXPECT_EQ(0, std::memcmp(plain.lse.data(), by_map.lse.data(), plain.lse.size() * 4));
     ExpectMxfp8Matches(in, plain, mx,
                        absl::StrCat("wgmma mxfp8 splits=", splits, " ", Describe(c)));
   }

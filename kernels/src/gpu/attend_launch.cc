@@ -519,6 +519,7 @@ class AttendPlanner {
     k.use_tile = use_tile_ ? 1 : 0;
     // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
     k.fold_scales = params.no_scale_fold ? 0 : 1;
+    k.q_tensor_map = params.wgmma_q_tensor_map ? 1 : 0;
     k.paired = static_cast<int32_t>(l_.paired);
     k.union_bits = union_bits_;
     k.union_rows = union_rows_;

@@ -169,14 +169,26 @@ bool WgmmaProgramSupported() {
 #endif
 }
 
-int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512>>::kBytes; }
+// The largest of the program's builds (the tensor-map ones stage cos / sin rows too).
+int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512, false, true>>::kBytes; }
 
 #if defined(SMLA_GPU_CUDA)
 namespace {
-// The warpgroup program's two builds: one row per program, and row groups (PairMode::kRowGroups).
+// The warpgroup program's builds: one row per program, and row groups (PairMode::kRowGroups);
+// each with Q staged by loads, and by its tensor map (AttendKernelParams::q_tensor_map).
 using WgmmaRows = WgmmaConfig<512>;
 using WgmmaGroups = WgmmaConfig<512, true>;
-static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaGroups>::kBytes, "one layout");
+using WgmmaRowsMapped = WgmmaConfig<512, false, true>;
+using WgmmaGroupsMapped = WgmmaConfig<512, true, true>;
+static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaGroups>::kBytes &&
+                  WgmmaSmem<WgmmaRowsMapped>::kBytes == WgmmaSmem<WgmmaGroupsMapped>::kBytes &&
+                  WgmmaSmem<WgmmaRows>::kBytes <= WgmmaSmem<WgmmaRowsMapped>::kBytes,
+              "WgmmaSharedBytes covers every build");
+const void* const kWgmmaPrograms[] = {
+    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRows>),
+    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroups>),
+    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRowsMapped>),
+    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroupsMapped>)};
 }  // namespace
 #endif
 
@@ -193,10 +205,17 @@ absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes
   const int64_t units = ProgramUnits(p);
   const int64_t programs = p.whole_units + (units - p.whole_units) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  return ToStatus(Launch(grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroups>
-                                 : &SparseMlaAttendWgmmaKernel<WgmmaRows>,
-                         dim3(static_cast<unsigned>(programs)), dim3(WgmmaRows::kThreads),
-                         static_cast<size_t>(shared_bytes), stream, p),
+  // Where asked, bf16 queries the map can describe come by the tensor copy engine.
+  QueryTensorMap q_map;
+  const bool mapped =
+      p.q_tensor_map != 0 && p.q_fp8 == 0 &&
+      EncodeQueryTensorMap(p.q, int64_t{p.num_rows} * p.num_heads, WgmmaRows::kQkWidth, &q_map);
+  auto* kernel = mapped ? (grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroupsMapped>
+                                   : &SparseMlaAttendWgmmaKernel<WgmmaRowsMapped>)
+                        : (grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroups>
+                                   : &SparseMlaAttendWgmmaKernel<WgmmaRows>);
+  return ToStatus(Launch(kernel, dim3(static_cast<unsigned>(programs)), dim3(WgmmaRows::kThreads),
+                         static_cast<size_t>(shared_bytes), stream, p, q_map),
                   "warpgroup attention kernel launch");
 #else
   return absl::UnimplementedError("no warpgroup attention program in this build");
@@ -209,8 +228,7 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
 #if defined(SMLA_GPU_CUDA)
-  for (const void* fn : {reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRows>),
-                         reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroups>)}) {
+  for (const void* fn : kWgmmaPrograms) {
     SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(fn, static_cast<int>(max_bytes)));
   }
 #endif

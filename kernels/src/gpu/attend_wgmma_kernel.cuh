@@ -29,18 +29,23 @@
 #include "gpu/attend_kernel.cuh"
 #include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
+#include "gpu/query_tensor_map.h"
 #include "smla/kernels/codec/mxfp8.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
 #include "smla/kernels/gpu/primitives.h"
+#include "smla/kernels/gpu/tensor_copy.h"
 #include "smla/kernels/gpu/warpgroup_mma.h"
 #include "smla/kernels/gpu/warpgroup_sync.h"
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, bool kGrouped_ = false>
+template <int kQkWidth_, bool kGrouped_ = false, bool kQTensorMap_ = false>
 struct WgmmaConfig {
   static constexpr int kQkWidth = kQkWidth_;
+  // Q by the tensor copy engine, the epilogue's cos / sin rows staged while it arrives
+  // (docs/gpu.md, "Queries by the tensor copy engine"); else Q staged by the consumers' loads.
+  static constexpr bool kQTensorMap = kQTensorMap_;
   static constexpr int kHeadBlock = 64;  // one m64 product's rows
   // Grouped: product row h is head h % H of the unit's row h / H (AttendKernelParams::union_rows,
   // row_heads_log2).
@@ -90,14 +95,23 @@ struct WgmmaSmem {
   static constexpr int kValid = kRowSum + C::kHeadBlock * 4;
   static constexpr int kReady = kValid + C::kBuffers * C::kKeys * 4;  // mbarriers
   static constexpr int kFree = kReady + C::kBuffers * 8;
+  // kQTensorMap: a barrier for Q's bulk copies, and the cos / sin row of each query row of the
+  // program, read while Q arrives.
+  static constexpr int kQFull = kFree + C::kBuffers * 8;
+  static constexpr int kRope = kQFull + 8;
+  static constexpr int kEpilogueEnd = C::kQTensorMap ? kRope + kMaxUnionRows * 64 * 4 : kQFull;
   // Each loader thread's staging for its first key of the next tile (cp.async): up to 9
   // 16-byte chunks and the 8-byte scale record.
   static constexpr int kStageStride = 160;
-  static constexpr int kStage = (kFree + C::kBuffers * 8 + 15) / 16 * 16;
+  static constexpr int kStage = (kEpilogueEnd + 15) / 16 * 16;
   static constexpr int kBytes = kStage + C::kGroupThreads * kStageStride;
   // Swizzled operands start on 1 KB (wgmma::SwizzledOffset).
   static_assert(kTiles % 1024 == 0 && kP % 1024 == 0 && kTileBytes % 1024 == 0 && kReady % 8 == 0,
                 "operands aligned");
+  // Q arrives as boxes of 64 values of every product row, one 128-byte swizzled column block each.
+  static_assert(kQueryBoxVectors == C::kHeadBlock && kQueryBoxValues == 64 &&
+                    C::kHeadBlock * 128 % 1024 == 0,
+                "Q's boxes are its column blocks");
   static_assert(kBytes <= 227 * 1024, "an sm_90 block's shared memory");
 };
 
@@ -120,6 +134,8 @@ struct WgmmaProgram {
   int32_t* valid = nullptr;  // per key: bit r set where query row row + r attends it
   uint64_t* ready = nullptr;
   uint64_t* free = nullptr;
+  uint64_t* q_full = nullptr;
+  float* rope = nullptr;     // [rows][64] cos / sin of each query row (with positions)
   uint8_t* stage = nullptr;  // this loader thread's staging
 
   // Tile u's segment (selected, not indexed: a run-time index into the parameter or this struct
@@ -570,18 +586,21 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
 
   // Final store: normalise with the sink (as CombinePartials), then the epilogue. The inverse
   // RoPE's row of cos / sin: the program's one query row's, or each accumulator row's when
-  // grouped.
+  // grouped; from shared memory where PreloadRopeRows staged them (kQTensorMap).
   auto rope_row = [&](int row) {
     return p.positions == nullptr ? nullptr : p.cos_sin + int64_t{p.positions[row]} * 64;
   };
-  const float* cs_program = C::kGrouped ? nullptr : rope_row(w.row);
+  const float* cs_program = C::kGrouped || C::kQTensorMap ? nullptr : rope_row(w.row);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int slot = wgmma::AccRow(gw, lane, 2 * r);
     const int row = slots.Row(slot);
     const int head = slots.Head(slot);
     const bool live = slots.Live(slot) && head < p.num_heads;
-    const float* cs = C::kGrouped ? (live ? rope_row(row) : nullptr) : cs_program;
+    const float* cs =
+        C::kQTensorMap ? (p.positions == nullptr || !live ? nullptr : w.rope + (row - w.row) * 64)
+        : C::kGrouped  ? (live ? rope_row(row) : nullptr)
+                       : cs_program;
     const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
     const int64_t out_row = int64_t{row} * p.num_heads + head;
 #pragma unroll
@@ -634,6 +653,36 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
   }
 }
 
+// The cos / sin rows of the program's query rows, staged in shared memory by the consumers at
+// its start (WgmmaSmem::kRope), so that the epilogue's inverse RoPE waits on no dependent global
+// loads (position, then row). Visible to both consumers after kQReady.
+template <class C>
+__device__ __forceinline__ void PreloadRopeRows(const AttendKernelParams& p, const WgmmaProgram& w,
+                                                int tid) {
+  if (p.positions == nullptr) return;
+  const int rows = C::kGrouped ? w.rows : 1;
+  for (int i = tid; i < rows * 64; i += C::kConsumerThreads) {
+    w.rope[i] = p.cos_sin[int64_t{p.positions[w.row + i / 64]} * 64 + i % 64];
+  }
+}
+
+// Q by the tensor copy engine: eight boxes of 64 values of the program's 64 product rows
+// (query vectors row * H + head0 onwards; when grouped, vectors past the unit's are other rows'
+// or zeros past the batch, in product rows that no key's mask admits), one 128-byte swizzled
+// column block each. By one thread; completes on w.q_full.
+template <class C>
+__device__ __forceinline__ void CopyQueries(const AttendKernelParams& p, const QueryTensorMap& map,
+                                            const WgmmaProgram& w) {
+  constexpr int kBlocks = C::kQkWidth / kQueryBoxValues;
+  constexpr uint32_t kBlockBytes = C::kHeadBlock * kQueryBoxValues * 2;
+  wgsync::ArriveExpectBytes(w.q_full, kBlocks * kBlockBytes);
+  const int vector = w.row * p.num_heads + w.head0;
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    tensor_copy::LoadBox2d(w.q + b * kBlockBytes, &map, b * kQueryBoxValues, vector, w.q_full);
+  }
+}
+
 // The consumers' whole programs, each within its own register budget: accumulators, the tile
 // loop, the rows' maxima and sums handed from the scorer to the partner, the epilogue. This
 // lane's accumulator rows r = 0, 1 are wgmma::AccRow(gw, lane, 2 r): 16 gw + lane / 4 and 8 below.
@@ -680,7 +729,8 @@ __device__ __forceinline__ void RunPartnerProgram(const AttendKernelParams& p,
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
-    SparseMlaAttendWgmmaKernel(const __grid_constant__ AttendKernelParams p) {
+    SparseMlaAttendWgmmaKernel(const __grid_constant__ AttendKernelParams p,
+                               const __grid_constant__ QueryTensorMap q_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   EnterGrid();  // grid_order.h: before any access to memory
   using S = WgmmaSmem<C>;
@@ -695,6 +745,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.valid = reinterpret_cast<int32_t*>(smem + S::kValid);
   w.ready = reinterpret_cast<uint64_t*>(smem + S::kReady);
   w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
+  w.q_full = reinterpret_cast<uint64_t*>(smem + S::kQFull);
+  w.rope = reinterpret_cast<float*>(smem + S::kRope);
   w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
   // Grouped: the program's "row" is a unit of rows, which takes an even share of its union's
@@ -735,6 +787,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       wgsync::InitBarrier(w.ready + b, C::kGroupThreads);  // the loader's threads
       wgsync::InitBarrier(w.free + b, C::kConsumerThreads);
     }
+    if constexpr (C::kQTensorMap) {
+      wgsync::InitBarrier(w.q_full, 1);
+      wgsync::FenceBarrierInit();
+      CopyQueries<C>(p, q_map, w);
+    }
   }
   __syncthreads();  // the barriers' initialisation
 
@@ -746,13 +803,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     return;
   }
 
-  // Q in the swizzled layout, by the consumers while the loader reads the first tiles, in
-  // batches of four loads (docs/results/kbench-h200.md, "The warpgroup program at 64 heads").
-  StageQueries<C, C::kConsumerThreads>(
-      p, SlotsOf<C>(w), w.q,
-      [](int h, int e0) { return wgmma::SwizzledOffset(h, e0, C::kHeadBlock); },
-      static_cast<int>(threadIdx.x));
-  wgmma::FenceOperands();
+  // Q in the swizzled layout while the loader reads the first tiles: by the tensor copy engine
+  // (bf16 queries the map could describe), else by the consumers in batches of four loads
+  // (docs/gpu.md, "Queries by the tensor copy engine").
+  if constexpr (C::kQTensorMap) {
+    PreloadRopeRows<C>(p, w, static_cast<int>(threadIdx.x));
+    wgsync::Wait(w.q_full, 0);
+  } else {
+    StageQueries<C, C::kConsumerThreads>(
+        p, SlotsOf<C>(w), w.q,
+        [](int h, int e0) { return wgmma::SwizzledOffset(h, e0, C::kHeadBlock); },
+        static_cast<int>(threadIdx.x));
+    wgmma::FenceOperands();
+  }
   wgsync::NamedSync(kQReady, C::kConsumerThreads);
   if (group == 0) {
     wgsync::RaiseRegisters<C::kScorerRegs>();

@@ -15,6 +15,7 @@ target_sources(smla_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gpu_backend.cc
   ${CMAKE_CURRENT_LIST_DIR}/ipc_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_launch.cc
+  ${CMAKE_CURRENT_LIST_DIR}/query_tensor_map.cc
   ${CMAKE_CURRENT_LIST_DIR}/attend_variants.cu
   ${CMAKE_CURRENT_LIST_DIR}/check_inputs_kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/copy_kernel.cu

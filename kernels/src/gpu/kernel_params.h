@@ -104,6 +104,9 @@ struct AttendKernelParams {
   // Split-K partials (splits > 1).
   float* part_acc = nullptr;  // [T, H, splits, 512] f32, unnormalised
   float* part_ml = nullptr;   // [T, H, splits, 2] f32: m (base 2), l
+  // The warpgroup program: bring bf16 Q by its tensor map (AttendParams::wgmma_q_tensor_map;
+  // query_tensor_map.h), where the map can describe it.
+  int32_t q_tensor_map = 0;
 };
 
 // The units a launch's programs own: rows, or a paired launch's units of union_rows rows.

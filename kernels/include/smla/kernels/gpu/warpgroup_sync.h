@@ -30,6 +30,21 @@ __device__ __forceinline__ void Arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(BarrierAddress(bar)) : "memory");
 }
 
+// Makes barriers just initialised visible to the tensor copy engine, whose copies complete on
+// them (tensor_copy.h); by the initialising thread, before the block-wide barrier.
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// This thread's arrival, announcing `bytes` that copies completing on the barrier will bring:
+// the phase completes when the arrivals and those bytes are all in.
+__device__ __forceinline__ void ArriveExpectBytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(BarrierAddress(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
 // Returns once the phase of parity `parity` (0 for the barrier's first phase, then 1, 0, ...)
 // has completed (acquire).
 __device__ __forceinline__ void Wait(uint64_t* bar, uint32_t parity) {
