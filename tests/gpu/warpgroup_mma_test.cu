@@ -157,27 +157,36 @@ __global__ void WideProductKernel(const uint16_t* a, const uint16_t* b, float* c
 // (SwizzledOffset(key, value)) read MN-major by SwizzledValues. Two warpgroups, as the
 // attention's two consumers, each take half of the columns (from 0 and 256), with four m64n64
 // products a k-step or (kN256) one m64n256; P [64 rows x 64 keys] from registers or (kSharedP)
-// from a swizzled K-major tile in shared memory (SwizzledKStep).
-template <bool kN256, bool kSharedP>
+// from a swizzled K-major tile in shared memory (SwizzledKStep), written element by element or
+// (kStoreA) by the first warpgroup's A fragments through StoreA, as the attention's scorer
+// hands P to its partner.
+template <bool kN256, bool kSharedP, bool kStoreA = false>
 __global__ void SwizzledPvKernel(const uint16_t* p, const uint16_t* v, float* o) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem[];
   CheckSwizzleBase(smem);
   uint8_t* v_s = smem;
   uint8_t* p_s = smem + kTileBytes;
+  const int t = static_cast<int>(threadIdx.x) % 128, warp = t / 32, lane = t % 32;
+  uint32_t a[kK / 16][4];
+  LoadAFragments(p, warp, lane, a);
   for (int i = threadIdx.x; i < kK * kWidth; i += blockDim.x) {
     *reinterpret_cast<uint16_t*>(v_s + SwizzledOffset(i / kWidth, i % kWidth, kK)) = v[i];
   }
-  for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
-    *reinterpret_cast<uint16_t*>(p_s + SwizzledOffset(i / kK, i % kK, kM)) = p[i];
+  if constexpr (kStoreA) {
+    if (threadIdx.x < 128) {
+#pragma unroll
+      for (int s = 0; s < kK / 16; ++s) StoreA(p_s, kM, warp, lane, s, a[s]);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
+      *reinterpret_cast<uint16_t*>(p_s + SwizzledOffset(i / kK, i % kK, kM)) = p[i];
+    }
   }
   __syncthreads();
   FenceOperands();
-  const int t = static_cast<int>(threadIdx.x) % 128, warp = t / 32, lane = t % 32;
   const int col0 = 256 * (static_cast<int>(threadIdx.x) / 128);
   float d[4][32] = {};
-  uint32_t a[kK / 16][4];
-  LoadAFragments(p, warp, lane, a);
   Arrive();
 #pragma unroll
   for (int s = 0; s < kK / 16; ++s) {
@@ -417,9 +426,10 @@ TEST(WarpgroupMmaTest, WideQueryTimesKeysMatchesTheHost) {
 }
 
 // P.V with V the swizzled key tile, both halves of its 512 values (two warpgroups), each as four
-// m64n64 products and as one m64n256, P from registers and from swizzled shared memory. Were
-// SwizzledValues' two offsets exchanged, every product would read the wrong keys and the m64n256
-// ones the wrong column blocks too.
+// m64n64 products and as one m64n256, P from registers and from swizzled shared memory (written
+// element by element, and by StoreA as the attention writes it). Were SwizzledValues' two
+// offsets exchanged, every product would read the wrong keys and the m64n256 ones the wrong
+// column blocks too.
 TEST(WarpgroupMmaTest, SwizzledWeightsTimesValuesMatchesTheHost) {
   if (!HaveSm90()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   std::mt19937 rng(8);
@@ -427,7 +437,8 @@ TEST(WarpgroupMmaTest, SwizzledWeightsTimesValuesMatchesTheHost) {
   for (const Way& way : {Way{"m64n64, P in registers", SwizzledPvKernel<false, false>},
                          Way{"m64n64, P in shared memory", SwizzledPvKernel<false, true>},
                          Way{"m64n256, P in registers", SwizzledPvKernel<true, false>},
-                         Way{"m64n256, P in shared memory", SwizzledPvKernel<true, true>}}) {
+                         Way{"m64n256, P in shared memory", SwizzledPvKernel<true, true>},
+                         Way{"m64n256, P stored by StoreA", SwizzledPvKernel<true, true, true>}}) {
     SCOPED_TRACE(way.name);
     const std::vector<float> o =
         RunProduct(way.kernel, p, v, kM * kWidth, 256, kTileBytes + kM * kK * 2);

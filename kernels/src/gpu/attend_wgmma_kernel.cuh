@@ -498,14 +498,8 @@ __device__ __forceinline__ void RunScorer(const AttendKernelParams& p, const Wgm
     // The partner's copy: wait until its product on the last tile's P has completed.
     if (t > 0) wgsync::NamedSync(kPFree, C::kConsumerThreads);
 #pragma unroll
-    for (int ks = 0; ks < C::kPvSteps; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t at = wgmma::SwizzledOffset(wgmma::ARow(gw, lane, j),
-                                                  16 * ks + wgmma::ACol(lane, j), C::kHeadBlock);
-        *reinterpret_cast<uint32_t*>(w.p + at) = pf[ks][j];
-      }
-    }
+    for (int ks = 0; ks < C::kPvSteps; ++ks)
+      wgmma::StoreA(w.p, C::kHeadBlock, gw, lane, ks, pf[ks]);
     if (lane % 4 == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) w.alpha[wgmma::AccRow(gw, lane, 2 * r)] = alpha[r];

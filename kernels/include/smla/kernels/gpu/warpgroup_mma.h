@@ -127,6 +127,21 @@ __device__ __forceinline__ uint64_t SwizzledValues(const uint8_t* tile, int rows
          SwizzledValuesAdvance(rows, ks, col);
 }
 
+// Writes A fragment `a` of k-step ks (ARow / ACol) of warp `warp` into a swizzled K-major tile
+// of `rows` rows (SwizzledOffset) with one stmatrix: register m is the 8x8 matrix of rows
+// 16 warp + 8 (m % 2) and columns 16 ks + 8 (m / 2), and lane l names the address of row l % 8
+// of matrix l / 8 (a 16-byte chunk, which the swizzle keeps whole). Four stores in one.
+__device__ __forceinline__ void StoreA(uint8_t* tile, int rows, int warp, int lane, int ks,
+                                       const uint32_t (&a)[4]) {
+  const int m = lane / 8;
+  const uint32_t at =
+      SwizzledOffset(16 * warp + 8 * (m % 2) + lane % 8, 16 * ks + 8 * (m / 2), rows);
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(tile + at));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+               : "memory");
+}
+
 // Shared-memory writes of ordinary stores made visible to the products' (async proxy) reads;
 // after the writes and a barrier, before the products.
 __device__ __forceinline__ void FenceOperands() {
