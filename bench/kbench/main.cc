@@ -62,9 +62,9 @@ ABSL_FLAG(bool, tile_kernel, false,
 ABSL_FLAG(std::string, wgmma, "auto",
           "the sm_90a warpgroup program for 64-head blocks on fp8 pools of width 512: auto (where "
           "the plan takes it), always (wherever the plan runs 64 heads) or never (A/B)");
-ABSL_FLAG(bool, q_tensor_map, false,
-          "the warpgroup program's queries by the tensor copy engine (TMA) instead of loads "
-          "(A/B; AttendParams::wgmma_q_tensor_map)");
+ABSL_FLAG(bool, q_tensor_map, true,
+          "the warpgroup program's queries by the tensor copy engine (TMA); --noq_tensor_map "
+          "stages them by loads (A/B; AttendParams::wgmma_q_tensor_map)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -95,7 +95,7 @@ struct Options {
   bool tile_kernel = false;                            // AttendParams::force_tile_kernel (A/B)
   kernels::WgmmaUse wgmma = kernels::WgmmaUse::kAuto;  // AttendParams::wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
-  bool q_tensor_map = false;                           // AttendParams::wgmma_q_tensor_map (A/B)
+  bool q_tensor_map = true;                            // AttendParams::wgmma_q_tensor_map (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };

@@ -398,7 +398,7 @@ struct RunConfig {
   bool mirrored_arrays = false;
   bool tile_kernel = false;          // AttendParams::force_tile_kernel
   WgmmaUse wgmma = WgmmaUse::kAuto;  // AttendParams::wgmma
-  bool q_tensor_map = false;         // AttendParams::wgmma_q_tensor_map
+  bool q_tensor_map = true;          // AttendParams::wgmma_q_tensor_map (as its default)
   bool q_before_launch = false;      // AttendParams::q_before_launch
 };
 
@@ -712,6 +712,7 @@ void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
     RunConfig a{OutputFormat::kBf16, false, true, splits, force_hb};
     RunConfig b{OutputFormat::kMxfp8, true, false, splits, force_hb};
     a.wgmma = b.wgmma = WgmmaUse::kAlways;
+    a.q_tensor_map = false;  // the loads; `mapped` the tensor map
     b.q_tensor_map = true;
     RunConfig mapped = a;
     mapped.q_tensor_map = true;

@@ -205,7 +205,7 @@ absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes
   const int64_t units = ProgramUnits(p);
   const int64_t programs = p.whole_units + (units - p.whole_units) * p.head_blocks * p.splits;
   if (programs == 0) return absl::OkStatus();
-  // Where asked, bf16 queries the map can describe come by the tensor copy engine.
+  // bf16 queries the map can describe come by the tensor copy engine (unless asked not to).
   QueryTensorMap q_map;
   const bool mapped =
       p.q_tensor_map != 0 && p.q_fp8 == 0 &&

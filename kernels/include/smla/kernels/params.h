@@ -148,8 +148,8 @@ struct AttendParams {
   WgmmaUse wgmma = WgmmaUse::kAuto;
   // That program's queries by the tensor copy engine (TMA) instead of the consumers' loads, the
   // epilogue's cos / sin rows staged while they arrive (docs/gpu.md, "Queries by the tensor copy
-  // engine"). Off until measured against the loads.
-  bool wgmma_q_tensor_map = false;
+  // engine"); false keeps the loads (A/B).
+  bool wgmma_q_tensor_map = true;
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
