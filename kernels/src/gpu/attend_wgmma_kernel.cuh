@@ -739,8 +739,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   w.valid = reinterpret_cast<int32_t*>(smem + S::kValid);
   w.ready = reinterpret_cast<uint64_t*>(smem + S::kReady);
   w.free = reinterpret_cast<uint64_t*>(smem + S::kFree);
-  w.q_full = reinterpret_cast<uint64_t*>(smem + S::kQFull);
-  w.rope = reinterpret_cast<float*>(smem + S::kRope);
+  if constexpr (C::kQTensorMap) {  // the loads build has neither: its staging starts there
+    w.q_full = reinterpret_cast<uint64_t*>(smem + S::kQFull);
+    w.rope = reinterpret_cast<float*>(smem + S::kRope);
+  }
   w.stage = smem + S::kStage + (threadIdx.x % C::kGroupThreads) * S::kStageStride;
 
   // Grouped: the program's "row" is a unit of rows, which takes an even share of its union's
