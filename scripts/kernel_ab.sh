@@ -3,7 +3,7 @@
 # smla-kbench on the same cells in rounds that run every build in turn (so that a difference is
 # not the machine's drift), compute-sanitizer on the warpgroup program's tests, and optionally
 # the whole grid, all within a time budget so that the call ends with its logs and a summary
-# rather than at the device's limit (docs/performance.md, "How to reproduce").
+# rather than at the device's limit (docs/performance.md, "Kernel builds side by side").
 # Usage: scripts/kernel_ab.sh BUILD...
 #   Each BUILD is a folder holding smla-kbench and smla-gpu-test (a device bundle's bin/, or a
 #   copy of another build's binaries beside it); LD_LIBRARY_PATH must reach their libraries.
@@ -11,9 +11,9 @@
 # Knobs: OUT (ab-out), BUDGET_S (540: a step that would not fit in what is left is skipped, and
 #   steps.txt says so), ROUNDS (2), CELLS (smla-kbench --cell list; default the warpgroup
 #   program's bar cells), TESTS (1; 0 skips smla-gpu-test), SANITIZE (builds to run racecheck and
-#   memcheck on; default the first, empty for none), SANITIZE_FILTER (gtest filter), GRID (a
-#   build to run --grid with; default none), KBENCH_FLAGS (extra flags of every timed run),
-#   SANITIZER (the compute-sanitizer binary).
+#   memcheck on; default the first, empty for none), SANITIZE_FILTER (gtest filter; racecheck on
+#   the row groups alone takes minutes), GRID (a build to run --grid with; default none),
+#   KBENCH_FLAGS (extra flags of every timed run), SANITIZER (the compute-sanitizer binary).
 # Writes OUT/steps.txt (each step's exit status and seconds), OUT/<step>.txt (its output),
 # OUT/kbench-<build>-r<round>.json, OUT/grid-<build>.{json,md} and OUT/summary.md. Exits 1
 # when a step failed or ran out of time (124), 0 when every step that ran passed.
