@@ -65,6 +65,9 @@ ABSL_FLAG(std::string, wgmma, "auto",
 ABSL_FLAG(bool, q_tensor_map, true,
           "the warpgroup program's queries by the tensor copy engine (TMA); --noq_tensor_map "
           "stages them by loads (A/B; AttendParams::wgmma_q_tensor_map)");
+ABSL_FLAG(std::string, staged_rows, "auto",
+          "the warpgroup program's final rows through shared memory: auto (prefill calls), "
+          "always or never (A/B; AttendParams::wgmma_staged_rows)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -96,6 +99,7 @@ struct Options {
   kernels::WgmmaUse wgmma = kernels::WgmmaUse::kAuto;  // AttendParams::wgmma (A/B)
   bool no_fold = false;                                // AttendParams::no_scale_fold (A/B)
   bool q_tensor_map = true;                            // AttendParams::wgmma_q_tensor_map (A/B)
+  kernels::WgmmaStagedRows staged_rows = kernels::WgmmaStagedRows::kAuto;  // (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
   bool gemm = true;
 };
@@ -380,6 +384,7 @@ class Runner {
       p.wgmma = opt_.wgmma;
       p.no_scale_fold = opt_.no_fold;
       p.wgmma_q_tensor_map = opt_.q_tensor_map;
+      p.wgmma_staged_rows = opt_.staged_rows;
       // The rows come as requests of rows_per_request consecutive rows of one sequence.
       p.rows_per_group = c.rows_per_request();
       p.row_pairs = opt_.pairs;
@@ -504,6 +509,8 @@ Options ParseOptions(bool* grid, bool* any_filter) {
   o.q_tensor_map = absl::GetFlag(FLAGS_q_tensor_map);
   o.pairs = AutoAlwaysNever<kernels::RowPairs>("pairs", absl::GetFlag(FLAGS_pairs));
   o.wgmma = AutoAlwaysNever<kernels::WgmmaUse>("wgmma", absl::GetFlag(FLAGS_wgmma));
+  o.staged_rows =
+      AutoAlwaysNever<kernels::WgmmaStagedRows>("staged_rows", absl::GetFlag(FLAGS_staged_rows));
   if (o.out != "auto" && o.out != "bf16" && o.out != "mxfp8") {
     std::fprintf(stderr, "--out must be auto, bf16 or mxfp8, not '%s'\n", o.out.c_str());
     std::exit(2);

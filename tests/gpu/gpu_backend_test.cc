@@ -399,7 +399,8 @@ struct RunConfig {
   bool tile_kernel = false;          // AttendParams::force_tile_kernel
   WgmmaUse wgmma = WgmmaUse::kAuto;  // AttendParams::wgmma
   bool q_tensor_map = true;          // AttendParams::wgmma_q_tensor_map (as its default)
-  bool q_before_launch = false;      // AttendParams::q_before_launch
+  WgmmaStagedRows staged_rows = WgmmaStagedRows::kAuto;  // AttendParams::wgmma_staged_rows
+  bool q_before_launch = false;                          // AttendParams::q_before_launch
 };
 
 struct Outputs {
@@ -452,6 +453,7 @@ Outputs RunAttend(Side& side, const Inputs& in, const RunConfig& rc) {
   p.force_tile_kernel = rc.tile_kernel;
   p.wgmma = rc.wgmma;
   p.wgmma_q_tensor_map = rc.q_tensor_map;
+  p.wgmma_staged_rows = rc.staged_rows;
   p.q_before_launch = rc.q_before_launch;
   std::vector<uint8_t> host;
   Buffer mirror;
@@ -706,6 +708,8 @@ void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
       configs.push_back(rc);
     }
   }
+  configs.push_back(configs.front());
+  configs.back().staged_rows = WgmmaStagedRows::kAlways;  // final rows through shared memory
   CheckCase(cpu, gpu, c, configs, /*check_mxfp8=*/false);
   const Inputs in = MakeInputs(cpu, c);
   for (const int splits : {1, 3}) {
@@ -714,18 +718,30 @@ void CheckWgmmaCase(Side& cpu, Side& gpu, const CaseSpec& c, int force_hb) {
     a.wgmma = b.wgmma = WgmmaUse::kAlways;
     a.q_tensor_map = false;  // the loads; `mapped` the tensor map
     b.q_tensor_map = true;
+    // Both ways of writing the final rows (the partials of a split run have one way).
+    a.staged_rows = b.staged_rows = WgmmaStagedRows::kNever;
     RunConfig mapped = a;
     mapped.q_tensor_map = true;
+    RunConfig staged = a, mx_staged = b;
+    staged.staged_rows = mx_staged.staged_rows = WgmmaStagedRows::kAlways;
     const Outputs plain = RunAttend(gpu, in, a);
     const Outputs again = RunAttend(gpu, in, a);
     const Outputs by_map = RunAttend(gpu, in, mapped);
+    const Outputs by_stage = RunAttend(gpu, in, staged);
     const Outputs mx = RunAttend(gpu, in, b);
+    const Outputs mx_by_stage = RunAttend(gpu, in, mx_staged);
     ASSERT_TRUE(plain.status.ok() && again.status.ok()) << plain.status << again.status;
     ASSERT_TRUE(by_map.status.ok() && mx.status.ok()) << by_map.status << mx.status;
+    ASSERT_TRUE(by_stage.status.ok() && mx_by_stage.status.ok())
+        << by_stage.status << mx_by_stage.status;
     EXPECT_EQ(plain.bf16, again.bf16) << Describe(c);
     EXPECT_EQ(plain.bf16, by_map.bf16) << "Q by the tensor copy engine: " << Describe(c);
+    EXPECT_EQ(plain.bf16, by_stage.bf16) << "rows through shared memory: " << Describe(c);
+    EXPECT_EQ(mx.mx_data, mx_by_stage.mx_data) << "MXFP8 through shared memory: " << Describe(c);
+    EXPECT_EQ(mx.mx_scales, mx_by_stage.mx_scales) << Describe(c);
     EXPECT_EQ(0, std::memcmp(plain.lse.data(), again.lse.data(), plain.lse.size() * 4));
     EXPECT_EQ(0, std::memcmp(plain.lse.data(), by_map.lse.data(), plain.lse.size() * 4));
+    EXPECT_EQ(0, std::memcmp(plain.lse.data(), by_stage.lse.data(), plain.lse.size() * 4));
     ExpectMxfp8Matches(in, plain, mx,
                        absl::StrCat("wgmma mxfp8 splits=", splits, " ", Describe(c)));
   }
@@ -2049,6 +2065,7 @@ TEST(GpuPlanTest, WgmmaRowGroupsWhereTheyPay) {
       EXPECT_EQ(l.plan.tiles, 10);  // two identical 640-key rows: their union is one row's
       EXPECT_EQ(l.kernel.paired, static_cast<int32_t>(gpu::PairMode::kRowGroups));
       EXPECT_EQ(l.kernel.whole_units, 0);
+      EXPECT_EQ(l.kernel.staged_rows, rows >= kPrefillRows ? 1 : 0) << rows;  // pairs: staged
     }
   }
   // Between one and 1.5 waves of pairs (132 SMs): the first 132 pairs whole, the rest split in
@@ -2095,6 +2112,7 @@ TEST(GpuPlanTest, WgmmaRowGroupsWhereTheyPay) {
     EXPECT_EQ(l.plan.head_block, heads);
     EXPECT_EQ(l.plan.splits, 1);
     EXPECT_EQ(l.plan.programs, rows / g);
+    EXPECT_EQ(l.kernel.staged_rows, 0) << heads << " " << group;  // units of 3-8 rows: direct
   }
   const gpu::AttendLaunch forced = plan(dsv4, 16, 192, 6, kAuto, WgmmaUse::kAlways);
   EXPECT_EQ(forced.paired == gpu::PairMode::kRowGroups, on);
@@ -2154,6 +2172,8 @@ TEST(GpuPlanTest, WgmmaProgramWhereItPays) {
     if (on) {
       EXPECT_EQ(l.plan.head_block, 64) << rows;
       EXPECT_FALSE(l.direct) << rows;
+      // Final rows through shared memory in prefill calls only (WgmmaStagedRows::kAuto).
+      EXPECT_EQ(l.kernel.staged_rows, rows >= kPrefillRows ? 1 : 0) << rows;
     }
   }
   EXPECT_EQ(plan(KvFormat::kFp8Dsv4, 128, 6).wgmma, on);  // 12 programs of 64 heads

@@ -520,6 +520,15 @@ class AttendPlanner {
     // no_scale_fold turns the folded fp8_dsv4 conversion off (for A/B measurements).
     k.fold_scales = params.no_scale_fold ? 0 : 1;
     k.q_tensor_map = params.wgmma_q_tensor_map ? 1 : 0;
+    // Staged rows pay in prefill calls of one row or a pair a program; at decode they only add
+    // latency, and units of 3-8 rows measured slower with them on some layers
+    // (docs/results/kbench-h200.md, "Final rows through shared memory").
+    const WgmmaStagedRows staged = params.wgmma_staged_rows;
+    const bool few_rows = l_.paired != PairMode::kRowGroups || union_rows_ <= 2;
+    k.staged_rows = staged == WgmmaStagedRows::kAlways ||
+                            (staged == WgmmaStagedRows::kAuto && T_ >= kPrefillRows && few_rows)
+                        ? 1
+                        : 0;
     k.paired = static_cast<int32_t>(l_.paired);
     k.union_bits = union_bits_;
     k.union_rows = union_rows_;

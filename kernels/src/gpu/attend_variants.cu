@@ -174,21 +174,31 @@ int64_t WgmmaSharedBytes() { return WgmmaSmem<WgmmaConfig<512, false, true>>::kB
 
 #if defined(SMLA_GPU_CUDA)
 namespace {
-// The warpgroup program's builds: one row per program, and row groups (PairMode::kRowGroups);
-// each with Q staged by loads, and by its tensor map (AttendKernelParams::q_tensor_map).
+// The warpgroup program's builds, kWgmmaPrograms[staged][mapped][grouped]: one row per program,
+// or row groups (PairMode::kRowGroups); Q staged by loads, or by its tensor map
+// (AttendKernelParams::q_tensor_map); final rows straight out, or through shared memory
+// (AttendKernelParams::staged_rows).
 using WgmmaRows = WgmmaConfig<512>;
-using WgmmaGroups = WgmmaConfig<512, true>;
 using WgmmaRowsMapped = WgmmaConfig<512, false, true>;
-using WgmmaGroupsMapped = WgmmaConfig<512, true, true>;
-static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaGroups>::kBytes &&
-                  WgmmaSmem<WgmmaRowsMapped>::kBytes == WgmmaSmem<WgmmaGroupsMapped>::kBytes &&
+static_assert(WgmmaSmem<WgmmaRows>::kBytes == WgmmaSmem<WgmmaConfig<512, true>>::kBytes &&
+                  WgmmaSmem<WgmmaRowsMapped>::kBytes ==
+                      WgmmaSmem<WgmmaConfig<512, true, true, true>>::kBytes &&
                   WgmmaSmem<WgmmaRows>::kBytes <= WgmmaSmem<WgmmaRowsMapped>::kBytes,
               "WgmmaSharedBytes covers every build");
-const void* const kWgmmaPrograms[] = {
-    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRows>),
-    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroups>),
-    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaRowsMapped>),
-    reinterpret_cast<const void*>(&SparseMlaAttendWgmmaKernel<WgmmaGroupsMapped>)};
+using WgmmaKernel = void (*)(AttendKernelParams, QueryTensorMap);
+// Each build named where its address is taken, outside any template, so that the device pass
+// instantiates it.
+template <bool kMapped, bool kGrouped, bool kStaged>
+using Wgmma = WgmmaConfig<512, kGrouped, kMapped, kStaged>;
+const WgmmaKernel kWgmmaPrograms[2][2][2] = {
+    {{&SparseMlaAttendWgmmaKernel<Wgmma<false, false, false>>,
+      &SparseMlaAttendWgmmaKernel<Wgmma<false, true, false>>},
+     {&SparseMlaAttendWgmmaKernel<Wgmma<true, false, false>>,
+      &SparseMlaAttendWgmmaKernel<Wgmma<true, true, false>>}},
+    {{&SparseMlaAttendWgmmaKernel<Wgmma<false, false, true>>,
+      &SparseMlaAttendWgmmaKernel<Wgmma<false, true, true>>},
+     {&SparseMlaAttendWgmmaKernel<Wgmma<true, false, true>>,
+      &SparseMlaAttendWgmmaKernel<Wgmma<true, true, true>>}}};
 }  // namespace
 #endif
 
@@ -210,10 +220,7 @@ absl::Status LaunchAttendWgmma(const AttendKernelParams& p, int64_t shared_bytes
   const bool mapped =
       p.q_tensor_map != 0 && p.q_fp8 == 0 &&
       EncodeQueryTensorMap(p.q, int64_t{p.num_rows} * p.num_heads, WgmmaRows::kQkWidth, &q_map);
-  auto* kernel = mapped ? (grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroupsMapped>
-                                   : &SparseMlaAttendWgmmaKernel<WgmmaRowsMapped>)
-                        : (grouped ? &SparseMlaAttendWgmmaKernel<WgmmaGroups>
-                                   : &SparseMlaAttendWgmmaKernel<WgmmaRows>);
+  const WgmmaKernel kernel = kWgmmaPrograms[p.staged_rows != 0][mapped][grouped];
   return ToStatus(Launch(kernel, dim3(static_cast<unsigned>(programs)), dim3(WgmmaRows::kThreads),
                          static_cast<size_t>(shared_bytes), stream, p, q_map),
                   "warpgroup attention kernel launch");
@@ -228,8 +235,13 @@ absl::Status PrepareAttendVariants(int64_t max_bytes) {
         SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(v.fn), static_cast<int>(max_bytes)));
   }
 #if defined(SMLA_GPU_CUDA)
-  for (const void* fn : kWgmmaPrograms) {
-    SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(fn, static_cast<int>(max_bytes)));
+  for (const auto& by_map : kWgmmaPrograms) {
+    for (const auto& pair : by_map) {
+      for (const WgmmaKernel fn : pair) {
+        SMLA_GPU_RETURN_IF_ERROR(SetMaxDynamicSharedBytes(reinterpret_cast<const void*>(fn),
+                                                          static_cast<int>(max_bytes)));
+      }
+    }
   }
 #endif
   for (const DirectVariant& v : kDirectVariants) {

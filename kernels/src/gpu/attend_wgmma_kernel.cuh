@@ -30,6 +30,7 @@
 #include "gpu/grid_order.h"
 #include "gpu/kernel_params.h"
 #include "gpu/query_tensor_map.h"
+#include "gpu/staged_rows.cuh"
 #include "smla/kernels/codec/mxfp8.h"
 #include "smla/kernels/epilogue.h"
 #include "smla/kernels/formats.h"
@@ -40,9 +41,14 @@
 
 namespace smla::kernels::gpu {
 
-template <int kQkWidth_, bool kGrouped_ = false, bool kQTensorMap_ = false>
+template <int kQkWidth_, bool kGrouped_ = false, bool kQTensorMap_ = false,
+          bool kStagedRows_ = false>
 struct WgmmaConfig {
   static constexpr int kQkWidth = kQkWidth_;
+  // The final rows through shared memory (StoreRows; AttendKernelParams::staged_rows): a build
+  // of its own, as a run-time choice between both ways slowed the whole program
+  // (docs/results/kbench-h200.md, "Final rows through shared memory").
+  static constexpr bool kStagedRows = kStagedRows_;
   // Q by the tensor copy engine, the epilogue's cos / sin rows staged while it arrives
   // (docs/gpu.md, "Queries by the tensor copy engine"); else Q staged by the consumers' loads.
   static constexpr bool kQTensorMap = kQTensorMap_;
@@ -80,6 +86,7 @@ enum WgmmaBarrier : int {
   kPFree = 2,     // the partner's product on them has completed
   kRowsDone = 3,  // the scorer wrote the rows' final maxima and sums
   kQReady = 4,    // the consumers staged Q
+  kStaged = 5,    // 5 + consumer: its epilogue's rows are in shared memory (StoreRows)
 };
 
 // Shared-memory layout, in bytes from the dynamic base.
@@ -541,25 +548,34 @@ __device__ __forceinline__ void RunPartner(const WgmmaProgram& w, float (&o)[C::
 }
 
 // A consumer's epilogue over its 256 columns: split-K partials, or the final outputs (the sink,
-// bf16 rounding, inverse RoPE, bf16 or MXFP8) and, by the scorer, the LSE.
+// bf16 rounding, inverse RoPE, bf16 or MXFP8) and, by the scorer, the LSE. In the kStagedRows
+// build the final rows go through `stage` (64 KB of shared memory no product reads any more)
+// and out whole (StagedRows); the fp32 partials always go straight out, as their stores already
+// fill whole sectors.
 template <class C>
 __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const WgmmaProgram& w,
                                           const float (&o)[C::kColBlocks][32],
                                           const float (&m_run)[2], const float (&l_run)[2],
-                                          int group) {
+                                          int group, uint8_t* stage) {
   const int lane = LaneId();
   const int gw = GroupWarp<C>();
+  static_assert(StagedRows<C::kHeadBlock, C::kGroupCols * 2>::kBytes <= WgmmaSmem<C>::kTileBytes &&
+                    WgmmaSmem<C>::kTileBytes <= WgmmaSmem<C>::kTiles - WgmmaSmem<C>::kQ,
+                "a consumer's bf16 rows fit in Q's space and in a tile buffer");
   const typename C::Slots slots = SlotsOf<C>(w);
+  auto live_slot = [&](int slot) { return slots.Live(slot) && slots.Head(slot) < p.num_heads; };
+  auto out_row = [&](int slot) {
+    return int64_t{slots.Row(slot)} * p.num_heads + slots.Head(slot);
+  };
   // Column of accumulator i of block cb: col_base + 64 cb + AccCol(lane, i).
   const int col_base = C::kGroupCols * group;
   if (w.splits > 1) {
+    // Partials straight from the accumulators: each warp store writes whole 32-byte sectors.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int slot = wgmma::AccRow(gw, lane, 2 * r);
-      const int row = slots.Row(slot);
-      const int head = slots.Head(slot);
-      if (!slots.Live(slot) || head >= p.num_heads) continue;
-      const int64_t ph = (int64_t{row} * p.num_heads + head) * p.splits + w.split;
+      if (!live_slot(slot)) continue;
+      const int64_t ph = out_row(slot) * p.splits + w.split;
       float* dst = p.part_acc + ph * kValueWidth + col_base;
 #pragma unroll
       for (int cb = 0; cb < C::kColBlocks; ++cb) {
@@ -585,18 +601,21 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
     return p.positions == nullptr ? nullptr : p.cos_sin + int64_t{p.positions[row]} * 64;
   };
   const float* cs_program = C::kGrouped || C::kQTensorMap ? nullptr : rope_row(w.row);
+  constexpr bool staged = C::kStagedRows;
+  const StagedRows<C::kHeadBlock, C::kGroupCols * 2> bf16_rows{stage};
+  const StagedRows<C::kHeadBlock, C::kGroupCols> mx_rows{stage};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int slot = wgmma::AccRow(gw, lane, 2 * r);
     const int row = slots.Row(slot);
     const int head = slots.Head(slot);
-    const bool live = slots.Live(slot) && head < p.num_heads;
+    const bool live = live_slot(slot);
     const float* cs =
         C::kQTensorMap ? (p.positions == nullptr || !live ? nullptr : w.rope + (row - w.row) * 64)
         : C::kGrouped  ? (live ? rope_row(row) : nullptr)
                        : cs_program;
     const auto [scale, inv, lse] = FinalRowScale(p, m_run[r], l_run[r], head, live);
-    const int64_t out_row = int64_t{row} * p.num_heads + head;
+    const int64_t at_row = out_row(slot);
 #pragma unroll
     for (int cb = 0; cb < C::kColBlocks; ++cb) {
       // The block's 64 columns: 8 pairs of this lane, x[2 j + 0..1] at 8 j + 2 (lane % 4).
@@ -611,13 +630,17 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
         const int col = col_base + 64 * cb + wgmma::AccCol(lane, i);
         if (cs != nullptr && col >= kNopeWidth) InverseRopePair(cs, col, x[2 * j], x[2 * j + 1]);
       }
-      const int64_t at = out_row * kValueWidth + col_base + 64 * cb;
+      // The row's outputs of this consumer from `at`; c below is a pair's column among its 256.
+      const int64_t at = at_row * kValueWidth + col_base;
       if (!p.out_mxfp8) {
-        if (live) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            *reinterpret_cast<uint32_t*>(p.out_bf16 + at + wgmma::AccCol(lane, 4 * j)) =
-                PackBf16(x[2 * j], x[2 * j + 1]);
+        for (int j = 0; j < 8; ++j) {
+          const int c = 64 * cb + wgmma::AccCol(lane, 4 * j);
+          const uint32_t v = PackBf16(x[2 * j], x[2 * j + 1]);
+          if constexpr (staged) {
+            bf16_rows.template At<uint32_t>(slot, 2 * c) = v;
+          } else if (live) {
+            *reinterpret_cast<uint32_t*>(p.out_bf16 + at + c) = v;
           }
         }
       } else {
@@ -630,20 +653,42 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
           amax = RowGroupMax<4>(amax);
           const uint8_t sb = MxScaleByte(amax);
           const float inv_scale = Pow2(127 - static_cast<int>(sb));
-          if (live) {
 #pragma unroll
-            for (int j = 4 * g; j < 4 * g + 4; ++j) {
-              *reinterpret_cast<uint16_t*>(p.mx_data + at + wgmma::AccCol(lane, 4 * j)) =
-                  MxEncodePair(x[2 * j], x[2 * j + 1], inv_scale);
+          for (int j = 4 * g; j < 4 * g + 4; ++j) {
+            const int c = 64 * cb + wgmma::AccCol(lane, 4 * j);
+            const uint16_t v = MxEncodePair(x[2 * j], x[2 * j + 1], inv_scale);
+            if constexpr (staged) {
+              mx_rows.template At<uint16_t>(slot, c) = v;
+            } else if (live) {
+              *reinterpret_cast<uint16_t*>(p.mx_data + at + c) = v;
             }
-            if (lane % 4 == 0) {
-              p.mx_scales[out_row * kMxGroupsPerHead + (col_base + 64 * cb) / kMxGroup + g] = sb;
-            }
+          }
+          if (live && lane % 4 == 0) {
+            p.mx_scales[at_row * kMxGroupsPerHead + (col_base + 64 * cb) / kMxGroup + g] = sb;
           }
         }
       }
     }
-    if (live && p.lse != nullptr && group == 0 && lane % 4 == 0) p.lse[out_row] = lse;
+    if (live && p.lse != nullptr && group == 0 && lane % 4 == 0) p.lse[at_row] = lse;
+  }
+  if constexpr (staged) {
+    const int tid = static_cast<int>(threadIdx.x) % C::kGroupThreads;
+    const int barrier = kStaged + group;
+    if (!p.out_mxfp8) {
+      bf16_rows.CopyOut(
+          [&](int slot) {
+            return live_slot(slot) ? reinterpret_cast<uint8_t*>(
+                                         p.out_bf16 + out_row(slot) * kValueWidth + col_base)
+                                   : nullptr;
+          },
+          tid, C::kGroupThreads, barrier);
+    } else {
+      mx_rows.CopyOut(
+          [&](int slot) {
+            return live_slot(slot) ? p.mx_data + out_row(slot) * kValueWidth + col_base : nullptr;
+          },
+          tid, C::kGroupThreads, barrier);
+    }
   }
 }
 
@@ -699,7 +744,7 @@ __device__ __forceinline__ void RunScorerProgram(const AttendKernelParams& p,
     }
   }
   wgsync::NamedArrive(kRowsDone, C::kConsumerThreads);
-  StoreRows<C>(p, w, o, m_run, l_run, 0);
+  StoreRows<C>(p, w, o, m_run, l_run, 0, w.q);  // the partner never reads Q
 }
 
 template <class C>
@@ -716,7 +761,8 @@ __device__ __forceinline__ void RunPartnerProgram(const AttendKernelParams& p,
     m_run[r] = w.row_max[wgmma::AccRow(gw, lane, 2 * r)];
     l_run[r] = w.row_sum[wgmma::AccRow(gw, lane, 2 * r)];
   }
-  StoreRows<C>(p, w, o, m_run, l_run, 1);
+  // Past kRowsDone both consumers' products have completed: the tile buffers are free.
+  StoreRows<C>(p, w, o, m_run, l_run, 1, w.tiles);
 }
 
 #endif

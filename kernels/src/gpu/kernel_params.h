@@ -107,6 +107,8 @@ struct AttendKernelParams {
   // The warpgroup program: bring bf16 Q by its tensor map (AttendParams::wgmma_q_tensor_map;
   // query_tensor_map.h), where the map can describe it.
   int32_t q_tensor_map = 0;
+  // The warpgroup program's final rows through shared memory (AttendParams::wgmma_staged_rows).
+  int32_t staged_rows = 0;
 };
 
 // The units a launch's programs own: rows, or a paired launch's units of union_rows rows.

@@ -108,6 +108,16 @@ enum class RowPairs : uint8_t {
   kNever,  // one row per program (an A/B switch)
 };
 
+// How the sm_90a warpgroup program writes its final rows (docs/gpu.md, "The epilogue through
+// shared memory").
+enum class WgmmaStagedRows : uint8_t {
+  // Staged in prefill calls (T >= kPrefillRows) of one row or a pair a program; straight out
+  // at decode and in row groups of 3-8 rows.
+  kAuto,
+  kAlways,  // through shared memory, each row copied out whole (A/B)
+  kNever,   // straight from the accumulators (A/B)
+};
+
 enum class WgmmaUse : uint8_t {
   // Where it measured faster on Hopper: fp8_dsv4 segments, H a multiple of 64, no other head
   // block forced, and at least one (row, 64-head) program per 11 SMs (fewer rows run split
@@ -150,6 +160,9 @@ struct AttendParams {
   // epilogue's cos / sin rows staged while they arrive (docs/gpu.md, "Queries by the tensor copy
   // engine"); false keeps the loads (A/B).
   bool wgmma_q_tensor_map = true;
+  // That program's final rows through shared memory or straight out (WgmmaStagedRows); the same
+  // bits either way.
+  WgmmaStagedRows wgmma_staged_rows = WgmmaStagedRows::kAuto;
   // Request grouping (optional; 0 = unknown): the rows come in groups of this many consecutive
   // rows of one sequence (a decode request's MTP rows), whose key sets overlap.
   int32_t rows_per_group = 0;
