@@ -6,6 +6,11 @@ Usage: kbench_compare.py DIR LABEL...
 Reads DIR/kbench-LABEL-rN.json (smla-kbench --json) for every round N and prints, per cell, each
 build's range of median times over the rounds (us), and for the builds after the first the
 change of the midpoint against the first's. A build or round without its file shows '-'.
+
+Where DIR/grid-LABEL.json (smla-kbench --grid --json) exists for the first build and a later
+one, it then compares their whole grids: the median change over the cells both ran, and every
+cell more than SLOWER_PCT slower (one run each, so a lone cell past it is a reason to rerun it,
+not yet a verdict).
 """
 
 import glob
@@ -31,6 +36,44 @@ def load_rounds(directory, label):
         for case in cases:
             times.setdefault(case["name"], []).append(float(case["median_us"]))
     return times
+
+
+SLOWER_PCT = 3.0  # issue 21's bar: no grid cell more than 3 % slower
+
+
+def load_grid(directory, label):
+    """Cell name -> its median time in DIR/grid-LABEL.json, or None without the file."""
+    path = os.path.join(directory, f"grid-{label}.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {c["name"]: float(c["median_us"]) for c in json.load(f)["cases"]}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"kbench_compare: {path}: {e}", file=sys.stderr)
+        return None
+
+
+def print_grids(directory, labels):
+    reference = load_grid(directory, labels[0])
+    if reference is None:
+        return
+    for label in labels[1:]:
+        grid = load_grid(directory, label)
+        if grid is None:
+            continue
+        changes = sorted(
+            (100.0 * (grid[n] / reference[n] - 1.0), n) for n in grid if reference.get(n)
+        )
+        if not changes:
+            continue
+        median = changes[len(changes) // 2][0]
+        slower = [(c, n) for c, n in changes if c > SLOWER_PCT]
+        print(f"\nWhole grid, {label} against {labels[0]}: {len(changes)} cells, median "
+              f"{median:+.1f} %, {len(slower)} more than {SLOWER_PCT:g} % slower"
+              f"{':' if slower else '.'}")
+        for change, name in reversed(slower):
+            print(f"- {name}: {reference[name]:,.1f} -> {grid[name]:,.1f} us ({change:+.1f} %)")
 
 
 def midpoint(values):
@@ -67,6 +110,7 @@ def main(argv):
         row = [cell_text(builds[0].get(name, []), None)]
         row += [cell_text(times.get(name, []), reference) for times in builds[1:]]
         print(f"| {name} | " + " | ".join(row) + " |")
+    print_grids(directory, labels)
     return 0
 
 

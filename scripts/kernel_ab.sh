@@ -12,7 +12,9 @@
 #   steps.txt says so), ROUNDS (2), CELLS (smla-kbench --cell list; default the warpgroup
 #   program's bar cells), TESTS (1; 0 skips smla-gpu-test), SANITIZE (builds to run racecheck and
 #   memcheck on; default the first, empty for none), SANITIZE_FILTER (gtest filter; racecheck on
-#   the row groups alone takes minutes), GRID (a build to run --grid with; default none),
+#   the row groups alone takes minutes), GRID (builds to run --grid with, in the order given,
+#   about 45 s each on an H100; default none: with the first build and another, the summary
+#   compares their whole grids, which catches what the bar cells miss),
 #   KBENCH_FLAGS (extra flags of every timed run), SANITIZER (the compute-sanitizer binary).
 # Writes OUT/steps.txt (each step's exit status and seconds), OUT/<step>.txt (its output),
 # OUT/kbench-<build>-r<round>.json, OUT/grid-<build>.{json,md} and OUT/summary.md. Exits 1
@@ -71,11 +73,11 @@ for b in $sanitize; do
       --gtest_filter="$filter"
   done
 done
-if [ -n "${GRID:-}" ]; then
-  l=$(label "$GRID")
-  step "grid-$l" 120 "$GRID/smla-kbench" --grid --iters 20 --json "$out/grid-$l.json" \
+for g in ${GRID:-}; do
+  l=$(label "$g")
+  step "grid-$l" 60 "$g/smla-kbench" --grid --iters 20 --json "$out/grid-$l.json" \
     --md "$out/grid-$l.md"
-fi
+done
 
 labels=()
 for b in "${builds[@]}"; do labels+=("$(label "$b")"); done
