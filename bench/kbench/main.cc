@@ -66,8 +66,8 @@ ABSL_FLAG(bool, q_tensor_map, true,
           "the warpgroup program's queries by the tensor copy engine (TMA); --noq_tensor_map "
           "stages them by loads (A/B; AttendParams::wgmma_q_tensor_map)");
 ABSL_FLAG(std::string, staged_rows, "auto",
-          "the warpgroup program's final rows through shared memory: auto (prefill calls), "
-          "always or never (A/B; AttendParams::wgmma_staged_rows)");
+          "the warpgroup program's final rows through shared memory: auto (prefill calls of "
+          "one row or a pair a program), always or never (A/B; AttendParams::wgmma_staged_rows)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
