@@ -20,6 +20,16 @@ import re
 import sys
 
 
+def read_medians(path):
+    """Cell name -> median us of one smla-kbench --json file, or None (said on stderr)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {c["name"]: float(c["median_us"]) for c in json.load(f)["cases"]}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"kbench_compare: {path}: {e}", file=sys.stderr)
+        return None
+
+
 def load_rounds(directory, label):
     """Cell name -> the medians of that cell over the build's rounds."""
     times = {}
@@ -27,14 +37,8 @@ def load_rounds(directory, label):
     for path in sorted(glob.glob(pattern)):
         if not re.search(r"-r\d+\.json$", path):
             continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                cases = json.load(f)["cases"]
-        except (OSError, ValueError, KeyError) as e:
-            print(f"kbench_compare: {path}: {e}", file=sys.stderr)
-            continue
-        for case in cases:
-            times.setdefault(case["name"], []).append(float(case["median_us"]))
+        for name, median in (read_medians(path) or {}).items():
+            times.setdefault(name, []).append(median)
     return times
 
 
@@ -44,14 +48,7 @@ SLOWER_PCT = 3.0  # issue 21's bar: no grid cell more than 3 % slower
 def load_grid(directory, label):
     """Cell name -> its median time in DIR/grid-LABEL.json, or None without the file."""
     path = os.path.join(directory, f"grid-{label}.json")
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return {c["name"]: float(c["median_us"]) for c in json.load(f)["cases"]}
-    except (OSError, ValueError, KeyError) as e:
-        print(f"kbench_compare: {path}: {e}", file=sys.stderr)
-        return None
+    return read_medians(path) if os.path.exists(path) else None
 
 
 def print_grids(directory, labels):
