@@ -68,6 +68,9 @@ ABSL_FLAG(bool, q_tensor_map, true,
 ABSL_FLAG(std::string, staged_rows, "auto",
           "the warpgroup program's final rows through shared memory: auto (prefill calls of "
           "one row or a pair a program), always or never (A/B; AttendParams::wgmma_staged_rows)");
+ABSL_FLAG(double, redraw, smla::kbench::kDefaultRedraw,
+          "the fraction of a request's row's chosen keys that its next row draws anew (the grid's "
+          "tables use the default)");
 ABSL_FLAG(bool, fold, true,
           "fold the fp8_dsv4 rescale (--nofold turns it off; it matters only on gfx950)");
 ABSL_FLAG(std::string, pairs, "auto",
@@ -289,7 +292,8 @@ class Runner {
         if (sets.empty()) {
           const int n_sets = c->rows_per_request() > 6 ? 2 : 4;
           for (int s = 0; s < n_sets; ++s) {
-            sets.push_back(MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s));
+            sets.push_back(
+                MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s, absl::GetFlag(FLAGS_redraw)));
           }
         }
         Result r = RunCell(*c, pools, sets);
@@ -539,6 +543,7 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
   j["gemm_bf16_tflops"] = Round(gemm, 1);
   j["mma_f16_tflops"] = Round(mma, 1);
   j["iterations"] = iters;
+  j["redraw"] = absl::GetFlag(FLAGS_redraw);
   Json cases = Json::array();
   for (const Result& r : results) {
     Json c;

@@ -10,8 +10,6 @@ namespace {
 using models::LayerKind;
 using models::LayerSpec;
 
-constexpr double kRedraw = 0.25;  // fraction of a neighbour row's set that a draft row redraws
-
 int64_t NextPow2(int64_t v) {
   int64_t p = 1;
   while (p < v) p <<= 1;
@@ -19,10 +17,10 @@ int64_t NextPow2(int64_t v) {
 }
 
 // Distinct random entries of [0, n), `k` of them (all when n <= k), each row of a request
-// redrawing a quarter of its neighbour's set.
+// redrawing a fraction `redraw` of its neighbour's set.
 class ChosenSets {
  public:
-  ChosenSets(std::mt19937_64& rng) : rng_(rng) {}
+  ChosenSets(std::mt19937_64& rng, double redraw) : rng_(rng), redraw_(redraw) {}
 
   const std::vector<int32_t>& Next(int64_t n, int k, bool first) {
     const int want = static_cast<int>(std::min<int64_t>(n, k));
@@ -37,7 +35,7 @@ class ChosenSets {
       return cur_;
     }
     std::uniform_int_distribution<size_t> pick(0, cur_.size() - 1);
-    const int redraw = static_cast<int>(want * kRedraw);
+    const int redraw = static_cast<int>(want * redraw_);
     for (int i = 0; i < redraw; ++i) {
       const size_t at = pick(rng_);
       seen_.erase(cur_[at]);
@@ -60,6 +58,7 @@ class ChosenSets {
     }
   }
   std::mt19937_64& rng_;
+  const double redraw_;
   std::vector<int32_t> cur_;
   std::unordered_set<int32_t> seen_;
 };
@@ -90,7 +89,7 @@ PoolShape PoolFor(const Cell& cell, int max_requests) {
   return p;
 }
 
-CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed) {
+CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed, double redraw) {
   std::mt19937_64 rng(seed);
   const LayerSpec& layer = cell.layer();
   const int window = cell.model->swa_window;
@@ -98,7 +97,7 @@ CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed)
   ci.main_indptr.push_back(0);
   const bool extra = layer.has_compressed();
   if (extra) ci.extra_indptr.push_back(0);
-  ChosenSets chosen(rng);
+  ChosenSets chosen(rng, redraw);
   const int64_t per_request_entries = extra ? cell.context / layer.ratio : cell.context;
   const int rows_per_request = cell.rows_per_request();
   for (int r = 0; r < cell.sequences(); ++r) {

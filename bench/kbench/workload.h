@@ -13,6 +13,8 @@ namespace smla::kbench {
 
 using models::Cell;
 
+inline constexpr double kDefaultRedraw = 0.25;
+
 // One call's CSR segments. Slots: the SWA pool holds `ring` slots per request; the extra (or
 // GLM) pool holds one slot per compressed entry per request.
 struct CallIndices {
@@ -32,6 +34,9 @@ struct PoolShape {
 
 // Pools sized for `max_requests` requests of `rows_per_request` rows at `context`.
 PoolShape PoolFor(const Cell& cell, int max_requests);
-CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed);
+// The call's index sets; each row after a request's first redraws the fraction `redraw` of the
+// row before's chosen set (a quarter by default: a pair's union is then 1.25 sets).
+CallIndices MakeIndices(const Cell& cell, const PoolShape& pools, uint64_t seed,
+                        double redraw = kDefaultRedraw);
 
 }  // namespace smla::kbench
