@@ -104,6 +104,7 @@ struct Options {
   bool q_tensor_map = true;                            // AttendParams::wgmma_q_tensor_map (A/B)
   kernels::WgmmaStagedRows staged_rows = kernels::WgmmaStagedRows::kAuto;  // (A/B)
   kernels::RowPairs pairs = kernels::RowPairs::kAuto;  // AttendParams::row_pairs (A/B)
+  double redraw = kDefaultRedraw;  // the index sets' redrawn fraction (MakeIndices)
   bool gemm = true;
 };
 
@@ -292,8 +293,7 @@ class Runner {
         if (sets.empty()) {
           const int n_sets = c->rows_per_request() > 6 ? 2 : 4;
           for (int s = 0; s < n_sets; ++s) {
-            sets.push_back(
-                MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s, absl::GetFlag(FLAGS_redraw)));
+            sets.push_back(MakeIndices(*c, PoolFor(*c, c->requests), 1000 + s, opt_.redraw));
           }
         }
         Result r = RunCell(*c, pools, sets);
@@ -519,6 +519,11 @@ Options ParseOptions(bool* grid, bool* any_filter) {
     std::fprintf(stderr, "--out must be auto, bf16 or mxfp8, not '%s'\n", o.out.c_str());
     std::exit(2);
   }
+  o.redraw = absl::GetFlag(FLAGS_redraw);
+  if (!(o.redraw >= 0 && o.redraw <= 1)) {  // NaN fails both
+    std::fprintf(stderr, "--redraw must be a fraction from 0 to 1, not '%g'\n", o.redraw);
+    std::exit(2);
+  }
   return o;
 }
 
@@ -529,8 +534,8 @@ double Round(double v, int digits) {
 }
 
 // The results file: device, ceilings, and per cell plan, times, key counts, bytes, rates.
-bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double gemm, double mma,
-               int iters, const std::vector<Result>& results) {
+bool WriteJson(const Options& o, const kernels::DeviceInfo& info, double gemm, double mma,
+               const std::vector<Result>& results) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -542,8 +547,8 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
   j["date"] = date;
   j["gemm_bf16_tflops"] = Round(gemm, 1);
   j["mma_f16_tflops"] = Round(mma, 1);
-  j["iterations"] = iters;
-  j["redraw"] = absl::GetFlag(FLAGS_redraw);
+  j["iterations"] = o.iters;
+  j["redraw"] = o.redraw;
   Json cases = Json::array();
   for (const Result& r : results) {
     Json c;
@@ -580,11 +585,11 @@ bool WriteJson(const std::string& path, const kernels::DeviceInfo& info, double 
     cases.push_back(std::move(c));
   }
   j["cases"] = std::move(cases);
-  std::ofstream f(path);
+  std::ofstream f(o.json);
   f << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   f.close();
   if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
     return false;
   }
   return true;
@@ -730,7 +735,7 @@ int Main(int argc, char** argv) {
                info.name.c_str(), info.compute_units, gemm, mma);
   const std::vector<Result> results = runner.RunAll(cells);
 
-  if (!WriteJson(o.json, info, gemm, mma, o.iters, results)) return 1;
+  if (!WriteJson(o, info, gemm, mma, results)) return 1;
   if (!o.markdown.empty() && !WriteMarkdown(o.markdown, results)) return 1;
   PrintResults(results);
   if (std::any_of(results.begin(), results.end(),
