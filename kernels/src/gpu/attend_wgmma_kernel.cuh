@@ -672,22 +672,20 @@ __device__ __forceinline__ void StoreRows(const AttendKernelParams& p, const Wgm
     if (live && p.lse != nullptr && group == 0 && lane % 4 == 0) p.lse[at_row] = lse;
   }
   if constexpr (staged) {
-    const int tid = static_cast<int>(threadIdx.x) % C::kGroupThreads;
-    const int barrier = kStaged + group;
+    // Each live row's outputs of this consumer, in the output array `out`.
+    auto copy_out = [&](const auto& rows, auto* out) {
+      rows.CopyOut(
+          [&](int slot) {
+            return live_slot(slot)
+                       ? reinterpret_cast<uint8_t*>(out + out_row(slot) * kValueWidth + col_base)
+                       : nullptr;
+          },
+          static_cast<int>(threadIdx.x) % C::kGroupThreads, C::kGroupThreads, kStaged + group);
+    };
     if (!p.out_mxfp8) {
-      bf16_rows.CopyOut(
-          [&](int slot) {
-            return live_slot(slot) ? reinterpret_cast<uint8_t*>(
-                                         p.out_bf16 + out_row(slot) * kValueWidth + col_base)
-                                   : nullptr;
-          },
-          tid, C::kGroupThreads, barrier);
+      copy_out(bf16_rows, p.out_bf16);
     } else {
-      mx_rows.CopyOut(
-          [&](int slot) {
-            return live_slot(slot) ? p.mx_data + out_row(slot) * kValueWidth + col_base : nullptr;
-          },
-          tid, C::kGroupThreads, barrier);
+      copy_out(mx_rows, p.mx_data);
     }
   }
 }

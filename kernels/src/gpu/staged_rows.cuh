@@ -42,8 +42,7 @@ struct StagedRows {
       const int chunk = i % kChunks;
       uint8_t* out = dst(row);
       if (out != nullptr) {
-        *reinterpret_cast<uint4*>(out + 16 * chunk) =
-            *reinterpret_cast<const uint4*>(base + row * kRowBytes + 16 * (chunk ^ (row & 7)));
+        *reinterpret_cast<uint4*>(out + 16 * chunk) = At<const uint4>(row, 16 * chunk);
       }
     }
   }
